@@ -1,0 +1,26 @@
+# Two commands from a clean clone: `make run` serves the default model, `make test` tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export VENV
+
+.PHONY: install run prepare-model test lint clean
+
+install:
+	@bash deploy/install.sh
+
+prepare-model: install
+	$(VENV)/bin/llm-gateway prepare-model
+
+run: install
+	$(VENV)/bin/llm-gateway serve
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check gateway protocols tests
+	$(VENV)/bin/ruff format --check gateway protocols tests
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

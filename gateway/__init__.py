@@ -1,0 +1,1 @@
+"""The LLM serving gateway: I/O around one vLLM engine."""

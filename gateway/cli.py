@@ -1,0 +1,47 @@
+"""`llm-gateway`: serve the gateway, or prepare the embedded default model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gateway.config import ConfigError, Settings, load_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llm-gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve every protocol on one engine")
+    serve.add_argument("--host", help="overrides HOST")
+    serve.add_argument("--port", type=int, help="overrides PORT")
+    serve.add_argument("--env-file", default=".env", help="the .env file to read (default .env)")
+    commands.add_parser("prepare-model", help="convert the embedded default model, once")
+    args = parser.parse_args(argv)
+
+    if args.command == "prepare-model":
+        from gateway.default_model import prepare_default_model
+
+        print(prepare_default_model())
+        return 0
+    try:
+        settings = load_settings(dotenv_path=args.env_file)
+    except ConfigError as e:
+        print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    return _serve(settings, args.host or settings.host, args.port or settings.port)
+
+
+def _serve(settings: Settings, host: str, port: int) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

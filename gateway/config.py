@@ -1,0 +1,107 @@
+"""Settings, read once from the environment and a `.env` file into typed objects.
+
+The environment wins over `.env`. Every variable is documented in `.env.example`. An invalid
+value raises `ConfigError` naming the variable, which stops start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from dotenv import dotenv_values
+from msgspec import Meta
+
+from protocols.errors import GenerationError
+from protocols.generation import SamplingOptions
+from protocols.generation_config import check_options
+
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Positive = Annotated[int, Meta(ge=1)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+GENERATION_PREFIX = "DEFAULT_"
+_S = TypeVar("_S", bound=msgspec.Struct)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
+    """What the engine is built with; passed to vLLM as engine arguments."""
+
+    model: str = ""  # empty: the embedded default model, prepared on first use
+    served_model_name: str = ""
+    max_model_len: Positive = 2048
+    kv_cache_gib: PositiveFloat = 2.0
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: Positive = 1
+    pipeline_parallel_size: Positive = 1
+    dtype: str = "auto"
+    seed: int = 0
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    log_level: str = "info"
+    max_running_requests: Positive = 256
+    max_waiting_requests: Annotated[int, Meta(ge=0)] = 1024
+    continuation_max_entries: Annotated[int, Meta(ge=0)] = 4096
+    continuation_idle_seconds: PositiveFloat = 3600.0
+    engine: EngineSettings = EngineSettings()
+    generation: SamplingOptions = SamplingOptions()
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+) -> Settings:
+    values: dict[str, str] = {}
+    if dotenv_path is not None and Path(dotenv_path).is_file():
+        values.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
+    values.update(os.environ if env is None else env)
+    engine = _convert(values, EngineSettings, "")
+    generation = _convert(_generation_fields(values), SamplingOptions, GENERATION_PREFIX)
+    try:
+        check_options(generation, streaming=False, path="$")
+    except GenerationError as e:
+        name = GENERATION_PREFIX + (e.field or "$").removeprefix("$.").upper()
+        raise ConfigError(f"{name}: {e.message.partition(' - at ')[0]}") from e
+    base = _convert(values, Settings, "", skip=("engine", "generation"))
+    return msgspec.structs.replace(base, engine=engine, generation=generation)
+
+
+def _generation_fields(values: Mapping[str, str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name in SamplingOptions.__struct_fields__:
+        raw = values.get(GENERATION_PREFIX + name.upper())
+        if raw is None or raw == "":
+            continue
+        if name == "stop":
+            fields[name] = [s for s in raw.split(",") if s]
+        elif name == "seed" and raw.lower() == "none":
+            fields[name] = None
+        else:
+            fields[name] = raw
+    return fields
+
+
+def _convert(values: Mapping[str, Any], kind: type[_S], prefix: str,
+             skip: tuple[str, ...] = ()) -> _S:
+    """Convert env strings into `kind`; `prefix` maps a field back to its variable's name."""
+    if prefix:
+        subset = dict(values)  # already keyed by field name
+    else:
+        names = {f.upper() for f in kind.__struct_fields__ if f not in skip}
+        subset = {k: v for k, v in values.items() if k in names and v != ""}
+    try:
+        return msgspec.convert(subset, kind, strict=False)
+    except msgspec.ValidationError as e:
+        message, _, where = str(e).partition(" - at `$.")
+        field = where.rstrip("`").split(".")[0].split("[")[0]
+        name = prefix + field.upper() if prefix else field
+        raise ConfigError(f"{name or 'configuration'}: {message}") from e

@@ -1,0 +1,66 @@
+"""The continuation store: token history per request_id key (the specs' "internal caching").
+
+A key is the ordered tuple of a payload's request_ids, so the same ids in another order are
+another key. An entry keeps, for each prompt of its payload, the whole sequence so far (prompt
+plus everything generated) as token ids and text. The store is bounded: past
+`max_entries` the least recently used entry goes, and an entry idle for `idle_seconds` is
+dropped. A dropped key is unknown again: its next request starts afresh from its prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import msgspec
+
+Key = tuple[str, ...]
+
+
+class History(msgspec.Struct):
+    token_ids: list[int]
+    text: str
+    ended_at_eos: bool = False
+
+
+class ContinuationStore:
+    def __init__(
+        self,
+        max_entries: int,
+        idle_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_entries = max_entries
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+        self._entries: OrderedDict[Key, tuple[float, dict[str, History]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Key) -> dict[str, History] | None:
+        self._drop_idle()
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries[key] = (self._clock(), found[1])
+        self._entries.move_to_end(key)
+        return found[1]
+
+    def put(self, key: Key, histories: dict[str, History]) -> None:
+        if self.max_entries == 0:
+            return
+        self._entries[key] = (self._clock(), histories)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        self._drop_idle()
+
+    def _drop_idle(self) -> None:
+        deadline = self._clock() - self.idle_seconds
+        while self._entries:
+            oldest_key, (used, _) = next(iter(self._entries.items()))
+            if used > deadline:
+                return
+            del self._entries[oldest_key]

@@ -1,0 +1,54 @@
+"""The engine while it loads: the server accepts connections before the engine is ready."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from gateway.engine import Engine
+from protocols.errors import ErrorKind, GenerationError
+
+log = logging.getLogger(__name__)
+
+
+class EngineHolder:
+    """Starts the engine in the background; requests made meanwhile wait for it."""
+
+    def __init__(self, load: Callable[[], Awaitable[Engine]]) -> None:
+        self._load = load
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        self.status = "loading"
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="engine-load")
+
+    async def _run(self) -> None:
+        try:
+            self.engine = await self._load()
+            self.status = "ready"
+        except Exception as e:  # surfaced through /health and to every waiting request
+            log.exception("the engine failed to start")
+            self.error = f"{type(e).__name__}: {e}"
+            self.status = "failed"
+        finally:
+            self._ready.set()
+
+    async def wait(self) -> Engine:
+        await self._ready.wait()
+        if self.engine is None:
+            raise GenerationError(ErrorKind.ENGINE_ERROR, f"The engine failed to start: {self.error}")
+        return self.engine
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.engine is not None:
+            self.engine.shutdown()

@@ -1,0 +1,27 @@
+"""GET `/health` and `/ping`: 200 once the engine is ready, 503 while it loads or if it failed."""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.app import gateway_of
+
+
+class Health(msgspec.Struct, omit_defaults=True):
+    status: str
+    error: str | None = None
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+async def health(request: Request) -> Response:
+    holder = gateway_of(request).holder
+    body = _ENCODER.encode(Health(holder.status, holder.error))
+    return Response(body, 200 if holder.ready else 503, media_type="application/json")
+
+
+routes = [Route("/health", health, methods=["GET"]), Route("/ping", health, methods=["GET"])]

@@ -1,0 +1,152 @@
+"""POST `/api/generate-one` and `/api/generate-batch` (rest-generate.md).
+
+A streamed answer commits to status 200 only once its prompt reached the engine, so
+admission and validation errors still get a 4xx JSON body. A client that leaves, streaming
+or not, cancels the handler's work and so aborts its engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.app import gateway_of
+from gateway.routes.http_errors import status_of
+from protocols.errors import ErrorKind, GenerationError
+from protocols.generation import Delta, Event, Failed, Finished, Initialized
+from protocols.rest_generate import (
+    answer_of,
+    decode_generate_batch,
+    decode_one,
+    encode_answers,
+    encode_error,
+    rejected_answer,
+)
+
+T = TypeVar("T")
+
+
+class GenerationAborted(Exception):
+    """Raised inside a streamed body: the connection is cut instead of ending cleanly."""
+
+
+def error_response(error: GenerationError) -> Response:
+    return Response(encode_error(error), status_of(error.kind), media_type="application/json")
+
+
+def _error_of(failed: Failed) -> GenerationError:
+    return GenerationError(ErrorKind(failed.kind), failed.message, failed.field)
+
+
+CLIENT_GONE = Response(status_code=499)  # never seen by anyone: the client has left
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """Await `work`; if the client disconnects first, cancel it and return None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _outcomes(steps: AsyncIterator[list[Event]]) -> dict[int, Finished | Failed]:
+    outcomes: dict[int, Finished | Failed] = {}
+    async with aclosing(steps):
+        async for step in steps:
+            for event in step:
+                if isinstance(event, Finished | Failed):
+                    outcomes[event.index] = event
+    return outcomes
+
+
+async def generate_one(request: Request) -> Response:
+    gateway = gateway_of(request)
+    try:
+        one = decode_one(await request.body(), gateway.settings.generation)
+    except GenerationError as e:
+        return error_response(e)
+    steps = gateway.service.run([one.item], one.options, stream=one.stream)
+    if not one.stream:
+        outcomes = await until_disconnect(request, _outcomes(steps))
+        if outcomes is None:
+            return CLIENT_GONE
+        outcome = outcomes[0]
+        if isinstance(outcome, Failed):
+            return error_response(_error_of(outcome))
+        text = outcome.new_text if one.only_new_tokens else outcome.full_text
+        return PlainTextResponse(text)
+    first = await until_disconnect(request, anext(steps))
+    if first is None:
+        await steps.aclose()
+        return CLIENT_GONE
+    failed = next((e for e in first if isinstance(e, Failed)), None)
+    if failed is not None:
+        await steps.aclose()
+        return error_response(_error_of(failed))
+    body = _stream_text(first, steps, only_new_tokens=one.only_new_tokens)
+    return StreamingResponse(body, media_type="text/plain; charset=utf-8")
+
+
+async def _stream_text(
+    first: list[Event], steps: AsyncIterator[list[Event]], *, only_new_tokens: bool
+) -> AsyncIterator[str]:
+    async def all_steps() -> AsyncIterator[list[Event]]:
+        yield first
+        async for step in steps:
+            yield step
+
+    async with aclosing(steps):
+        async for step in all_steps():
+            for event in step:
+                match event:
+                    case Initialized(prompt_text=text) if not only_new_tokens:
+                        yield text
+                    case Delta(text=text):
+                        yield text
+                    case Failed(message=message):
+                        raise GenerationAborted(message)
+                    case Finished() | Initialized() | _:
+                        pass
+
+
+async def generate_batch(request: Request) -> Response:
+    gateway = gateway_of(request)
+    try:
+        batch = decode_generate_batch(await request.body(), gateway.settings.generation)
+    except GenerationError as e:
+        return error_response(e)
+    if not batch.items:
+        return error_response(batch.rejected[0].error)
+    steps = gateway.service.run(batch.items, batch.options, stream=False)
+    outcomes = await until_disconnect(request, _outcomes(steps))
+    if outcomes is None:
+        return CLIENT_GONE
+    answers = [
+        answer_of(item, outcomes[i], only_new_tokens=batch.only_new_tokens)
+        for i, item in enumerate(batch.items)
+    ] + [rejected_answer(r) for r in batch.rejected]
+    return Response(encode_answers(answers), media_type="application/json")
+
+
+routes = [
+    Route("/api/generate-one", generate_one, methods=["POST"]),
+    Route("/api/generate-batch", generate_batch, methods=["POST"]),
+]

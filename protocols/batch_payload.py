@@ -1,0 +1,106 @@
+"""Decoding of the payload shared by WS `/ws` and POST `/api/generate-batch`.
+
+One bad prompt fails that prompt only; a bad `generation_config` fails every prompt of the
+payload (each by its request_id); a payload that is not a JSON object at all fails as a whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from protocols.errors import GenerationError, invalid
+from protocols.generation import PromptItem, SamplingOptions
+from protocols.generation_config import GenerationConfig, resolve_options
+
+_JSON_DECODER = msgspec.json.Decoder()
+
+
+class Rejected(msgspec.Struct, frozen=True):
+    """A prompt that failed validation: `request_id` is None when none could be read."""
+
+    request_id: str | None
+    error: GenerationError
+
+
+class BatchRequest(msgspec.Struct, frozen=True):
+    items: list[PromptItem]
+    rejected: list[Rejected]
+    options: SamplingOptions
+    only_new_tokens: bool
+    stream: bool
+
+
+class _Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    only_new_tokens: bool = True
+    stream_response: bool = True
+    generation_config: GenerationConfig | None = None
+
+
+class _PromptEntry(msgspec.Struct, forbid_unknown_fields=True):
+    request_id: str
+    prompt: str
+
+
+def validation_error(error: msgspec.ValidationError, path: str = "$") -> GenerationError:
+    """Re-root msgspec's `- at `$...`` path under `path` and keep it as the error's field."""
+    message = str(error)
+    marker = " - at `$"
+    if marker in message:
+        head, _, tail = message.partition(marker)
+        field = path + tail.rstrip("`")
+        return invalid(f"{head} - at `{field}`", field)
+    return invalid(f"{message} - at `{path}`", path)
+
+
+def decode_json_object(raw: bytes | str) -> dict[str, Any]:
+    try:
+        doc = _JSON_DECODER.decode(raw)
+    except msgspec.DecodeError as e:
+        raise invalid(f"Malformed JSON: {e}", "$") from e
+    if not isinstance(doc, dict):
+        raise invalid(f"Expected `object`, got `{type(doc).__name__}` - at `$`", "$")
+    return doc
+
+
+def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[Rejected]]:
+    entries = doc.get("prompts")
+    if not isinstance(entries, list) or not entries:
+        found = "missing" if entries is None else f"got `{type(entries).__name__}`"
+        if isinstance(entries, list):
+            found = "got an empty array"
+        raise invalid(f"Expected a non-empty `array` of prompts, {found} - at `$.prompts`",
+                      "$.prompts")
+    items: list[PromptItem] = []
+    rejected: list[Rejected] = []
+    for i, entry in enumerate(entries):
+        try:
+            parsed = msgspec.convert(entry, _PromptEntry)
+        except msgspec.ValidationError as e:
+            request_id = entry.get("request_id") if isinstance(entry, dict) else None
+            rid = request_id if isinstance(request_id, str) else None
+            rejected.append(Rejected(rid, validation_error(e, f"$.prompts[{i}]")))
+        else:
+            items.append(PromptItem(parsed.request_id, parsed.prompt))
+    return items, rejected
+
+
+def decode_batch(
+    raw: bytes | str, defaults: SamplingOptions, *, streaming_allowed: bool = True
+) -> BatchRequest:
+    """Decode a batch payload; raises GenerationError only when no prompt can be named."""
+    doc = decode_json_object(raw)
+    items, rejected = decode_prompts(doc)
+    settings_doc = {k: v for k, v in doc.items() if k != "prompts"}
+    if not streaming_allowed:
+        settings_doc.setdefault("stream_response", False)
+    try:
+        settings = msgspec.convert(settings_doc, _Settings)
+        stream = settings.stream_response and streaming_allowed
+        options = resolve_options(settings.generation_config, defaults, streaming=stream)
+    except (msgspec.ValidationError, GenerationError) as e:
+        error = validation_error(e) if isinstance(e, msgspec.ValidationError) else e
+        rejected += [Rejected(item.request_id, error) for item in items]
+        return BatchRequest([], rejected, defaults, True, False)
+    return BatchRequest(items, rejected, options, settings.only_new_tokens, stream)

@@ -1,0 +1,33 @@
+"""The neutral error vocabulary that every protocol maps to its own wire shape."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    RATE_LIMITED = "rate_limited"
+    DUPLICATE_REQUEST_ID = "duplicate_request_id"
+    ENGINE_ERROR = "engine_error"
+
+
+class GenerationError(Exception):
+    """A failure with a kind a transport can map, and the field at fault when there is one."""
+
+    def __init__(self, kind: ErrorKind, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"GenerationError({self.kind.value!r}, {self.message!r}, field={self.field!r})"
+
+
+def invalid(message: str, field: str | None = None) -> GenerationError:
+    return GenerationError(ErrorKind.INVALID_REQUEST, message, field)

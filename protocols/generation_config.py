@@ -1,0 +1,80 @@
+"""`generation_config`, shared by the batch-events WebSocket and the REST routes.
+
+Every field is optional; an absent one takes the server's default (the specs' "from .env").
+`seed`, `stop`, `ignore_eos` and `min_tokens` are the gateway's documented extensions.
+An unknown field is an error, never ignored.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from protocols.errors import GenerationError, invalid
+from protocols.generation import (
+    MaxNewTokens,
+    MinTokens,
+    NumBeams,
+    RepetitionPenalty,
+    SamplingOptions,
+    Temperature,
+    TopK,
+    TopP,
+)
+
+STREAMING_BEAM_SEARCH_ERROR = (
+    "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1."
+)
+
+
+class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    num_beams: NumBeams | UnsetType = UNSET
+    do_sample: bool | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
+    top_p: TopP | UnsetType = UNSET
+    top_k: TopK | UnsetType = UNSET
+    max_new_tokens: MaxNewTokens | UnsetType = UNSET
+    repetition_penalty: RepetitionPenalty | UnsetType = UNSET
+    length_penalty: float | UnsetType = UNSET
+    seed: int | None | UnsetType = UNSET
+    stop: list[str] | UnsetType = UNSET
+    ignore_eos: bool | UnsetType = UNSET
+    min_tokens: MinTokens | UnsetType = UNSET
+
+
+def resolve_options(
+    config: GenerationConfig | None,
+    defaults: SamplingOptions,
+    *,
+    streaming: bool,
+    path: str = "$.generation_config",
+) -> SamplingOptions:
+    """Merge the given fields over the defaults and check what one field alone cannot."""
+    options = defaults
+    if config is not None:
+        given = {
+            name: getattr(config, name)
+            for name in config.__struct_fields__
+            if getattr(config, name) is not UNSET
+        }
+        if "stop" in given:
+            given["stop"] = tuple(given["stop"])
+        options = msgspec.structs.replace(defaults, **given)
+    check_options(options, streaming=streaming, path=path)
+    return options
+
+
+def check_options(options: SamplingOptions, *, streaming: bool, path: str) -> None:
+    error: GenerationError | None = None
+    if any(s == "" for s in options.stop):
+        error = invalid(f"Stop strings must not be empty - at `{path}.stop`", f"{path}.stop")
+    elif options.min_tokens > options.max_new_tokens:
+        error = invalid(
+            f"min_tokens ({options.min_tokens}) must not exceed max_new_tokens "
+            f"({options.max_new_tokens}) - at `{path}.min_tokens`",
+            f"{path}.min_tokens",
+        )
+    elif options.num_beams > 1 and streaming:
+        error = invalid(STREAMING_BEAM_SEARCH_ERROR, f"{path}.num_beams")
+    if error is not None:
+        raise error

@@ -1,0 +1,95 @@
+"""POST `/api/generate-one` and `/api/generate-batch` (rest-generate.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from protocols.batch_payload import (
+    BatchRequest,
+    Rejected,
+    decode_batch,
+    decode_json_object,
+    validation_error,
+)
+from protocols.errors import GenerationError
+from protocols.generation import Failed, Finished, PromptItem, SamplingOptions
+from protocols.generation_config import GenerationConfig, resolve_options
+
+
+class _OnePayload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    request_id: str
+    prompt: str
+    only_new_tokens: bool = True
+    stream_response: bool = True
+    generation_config: GenerationConfig | None = None
+
+
+class OneRequest(msgspec.Struct, frozen=True):
+    item: PromptItem
+    options: SamplingOptions
+    only_new_tokens: bool
+    stream: bool
+
+
+class BatchAnswer(msgspec.Struct, omit_defaults=True):
+    """One prompt's answer; a prompt that failed carries `error` (and `field`) instead."""
+
+    request_id: str | None
+    prompt: str | UnsetType = UNSET
+    response: str | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+    field: str | UnsetType = UNSET
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=True):
+    error: str
+    type: str
+    field: str | UnsetType = UNSET
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def decode_one(raw: bytes, defaults: SamplingOptions) -> OneRequest:
+    doc = decode_json_object(raw)
+    try:
+        payload = msgspec.convert(doc, _OnePayload)
+    except msgspec.ValidationError as e:
+        raise validation_error(e) from e
+    options = resolve_options(payload.generation_config, defaults, streaming=payload.stream_response)
+    item = PromptItem(payload.request_id, payload.prompt)
+    return OneRequest(item, options, payload.only_new_tokens, payload.stream_response)
+
+
+def decode_generate_batch(raw: bytes, defaults: SamplingOptions) -> BatchRequest:
+    return decode_batch(raw, defaults, streaming_allowed=False)
+
+
+def encode_error(error: GenerationError) -> bytes:
+    field: str | UnsetType = UNSET if error.field is None else error.field
+    return _ENCODER.encode(ErrorBody(error.message, error.kind.value, field))
+
+
+def answer_of(
+    item: PromptItem, outcome: Finished | Failed, *, only_new_tokens: bool
+) -> BatchAnswer:
+    if isinstance(outcome, Failed):
+        field: str | UnsetType = UNSET if outcome.field is None else outcome.field
+        return BatchAnswer(item.request_id, error=outcome.message, field=field)
+    if only_new_tokens:
+        return BatchAnswer(item.request_id, response=outcome.new_text)
+    prompt = outcome.full_text[: len(outcome.full_text) - len(outcome.new_text)]
+    return BatchAnswer(item.request_id, prompt=prompt, response=outcome.new_text)
+
+
+def rejected_answer(rejected: Rejected) -> BatchAnswer:
+    error = rejected.error
+    field: str | UnsetType = UNSET if error.field is None else error.field
+    return BatchAnswer(rejected.request_id, error=error.message, field=field)
+
+
+def encode_answers(answers: Sequence[BatchAnswer]) -> bytes:
+    return _ENCODER.encode(answers)
