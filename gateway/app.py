@@ -34,6 +34,11 @@ def gateway_of(connection: HTTPConnection) -> Gateway:
     return cast(Gateway, connection.state.gateway)
 
 
+def gateway_of_app(app: Starlette) -> Gateway:
+    """The running app's gateway, for introspection outside a request (tests, metrics)."""
+    return cast(Gateway, app.state.gateway)
+
+
 def default_loader(settings: Settings) -> EngineLoader:
     async def load() -> Engine:
         model = settings.engine.model
@@ -61,6 +66,7 @@ def create_app(
             settings.continuation_max_entries, settings.continuation_idle_seconds
         )
         gateway = Gateway(settings, holder, GenerationService(holder, admission, store))
+        app.state.gateway = gateway
         try:
             yield {"gateway": gateway}
         finally:

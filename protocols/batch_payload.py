@@ -47,11 +47,13 @@ def validation_error(error: msgspec.ValidationError, path: str = "$") -> Generat
     """Re-root msgspec's `- at `$...`` path under `path` and keep it as the error's field."""
     message = str(error)
     marker = " - at `$"
-    if marker in message:
-        head, _, tail = message.partition(marker)
-        field = path + tail.rstrip("`")
-        return invalid(f"{head} - at `{field}`", field)
-    return invalid(f"{message} - at `{path}`", path)
+    head, _, tail = message.partition(marker)
+    where = path + tail.rstrip("`")
+    field = where
+    # "Object missing required field `x`" and "... unknown field `x`" name the key itself.
+    if head.startswith("Object ") and "field `" in head:
+        field = f"{where}.{head.split('field `', 1)[1].rstrip('`')}"
+    return invalid(f"{head} - at `{where}`", field)
 
 
 def decode_json_object(raw: bytes | str) -> dict[str, Any]:

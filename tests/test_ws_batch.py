@@ -1,0 +1,180 @@
+"""WS `/ws` against the real engine, with a real websockets client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import websockets
+from websockets.sync.client import connect
+
+from clients import CHAT, events_of, frames_until_done, greedy, payload, run_ws
+from serving import RunningServer
+
+PROMPT = CHAT.format("Write a short poem about the sea.")
+
+
+def test_event_order_for_one_prompt(server: RunningServer) -> None:
+    frames = run_ws(server.ws, payload(("p1", PROMPT), generation_config=greedy(12)), {"p1"})
+    types = [e["type"] for e in events_of(frames, "p1")]
+    assert types[:3] == ["ACCEPTED", "STARTED", "INITIALIZED"]
+    assert types[-1] == "COMPLETE"
+    assert set(types[3:-1]) == {"PROGRESS"}
+    progress = [e["text"] for e in events_of(frames, "p1") if e["type"] == "PROGRESS"]
+    complete = events_of(frames, "p1")[-1]
+    assert "".join(progress) == complete["text"]
+    assert complete["new_tokens_count"] == 12
+    assert complete["is_eos"] is False
+    assert complete["execution_time"] > 0
+    assert events_of(frames, "p1")[2]["text"] == ""
+
+
+def test_only_new_tokens_false_sends_prompt_in_initialized_and_complete(
+    server: RunningServer,
+) -> None:
+    frames = run_ws(
+        server.ws,
+        payload(("full", PROMPT), only_new_tokens=False, generation_config=greedy(6)),
+        {"full"},
+    )
+    events = events_of(frames, "full")
+    initialized = next(e for e in events if e["type"] == "INITIALIZED")
+    assert initialized["text"] == PROMPT
+    progress = "".join(e["text"] for e in events if e["type"] == "PROGRESS")
+    assert events[-1]["text"] == PROMPT + progress
+
+
+def test_batch_is_accepted_in_one_array_and_progress_coalesces(server: RunningServer) -> None:
+    ids = [f"b{i}" for i in range(4)]
+    message = payload(*[(r, CHAT.format(f"Count to {i + 3}.")) for i, r in enumerate(ids)],
+                      generation_config=greedy(16, ignore_eos=True))
+    frames = run_ws(server.ws, message, set(ids))
+    assert frames[0] == [{"type": "ACCEPTED", "request_id": r} for r in ids]
+    for frame in frames:
+        assert len({e["type"] for e in frame}) == 1 or {e["type"] for e in frame} <= {
+            "COMPLETE", "ERROR"}
+        assert len([e["request_id"] for e in frame]) == len({e["request_id"] for e in frame})
+    progress_frames = [f for f in frames if f[0]["type"] == "PROGRESS"]
+    # Four prompts decoding together: most engine steps advance several of them at once.
+    assert max(len(f) for f in progress_frames) >= 2
+    assert sum(len(f) > 1 for f in progress_frames) >= len(progress_frames) // 2
+    for r in ids:
+        complete = events_of(frames, r)[-1]
+        assert complete["type"] == "COMPLETE" and complete["new_tokens_count"] == 16
+
+
+def test_stream_response_false_sends_no_progress(server: RunningServer) -> None:
+    frames = run_ws(
+        server.ws, payload(("quiet", PROMPT), stream_response=False, generation_config=greedy(8)),
+        {"quiet"},
+    )
+    types = [e["type"] for e in events_of(frames, "quiet")]
+    assert types == ["ACCEPTED", "STARTED", "INITIALIZED", "COMPLETE"]
+    assert events_of(frames, "quiet")[-1]["text"]
+
+
+def test_greedy_text_is_reproducible_and_real(server: RunningServer) -> None:
+    prompt = CHAT.format("What is the capital of France?")
+    first = run_ws(server.ws, payload(("g1", prompt), generation_config=greedy(12)), {"g1"})
+    second = run_ws(server.ws, payload(("g2", prompt), generation_config=greedy(12)), {"g2"})
+    text = events_of(first, "g1")[-1]["text"]
+    assert text == events_of(second, "g2")[-1]["text"]
+    assert "Paris" in text
+
+
+def test_malformed_json_and_bad_fields_get_errors_and_the_connection_stays_usable(
+    server: RunningServer,
+) -> None:
+    with connect(server.ws + "/ws") as ws:
+        ws.send("{not json")
+        [error] = json.loads(ws.recv(timeout=10))
+        assert error["type"] == "ERROR" and error["request_id"] is None
+        assert "Malformed JSON" in error["error"]
+
+        ws.send(json.dumps({"prompts": []}))
+        [error] = json.loads(ws.recv(timeout=10))
+        assert "$.prompts" in error["error"]
+
+        ws.send(payload(("bad1", "hi"), ("bad2", "yo"), generation_config={"top_p": 7}))
+        errors = json.loads(ws.recv(timeout=10))
+        assert [e["request_id"] for e in errors] == ["bad1", "bad2"]
+        assert all("$.generation_config.top_p" in e["error"] for e in errors)
+
+        ws.send(payload(("u", "hi"), generation_config={"top_q": 1}))
+        [error] = json.loads(ws.recv(timeout=10))
+        assert "unknown field `top_q`" in error["error"]
+
+        ws.send(json.dumps({"prompts": [{"request_id": "ok", "prompt": PROMPT},
+                                         {"request_id": "noprompt"}],
+                            "generation_config": greedy(4)}))
+        frames = frames_until_done(ws, {"ok", "noprompt"})
+        assert frames[0] == [{"type": "ACCEPTED", "request_id": "ok"}]
+        [missing] = events_of(frames, "noprompt")
+        assert missing["type"] == "ERROR" and "$.prompts[1]" in missing["error"]
+        assert events_of(frames, "ok")[-1]["type"] == "COMPLETE"
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": -1}, "temperature"),
+     ({"num_beams": "two"}, "num_beams"), ({"min_tokens": 50, "max_new_tokens": 5}, "min_tokens"),
+     ({"stop": [""]}, "stop")],
+)
+def test_each_bad_field_is_named(server: RunningServer, config: dict[str, Any], field: str) -> None:
+    with connect(server.ws + "/ws") as ws:
+        ws.send(payload(("f", "hello"), generation_config=config))
+        [error] = json.loads(ws.recv(timeout=10))
+        assert error["type"] == "ERROR" and f"generation_config.{field}" in error["error"]
+
+
+def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
+    server: RunningServer,
+) -> None:
+    beams = greedy(6, num_beams=3, length_penalty=1.0)
+    frames = run_ws(server.ws, payload(("beam", PROMPT), stream_response=False,
+                                       generation_config=beams), {"beam"})
+    complete = events_of(frames, "beam")[-1]
+    assert complete["type"] == "COMPLETE" and complete["text"]
+    assert 0 < complete["new_tokens_count"] <= 6
+
+    frames = run_ws(server.ws, payload(("beam2", PROMPT), generation_config=beams), {"beam2"})
+    [error] = events_of(frames, "beam2")
+    assert error == {"type": "ERROR", "request_id": "beam2", "error": (
+        "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set "
+        "to 1.")}
+
+
+def test_payloads_on_one_connection_run_concurrently_and_never_share_an_array(
+    server: RunningServer,
+) -> None:
+    with connect(server.ws + "/ws") as ws:
+        ws.send(payload(("long", PROMPT), generation_config=greedy(40, ignore_eos=True)))
+        ws.send(payload(("short", PROMPT), generation_config=greedy(4, ignore_eos=True)))
+        frames = frames_until_done(ws, {"long", "short"})
+    for frame in frames:
+        assert len({e["request_id"] for e in frame}) == 1
+    order = [e["request_id"] for f in frames for e in f if e["type"] == "COMPLETE"]
+    assert order == ["short", "long"]  # the second payload did not wait for the first
+
+
+def test_sixteen_concurrent_clients(server: RunningServer, idle_engine: Any) -> None:
+    async def one(i: int) -> dict[str, Any]:
+        async with websockets.connect(server.ws + "/ws") as ws:
+            await ws.send(payload((f"c{i}", CHAT.format(f"Say a word about {i}.")),
+                                  generation_config=greedy(10, ignore_eos=True)))
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                for event in frame:
+                    if event["type"] in ("COMPLETE", "ERROR"):
+                        return dict(event)
+
+    async def all_clients() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(one(i) for i in range(16)))
+
+    results = asyncio.run(all_clients())
+    assert [r["type"] for r in results] == ["COMPLETE"] * 16
+    assert [r["request_id"] for r in results] == [f"c{i}" for i in range(16)]
+    assert all(r["new_tokens_count"] == 10 for r in results)
+    idle_engine()
