@@ -28,7 +28,7 @@ def engine(loop_thread: LoopThread) -> Iterator[Engine]:
     model = str(prepare_default_model())
     built = loop_thread.run(Engine.start(test_settings().engine, model))
     yield built
-    built.shutdown()
+    loop_thread.call(built.shutdown)
 
 
 @pytest.fixture(scope="session")
