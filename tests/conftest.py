@@ -11,7 +11,7 @@ import pytest
 from gateway.default_model import prepare_default_model
 from clients import wait_ready
 from gateway.engine import Engine
-from serving import LoopThread, RunningServer, shared_loader, start_server, test_settings
+from serving import LoopThread, RunningServer, shared_loader, start_server, gateway_settings
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -26,14 +26,14 @@ def loop_thread() -> Iterator[LoopThread]:
 @pytest.fixture(scope="session")
 def engine(loop_thread: LoopThread) -> Iterator[Engine]:
     model = str(prepare_default_model())
-    built = loop_thread.run(Engine.start(test_settings().engine, model))
+    built = loop_thread.run(Engine.start(gateway_settings().engine, model))
     yield built
     loop_thread.call(built.shutdown)
 
 
 @pytest.fixture(scope="session")
 def server(loop_thread: LoopThread, engine: Engine) -> Iterator[RunningServer]:
-    running = start_server(loop_thread, test_settings(), shared_loader(engine))
+    running = start_server(loop_thread, gateway_settings(), shared_loader(engine))
     wait_ready(running.http)
     yield running
     running.stop()
@@ -47,7 +47,7 @@ def make_server(
     started: list[RunningServer] = []
 
     def make(**env: str) -> RunningServer:
-        running = start_server(loop_thread, test_settings(**env), shared_loader(engine))
+        running = start_server(loop_thread, gateway_settings(**env), shared_loader(engine))
         started.append(running)
         wait_ready(running.http)
         return running

@@ -23,7 +23,7 @@ from gateway.engine import Engine
 T = TypeVar("T")
 
 
-def test_settings(**env: str) -> Settings:
+def gateway_settings(**env: str) -> Settings:
     """Settings as a user would write them, from environment-style strings; no .env read."""
     base = {"ENFORCE_EAGER": "true", "MAX_MODEL_LEN": "2048", "KV_CACHE_GIB": "1"}
     return load_settings({**base, **env}, dotenv_path=None)

@@ -1,0 +1,145 @@
+"""Loading, admission, duplicate request_ids, and clients that leave in every phase."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from clients import CHAT, frames_until_done, greedy, payload
+from gateway.engine import Engine
+from serving import LoopThread, RunningServer, shared_loader, start_server, gateway_settings
+
+LONG = greedy(1500, ignore_eos=True)
+PROMPT = CHAT.format("Write a very long essay about rivers.")
+
+
+def recv_until(ws: ClientConnection, kind: str, timeout: float = 60) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+        if any(e["type"] == kind for e in frame):
+            return list(frame)
+
+
+def unfinished(server: RunningServer) -> int:
+    engine = server.gateway.holder.engine
+    assert engine is not None
+    return server.loop.call(engine.unfinished_requests)
+
+
+def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
+    loop_thread: LoopThread, engine: Engine
+) -> None:
+    gate = asyncio.Event()
+
+    async def open_gate() -> None:
+        await gate.wait()
+
+    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
+    try:
+        for path in ("/health", "/ping"):
+            response = httpx.get(loading.http + path)
+            assert response.status_code == 503 and response.json()["status"] == "loading"
+        with connect(loading.ws + "/ws") as ws:  # connections are accepted while loading
+            ws.send(payload(("early", PROMPT), generation_config=greedy(3)))
+            assert json.loads(ws.recv(timeout=10)) == [{"type": "ACCEPTED", "request_id": "early"}]
+            with pytest.raises(TimeoutError):
+                ws.recv(timeout=1)
+            loop_thread.call(gate.set)
+            frames = frames_until_done(ws, {"early"})
+        assert frames[0] == [{"type": "STARTED", "request_id": "early"}]
+        assert frames[-1][0]["type"] == "COMPLETE"
+        assert httpx.get(loading.http + "/ping").status_code == 200
+    finally:
+        loading.stop()
+
+
+def test_an_engine_that_fails_to_start_is_reported(loop_thread: LoopThread) -> None:
+    async def broken() -> Engine:
+        raise RuntimeError("no such model")
+
+    failed = start_server(loop_thread, gateway_settings(), broken)
+    try:
+        wait_deadline = time.monotonic() + 10
+        while httpx.get(failed.http + "/health").json()["status"] == "loading":
+            assert time.monotonic() < wait_deadline
+        health = httpx.get(failed.http + "/health")
+        assert health.status_code == 503 and "no such model" in health.json()["error"]
+        with connect(failed.ws + "/ws") as ws:
+            ws.send(payload(("doomed", "hi")))
+            frames = frames_until_done(ws, {"doomed"})
+        assert frames[-1][0]["type"] == "ERROR" and "no such model" in frames[-1][0]["error"]
+    finally:
+        failed.stop()
+
+
+def test_admission_queues_then_refuses_with_rate_limited(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
+) -> None:
+    tight = make_server(MAX_RUNNING_REQUESTS="1", MAX_WAITING_REQUESTS="1")
+    admission = tight.gateway.service.admission
+    with connect(tight.ws + "/ws") as running, connect(tight.ws + "/ws") as queued:
+        running.send(payload(("run", PROMPT), generation_config=LONG))
+        recv_until(running, "PROGRESS")
+        queued.send(payload(("wait", PROMPT), generation_config=LONG))
+        assert json.loads(queued.recv(timeout=10))[0]["type"] == "ACCEPTED"
+        with connect(tight.ws + "/ws") as refused:
+            refused.send(payload(("nope", PROMPT), generation_config=LONG))
+            [error] = frames_until_done(refused, {"nope"})[-1]
+            assert error["type"] == "ERROR" and "Too many requests" in error["error"]
+        rest = httpx.post(tight.http + "/api/generate-one", json={
+            "request_id": "nope2", "prompt": "x", "stream_response": False})
+        assert rest.status_code == 429 and rest.json()["type"] == "rate_limited"
+        assert admission.waiting == 1
+        queued.close()  # a client that leaves while queued frees its place
+        deadline = time.monotonic() + 5
+        while admission.waiting:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert unfinished(tight) == 1
+    idle_engine()
+    assert admission.running == 0
+
+
+def test_a_request_id_in_flight_cannot_be_used_twice(
+    server: RunningServer, idle_engine: Callable[..., None]
+) -> None:
+    with connect(server.ws + "/ws") as ws:
+        ws.send(payload(("twin", PROMPT), generation_config=LONG))
+        recv_until(ws, "PROGRESS")
+        ws.send(payload(("twin", PROMPT), generation_config=greedy(2)))
+        frame = recv_until(ws, "ERROR")
+        assert "already generating" in str(frame[0]["error"])
+        rest = httpx.post(server.http + "/api/generate-one", json={
+            "request_id": "twin", "prompt": "x", "stream_response": False})
+        assert rest.status_code == 409 and rest.json()["type"] == "duplicate_request_id"
+        ws.send(payload(("same", "a"), ("same", "b"), generation_config=greedy(2)))
+        frames = frames_until_done(ws, {"same"})
+        assert any(e["type"] == "ERROR" and e["request_id"] == "same" for f in frames for e in f)
+    idle_engine()
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode", "several payloads"])
+def test_a_websocket_client_that_leaves_stops_its_generations(
+    server: RunningServer, idle_engine: Callable[..., None], phase: str
+) -> None:
+    long_prompt = CHAT.format("Summarise: " + "the tide comes in and goes out. " * 250)
+    with connect(server.ws + "/ws") as ws:
+        if phase == "prefill":
+            ws.send(payload(("pre", long_prompt), generation_config=LONG))
+            recv_until(ws, "ACCEPTED")
+        elif phase == "decode":
+            ws.send(payload(("dec", PROMPT), generation_config=LONG))
+            recv_until(ws, "PROGRESS")
+            assert unfinished(server) == 1
+        else:
+            ws.send(payload(("m1", PROMPT), ("m2", PROMPT), generation_config=LONG))
+            ws.send(payload(("m3", PROMPT), generation_config=LONG))
+            recv_until(ws, "PROGRESS")
+    idle_engine(timeout=10)
