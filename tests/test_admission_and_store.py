@@ -1,0 +1,62 @@
+"""The admission gate and the continuation store, on their own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission import Admission
+from gateway.continuation import ContinuationStore, History
+from protocols.errors import ErrorKind, GenerationError
+
+
+def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:
+    async def scenario() -> list[str]:
+        gate = Admission(max_running=1, max_waiting=2)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def job(name: str) -> None:
+            async with gate.slot():
+                order.append(name)
+                await release.wait()
+
+        first = asyncio.create_task(job("first"))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(job("second"))
+        third = asyncio.create_task(job("third"))
+        await asyncio.sleep(0)
+        assert (gate.running, gate.waiting) == (1, 2)
+        with pytest.raises(GenerationError) as caught:
+            async with gate.slot():
+                pass
+        assert caught.value.kind is ErrorKind.RATE_LIMITED
+        second.cancel()  # a waiter that leaves gives up its place
+        await asyncio.sleep(0)
+        assert gate.waiting == 1
+        release.set()
+        await asyncio.gather(first, third)
+        assert (gate.running, gate.waiting) == (0, 0)
+        return order
+
+    assert asyncio.run(scenario()) == ["first", "third"]
+
+
+def test_store_evicts_the_least_recently_used_and_the_idle() -> None:
+    now = [0.0]
+    store = ContinuationStore(max_entries=2, idle_seconds=10, clock=lambda: now[0])
+    store.put(("a",), {"a": History([1], "a")})
+    store.put(("b",), {"b": History([2], "b")})
+    assert store.get(("a",)) is not None  # a is now the most recently used
+    store.put(("c",), {"c": History([3], "c")})
+    assert store.get(("b",)) is None and store.get(("a",)) is not None
+    now[0] = 11.0
+    assert store.get(("c",)) is None and len(store) == 0
+    assert store.get(("a", "b")) is None
+
+
+def test_a_store_of_size_zero_keeps_nothing() -> None:
+    store = ContinuationStore(max_entries=0, idle_seconds=10)
+    store.put(("a",), {"a": History([1], "a")})
+    assert store.get(("a",)) is None

@@ -1,0 +1,62 @@
+"""Settings from the environment and `.env`, and the CLI's refusal of a bad value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_settings
+
+
+def test_defaults_without_configuration() -> None:
+    settings = load_settings({}, dotenv_path=None)
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+    assert settings.engine.model == "" and settings.engine.enable_prefix_caching
+    assert settings.generation.max_new_tokens == 100
+
+
+def test_dotenv_is_read_and_the_environment_wins(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("PORT=9001\nDEFAULT_TEMPERATURE=0.3\nENFORCE_EAGER=true\nMODEL=/m\n")
+    settings = load_settings({"PORT": "9002", "DEFAULT_STOP": "###,END"}, dotenv_path=env_file)
+    assert settings.port == 9002
+    assert settings.generation.temperature == 0.3
+    assert settings.generation.stop == ("###", "END")
+    assert settings.engine.enforce_eager is True and settings.engine.model == "/m"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("PORT", "eighty"), ("PORT", "70000"), ("ENFORCE_EAGER", "maybe"),
+     ("MAX_RUNNING_REQUESTS", "0"), ("KV_CACHE_GIB", "-1"), ("DEFAULT_TOP_P", "1.5"),
+     ("DEFAULT_MAX_NEW_TOKENS", "x"), ("DEFAULT_MIN_TOKENS", "1000")],
+)
+def test_an_invalid_value_names_its_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({name: value}, dotenv_path=None)
+    assert str(caught.value).startswith(f"{name}: ")
+
+
+def test_every_variable_is_documented_in_env_example() -> None:
+    example = (Path(__file__).parent.parent / ".env.example").read_text()
+    documented = {line.split("=")[0].lstrip("# ") for line in example.splitlines() if "=" in line}
+    from gateway.config import GENERATION_PREFIX, EngineSettings, Settings
+    from protocols.generation import SamplingOptions
+
+    names = {f.upper() for f in Settings.__struct_fields__ if f not in ("engine", "generation")}
+    names |= {f.upper() for f in EngineSettings.__struct_fields__}
+    names |= {GENERATION_PREFIX + f.upper() for f in SamplingOptions.__struct_fields__}
+    assert names <= documented, names - documented
+
+
+def test_the_cli_refuses_to_start_on_a_bad_value(tmp_path: Path) -> None:
+    env = {**os.environ, "PORT": "eighty"}
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--env-file",
+                           str(tmp_path / "none.env")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "PORT" in done.stderr and "invalid configuration" in done.stderr
