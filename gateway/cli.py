@@ -37,8 +37,9 @@ def _serve(settings: Settings, host: str, port: int) -> int:
 
     from gateway.app import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
     return 0
 

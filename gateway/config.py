@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from dotenv import dotenv_values
@@ -41,7 +41,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     enable_prefix_caching: bool = True
     tensor_parallel_size: Positive = 1
     pipeline_parallel_size: Positive = 1
-    dtype: str = "auto"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: int = 0
 
 
@@ -90,8 +90,9 @@ def _generation_fields(values: Mapping[str, str]) -> dict[str, Any]:
     return fields
 
 
-def _convert(values: Mapping[str, Any], kind: type[_S], prefix: str,
-             skip: tuple[str, ...] = ()) -> _S:
+def _convert(
+    values: Mapping[str, Any], kind: type[_S], prefix: str, skip: tuple[str, ...] = ()
+) -> _S:
     """Convert env strings into `kind`; `prefix` maps a field back to its variable's name."""
     if prefix:
         subset = dict(values)  # already keyed by field name

@@ -92,7 +92,8 @@ class Engine:
         self._beams = _BeamSearcher(llm)
         self.tokenizer: Any = llm.get_tokenizer()
         self.max_model_len = max_model_len
-        self.model_name: str = llm.model_config.served_model_name
+        name = llm.model_config.served_model_name
+        self.model_name: str = name if isinstance(name, str) else str(name[0]) if name else ""
 
     @classmethod
     async def start(cls, settings: EngineSettings, model: str) -> Engine:
@@ -107,7 +108,9 @@ class Engine:
     def unfinished_requests(self) -> int:
         return int(self._llm.get_num_unfinished_requests())
 
-    async def stream(self, token_ids: list[int], options: SamplingOptions) -> AsyncIterator[EngineStep]:
+    async def stream(
+        self, token_ids: list[int], options: SamplingOptions
+    ) -> AsyncIterator[EngineStep]:
         request_id = f"gw-{next(self._ids)}"
         outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
         async with aclosing(outputs):

@@ -44,7 +44,9 @@ class EngineHolder:
     async def wait(self) -> Engine:
         await self._ready.wait()
         if self.engine is None:
-            raise GenerationError(ErrorKind.ENGINE_ERROR, f"The engine failed to start: {self.error}")
+            raise GenerationError(
+                ErrorKind.ENGINE_ERROR, f"The engine failed to start: {self.error}"
+            )
         return self.engine
 
     async def stop(self) -> None:

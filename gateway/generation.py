@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from gateway.admission import Admission
 from gateway.continuation import ContinuationStore, History
@@ -43,7 +43,7 @@ class GenerationService:
 
     async def run(
         self, items: Sequence[PromptItem], options: SamplingOptions, *, stream: bool
-    ) -> AsyncIterator[list[Event]]:
+    ) -> AsyncGenerator[list[Event], None]:
         key = tuple(item.request_id for item in items)
         queue: asyncio.Queue[Event] = asyncio.Queue()
         known = self.store.get(key) or {}

@@ -85,12 +85,19 @@ def to_frames(
             case Started():
                 started.append(StartedEvent(request_id))
             case Initialized(prompt_text=prompt_text):
-                initialized.append(InitializedEvent(request_id, "" if only_new_tokens else prompt_text))
+                initialized.append(
+                    InitializedEvent(request_id, "" if only_new_tokens else prompt_text)
+                )
             case Finished():
                 text = event.new_text if only_new_tokens else event.full_text
                 terminal.append(
-                    Complete(request_id, text, event.is_eos, event.new_tokens,
-                             round(event.execution_time, 3))
+                    Complete(
+                        request_id,
+                        text,
+                        event.is_eos,
+                        event.new_tokens,
+                        round(event.execution_time, 3),
+                    )
                 )
             case Failed(message=message):
                 terminal.append(ErrorEvent(request_id, message))

@@ -72,8 +72,9 @@ def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[Rejected
         found = "missing" if entries is None else f"got `{type(entries).__name__}`"
         if isinstance(entries, list):
             found = "got an empty array"
-        raise invalid(f"Expected a non-empty `array` of prompts, {found} - at `$.prompts`",
-                      "$.prompts")
+        raise invalid(
+            f"Expected a non-empty `array` of prompts, {found} - at `$.prompts`", "$.prompts"
+        )
     items: list[PromptItem] = []
     rejected: list[Rejected] = []
     for i, entry in enumerate(entries):

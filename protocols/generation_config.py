@@ -36,7 +36,7 @@ class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     max_new_tokens: MaxNewTokens | UnsetType = UNSET
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
     length_penalty: float | UnsetType = UNSET
-    seed: int | None | UnsetType = UNSET
+    seed: int | UnsetType | None = UNSET
     stop: list[str] | UnsetType = UNSET
     ignore_eos: bool | UnsetType = UNSET
     min_tokens: MinTokens | UnsetType = UNSET

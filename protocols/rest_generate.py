@@ -59,7 +59,9 @@ def decode_one(raw: bytes, defaults: SamplingOptions) -> OneRequest:
         payload = msgspec.convert(doc, _OnePayload)
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
-    options = resolve_options(payload.generation_config, defaults, streaming=payload.stream_response)
+    options = resolve_options(
+        payload.generation_config, defaults, streaming=payload.stream_response
+    )
     item = PromptItem(payload.request_id, payload.prompt)
     return OneRequest(item, options, payload.only_new_tokens, payload.stream_response)
 

@@ -22,7 +22,9 @@ def payload(*prompts: tuple[str, str], **fields: Any) -> str:
     return json.dumps(body)
 
 
-def frames_until_done(ws: ClientConnection, request_ids: set[str], timeout: float = 120) -> list[list[dict[str, Any]]]:
+def frames_until_done(
+    ws: ClientConnection, request_ids: set[str], timeout: float = 120
+) -> list[list[dict[str, Any]]]:
     """Every frame until each request_id has had its terminal event."""
     frames: list[list[dict[str, Any]]] = []
     waiting = set(request_ids)

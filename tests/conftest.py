@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gateway.default_model import prepare_default_model
 from clients import wait_ready
+from gateway.default_model import prepare_default_model
 from gateway.engine import Engine
-from serving import LoopThread, RunningServer, shared_loader, start_server, gateway_settings
+from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -40,9 +40,7 @@ def server(loop_thread: LoopThread, engine: Engine) -> Iterator[RunningServer]:
 
 
 @pytest.fixture
-def make_server(
-    loop_thread: LoopThread, engine: Engine
-) -> Iterator[Callable[..., RunningServer]]:
+def make_server(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[..., RunningServer]]:
     """Another server on the shared engine, with its own settings (admission, store...)."""
     started: list[RunningServer] = []
 

@@ -91,7 +91,9 @@ def start_server(
     return RunningServer(loop, app, free_port())
 
 
-def shared_loader(engine: Engine, gate: Callable[[], Awaitable[None]] | None = None) -> EngineLoader:
+def shared_loader(
+    engine: Engine, gate: Callable[[], Awaitable[None]] | None = None
+) -> EngineLoader:
     async def load() -> Engine:
         if gate is not None:
             await gate()

@@ -31,9 +31,16 @@ def test_dotenv_is_read_and_the_environment_wins(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("PORT", "eighty"), ("PORT", "70000"), ("ENFORCE_EAGER", "maybe"),
-     ("MAX_RUNNING_REQUESTS", "0"), ("KV_CACHE_GIB", "-1"), ("DEFAULT_TOP_P", "1.5"),
-     ("DEFAULT_MAX_NEW_TOKENS", "x"), ("DEFAULT_MIN_TOKENS", "1000")],
+    [
+        ("PORT", "eighty"),
+        ("PORT", "70000"),
+        ("ENFORCE_EAGER", "maybe"),
+        ("MAX_RUNNING_REQUESTS", "0"),
+        ("KV_CACHE_GIB", "-1"),
+        ("DEFAULT_TOP_P", "1.5"),
+        ("DEFAULT_MAX_NEW_TOKENS", "x"),
+        ("DEFAULT_MIN_TOKENS", "1000"),
+    ],
 )
 def test_an_invalid_value_names_its_variable(name: str, value: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -55,8 +62,12 @@ def test_every_variable_is_documented_in_env_example() -> None:
 
 def test_the_cli_refuses_to_start_on_a_bad_value(tmp_path: Path) -> None:
     env = {**os.environ, "PORT": "eighty"}
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--env-file",
-                           str(tmp_path / "none.env")], env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--env-file", str(tmp_path / "none.env")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "PORT" in done.stderr and "invalid configuration" in done.stderr

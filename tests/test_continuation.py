@@ -24,13 +24,24 @@ def test_a_known_request_id_continues_and_ignores_its_prompt(server: RunningServ
     key = f"story-{uuid.uuid4()}"
     prompt = CHAT.format("Tell me a story about a lighthouse.")
     [first] = batch(server.http, [(key, prompt)], generation_config=greedy(8, ignore_eos=True))
-    [second] = batch(server.http, [(key, "this prompt is ignored")], only_new_tokens=False,
-                     generation_config=greedy(8, ignore_eos=True))
+    [second] = batch(
+        server.http,
+        [(key, "this prompt is ignored")],
+        only_new_tokens=False,
+        generation_config=greedy(8, ignore_eos=True),
+    )
     assert second["prompt"] == prompt + first["response"]
     assert second["response"] and "ignored" not in second["prompt"]
 
-    frames = run_ws(server.ws, payload((key, "ignored too"), only_new_tokens=False,
-                                       generation_config=greedy(4, ignore_eos=True)), {key})
+    frames = run_ws(
+        server.ws,
+        payload(
+            (key, "ignored too"),
+            only_new_tokens=False,
+            generation_config=greedy(4, ignore_eos=True),
+        ),
+        {key},
+    )
     events = events_of(frames, key)
     sequence = prompt + first["response"] + second["response"]
     assert events[2] == {"type": "INITIALIZED", "request_id": key, "text": sequence}
@@ -42,12 +53,16 @@ def test_the_key_of_a_batch_is_its_ordered_request_ids(server: RunningServer) ->
     pa, pb = CHAT.format("Say hi."), CHAT.format("Say bye.")
     cfg = greedy(5, ignore_eos=True)
     first = batch(server.http, [(a, pa), (b, pb)], generation_config=cfg)
-    same_order = batch(server.http, [(a, "x"), (b, "y")], only_new_tokens=False,
-                       generation_config=cfg)
-    assert [r["prompt"] for r in same_order] == [pa + first[0]["response"],
-                                                 pb + first[1]["response"]]
-    other_order = batch(server.http, [(b, pb), (a, pa)], only_new_tokens=False,
-                        generation_config=cfg)
+    same_order = batch(
+        server.http, [(a, "x"), (b, "y")], only_new_tokens=False, generation_config=cfg
+    )
+    assert [r["prompt"] for r in same_order] == [
+        pa + first[0]["response"],
+        pb + first[1]["response"],
+    ]
+    other_order = batch(
+        server.http, [(b, pb), (a, pa)], only_new_tokens=False, generation_config=cfg
+    )
     assert [r["prompt"] for r in other_order] == [pb, pa]  # another key: a fresh start
     alone = batch(server.http, [(a, pa)], only_new_tokens=False, generation_config=cfg)
     assert alone[0]["prompt"] == pa  # a single id is another key than the pair
@@ -82,12 +97,18 @@ def test_a_sequence_that_ended_at_eos_adds_nothing_when_continued(server: Runnin
     frames = run_ws(server.ws, payload((key, prompt), generation_config=greedy(200)), {key})
     first = events_of(frames, key)[-1]
     assert first["is_eos"] is True and 0 < first["new_tokens_count"] < 200
-    frames = run_ws(server.ws, payload((key, "x"), only_new_tokens=False,
-                                       generation_config=greedy(50)), {key})
+    frames = run_ws(
+        server.ws, payload((key, "x"), only_new_tokens=False, generation_config=greedy(50)), {key}
+    )
     complete = events_of(frames, key)[-1]
-    assert complete == {"type": "COMPLETE", "request_id": key, "text": prompt + first["text"],
-                        "is_eos": True, "new_tokens_count": 0,
-                        "execution_time": complete["execution_time"]}
+    assert complete == {
+        "type": "COMPLETE",
+        "request_id": key,
+        "text": prompt + first["text"],
+        "is_eos": True,
+        "new_tokens_count": 0,
+        "execution_time": complete["execution_time"],
+    }
 
 
 def test_an_evicted_key_starts_afresh(make_server: Callable[..., RunningServer]) -> None:

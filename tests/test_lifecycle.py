@@ -13,7 +13,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from clients import CHAT, frames_until_done, greedy, payload
 from gateway.engine import Engine
-from serving import LoopThread, RunningServer, shared_loader, start_server, gateway_settings
+from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 LONG = greedy(1500, ignore_eos=True)
 PROMPT = CHAT.format("Write a very long essay about rivers.")
@@ -93,8 +93,10 @@ def test_admission_queues_then_refuses_with_rate_limited(
             refused.send(payload(("nope", PROMPT), generation_config=LONG))
             [error] = frames_until_done(refused, {"nope"})[-1]
             assert error["type"] == "ERROR" and "Too many requests" in error["error"]
-        rest = httpx.post(tight.http + "/api/generate-one", json={
-            "request_id": "nope2", "prompt": "x", "stream_response": False})
+        rest = httpx.post(
+            tight.http + "/api/generate-one",
+            json={"request_id": "nope2", "prompt": "x", "stream_response": False},
+        )
         assert rest.status_code == 429 and rest.json()["type"] == "rate_limited"
         assert admission.waiting == 1
         queued.close()  # a client that leaves while queued frees its place
@@ -116,8 +118,10 @@ def test_a_request_id_in_flight_cannot_be_used_twice(
         ws.send(payload(("twin", PROMPT), generation_config=greedy(2)))
         frame = recv_until(ws, "ERROR")
         assert "already generating" in str(frame[0]["error"])
-        rest = httpx.post(server.http + "/api/generate-one", json={
-            "request_id": "twin", "prompt": "x", "stream_response": False})
+        rest = httpx.post(
+            server.http + "/api/generate-one",
+            json={"request_id": "twin", "prompt": "x", "stream_response": False},
+        )
         assert rest.status_code == 409 and rest.json()["type"] == "duplicate_request_id"
         ws.send(payload(("same", "a"), ("same", "b"), generation_config=greedy(2)))
         frames = frames_until_done(ws, {"same"})

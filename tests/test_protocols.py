@@ -29,8 +29,13 @@ def body(**fields: object) -> bytes:
 
 
 def test_absent_fields_take_the_servers_defaults_and_given_ones_win() -> None:
-    batch = decode_batch(body(prompts=[{"request_id": "a", "prompt": "p"}],
-                              generation_config={"top_k": 5, "stop": ["\n"]}), DEFAULTS)
+    batch = decode_batch(
+        body(
+            prompts=[{"request_id": "a", "prompt": "p"}],
+            generation_config={"top_k": 5, "stop": ["\n"]},
+        ),
+        DEFAULTS,
+    )
     assert batch.items == [PromptItem("a", "p")]
     assert batch.options.max_new_tokens == 64 and batch.options.temperature == 0.7
     assert batch.options.top_k == 5 and batch.options.stop == ("\n",)
@@ -38,18 +43,32 @@ def test_absent_fields_take_the_servers_defaults_and_given_ones_win() -> None:
 
 
 def test_errors_name_the_json_path() -> None:
-    batch = decode_batch(body(prompts=[{"request_id": "a", "prompt": "p"}, {"prompt": "q"},
-                                       {"request_id": "c", "prompt": 3}]), DEFAULTS)
+    batch = decode_batch(
+        body(
+            prompts=[
+                {"request_id": "a", "prompt": "p"},
+                {"prompt": "q"},
+                {"request_id": "c", "prompt": 3},
+            ]
+        ),
+        DEFAULTS,
+    )
     assert [r.request_id for r in batch.rejected] == [None, "c"]
-    assert [r.error.field for r in batch.rejected] == ["$.prompts[1].request_id",
-                                                       "$.prompts[2].prompt"]
-    assert "Expected `str`, got `int` - at `$.prompts[2].prompt`" == batch.rejected[1].error.message
+    assert [r.error.field for r in batch.rejected] == [
+        "$.prompts[1].request_id",
+        "$.prompts[2].prompt",
+    ]
+    assert batch.rejected[1].error.message == "Expected `str`, got `int` - at `$.prompts[2].prompt`"
 
 
 def test_a_bad_generation_config_fails_every_prompt_by_its_id() -> None:
-    batch = decode_batch(body(prompts=[{"request_id": "a", "prompt": "p"},
-                                       {"request_id": "b", "prompt": "q"}],
-                              generation_config={"max_new_tokens": 0}), DEFAULTS)
+    batch = decode_batch(
+        body(
+            prompts=[{"request_id": "a", "prompt": "p"}, {"request_id": "b", "prompt": "q"}],
+            generation_config={"max_new_tokens": 0},
+        ),
+        DEFAULTS,
+    )
     assert batch.items == []
     assert [r.request_id for r in batch.rejected] == ["a", "b"]
     assert all(r.error.field == "$.generation_config.max_new_tokens" for r in batch.rejected)
@@ -66,28 +85,45 @@ def test_streaming_beam_search_is_the_specs_error_but_non_streaming_is_fine() ->
     prompts = [{"request_id": "a", "prompt": "p"}]
     streaming = decode_batch(body(prompts=prompts, generation_config={"num_beams": 2}), DEFAULTS)
     assert streaming.rejected[0].error.message == STREAMING_BEAM_SEARCH_ERROR
-    quiet = decode_batch(body(prompts=prompts, stream_response=False,
-                              generation_config={"num_beams": 2}), DEFAULTS)
+    quiet = decode_batch(
+        body(prompts=prompts, stream_response=False, generation_config={"num_beams": 2}), DEFAULTS
+    )
     assert quiet.options.num_beams == 2 and not quiet.rejected
 
 
 def test_frames_group_one_step_by_phase_with_one_event_per_prompt() -> None:
     items = [PromptItem("a", "pa"), PromptItem("b", "pb")]
-    step = [Started(1), Initialized(1, "pb"), Delta(0, "x", 1), Delta(1, "y", 1),
-            Finished(0, "x", "pax", 1, False, "length", 0.12345, 0),
-            Failed(1, "engine_error", "boom")]
+    step = [
+        Started(1),
+        Initialized(1, "pb"),
+        Delta(0, "x", 1),
+        Delta(1, "y", 1),
+        Finished(0, "x", "pax", 1, False, "length", 0.12345, 0),
+        Failed(1, "engine_error", "boom"),
+    ]
     frames = [json.loads(encode_frame(f)) for f in to_frames(step, items, only_new_tokens=False)]
     assert frames == [
         [{"type": "STARTED", "request_id": "b"}],
         [{"type": "INITIALIZED", "request_id": "b", "text": "pb"}],
-        [{"type": "PROGRESS", "request_id": "a", "text": "x"},
-         {"type": "PROGRESS", "request_id": "b", "text": "y"}],
-        [{"type": "COMPLETE", "request_id": "a", "text": "pax", "is_eos": False,
-          "new_tokens_count": 1, "execution_time": 0.123},
-         {"type": "ERROR", "request_id": "b", "error": "boom"}],
+        [
+            {"type": "PROGRESS", "request_id": "a", "text": "x"},
+            {"type": "PROGRESS", "request_id": "b", "text": "y"},
+        ],
+        [
+            {
+                "type": "COMPLETE",
+                "request_id": "a",
+                "text": "pax",
+                "is_eos": False,
+                "new_tokens_count": 1,
+                "execution_time": 0.123,
+            },
+            {"type": "ERROR", "request_id": "b", "error": "boom"},
+        ],
     ]
     assert decode_frame(encode_frame(to_frames(step, items, only_new_tokens=True)[1])) == [
-        to_frames(step, items, only_new_tokens=True)[1][0]]
+        to_frames(step, items, only_new_tokens=True)[1][0]
+    ]
 
 
 def test_rest_payloads_and_answers() -> None:
@@ -98,12 +134,18 @@ def test_rest_payloads_and_answers() -> None:
     assert caught.value.field == "$.prompt"
     finished = Finished(0, "new", "old new", 1, True, "stop", 0.1, 0)
     item = PromptItem("r", "ignored")
-    assert json.loads(encode_answers([
-        answer_of(item, finished, only_new_tokens=True),
-        answer_of(item, finished, only_new_tokens=False),
-        answer_of(item, Failed(0, "rate_limited", "busy"), only_new_tokens=True),
-    ])) == [{"request_id": "r", "response": "new"},
-            {"request_id": "r", "prompt": "old ", "response": "new"},
-            {"request_id": "r", "error": "busy"}]
+    assert json.loads(
+        encode_answers(
+            [
+                answer_of(item, finished, only_new_tokens=True),
+                answer_of(item, finished, only_new_tokens=False),
+                answer_of(item, Failed(0, "rate_limited", "busy"), only_new_tokens=True),
+            ]
+        )
+    ) == [
+        {"request_id": "r", "response": "new"},
+        {"request_id": "r", "prompt": "old ", "response": "new"},
+        {"request_id": "r", "error": "busy"},
+    ]
     error = GenerationError(ErrorKind.RATE_LIMITED, "busy")
     assert json.loads(encode_error(error)) == {"error": "busy", "type": "rate_limited"}

@@ -19,53 +19,84 @@ def one(request_id: str, **fields: object) -> dict[str, object]:
 
 def test_generate_one_streams_text_per_token(server: RunningServer) -> None:
     chunks: list[str] = []
-    with httpx.stream("POST", server.http + "/api/generate-one",
-                      json=one("s1", generation_config=greedy(12, ignore_eos=True)),
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST",
+        server.http + "/api/generate-one",
+        json=one("s1", generation_config=greedy(12, ignore_eos=True)),
+        timeout=60,
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/plain")
         chunks = list(response.iter_text())
     assert len(chunks) >= 6  # flushed as it is generated, not in one piece
-    whole = httpx.post(server.http + "/api/generate-one", timeout=60,
-                       json=one("s2", stream_response=False, generation_config=greedy(12)))
+    whole = httpx.post(
+        server.http + "/api/generate-one",
+        timeout=60,
+        json=one("s2", stream_response=False, generation_config=greedy(12)),
+    )
     assert whole.status_code == 200 and whole.text == "".join(chunks)
 
 
 def test_generate_one_sends_the_prompt_first_when_only_new_tokens_is_false(
     server: RunningServer,
 ) -> None:
-    with httpx.stream("POST", server.http + "/api/generate-one", timeout=60,
-                      json=one("p1", only_new_tokens=False, generation_config=greedy(5))) as r:
+    with httpx.stream(
+        "POST",
+        server.http + "/api/generate-one",
+        timeout=60,
+        json=one("p1", only_new_tokens=False, generation_config=greedy(5)),
+    ) as r:
         chunks = list(r.iter_text())
     assert "".join(chunks).startswith(PROMPT)
     assert len("".join(chunks)) > len(PROMPT)
-    whole = httpx.post(server.http + "/api/generate-one", timeout=60, json=one(
-        "p2", only_new_tokens=False, stream_response=False, generation_config=greedy(5)))
+    whole = httpx.post(
+        server.http + "/api/generate-one",
+        timeout=60,
+        json=one("p2", only_new_tokens=False, stream_response=False, generation_config=greedy(5)),
+    )
     assert whole.text == "".join(chunks)
 
 
 def test_generate_batch_answers_in_order_with_prompt_only_when_asked(
     server: RunningServer,
 ) -> None:
-    prompts = [{"request_id": "ba", "prompt": CHAT.format("Hi")},
-               {"request_id": "bb", "prompt": CHAT.format("Bye")}]
-    new_only = httpx.post(server.http + "/api/generate-batch", timeout=60, json={
-        "prompts": prompts, "generation_config": greedy(6)}).json()
+    prompts = [
+        {"request_id": "ba", "prompt": CHAT.format("Hi")},
+        {"request_id": "bb", "prompt": CHAT.format("Bye")},
+    ]
+    new_only = httpx.post(
+        server.http + "/api/generate-batch",
+        timeout=60,
+        json={"prompts": prompts, "generation_config": greedy(6)},
+    ).json()
     assert [a["request_id"] for a in new_only] == ["ba", "bb"]
     assert all(set(a) == {"request_id", "response"} and a["response"] for a in new_only)
 
-    prompts = [{"request_id": "bc", "prompt": CHAT.format("Hi")},
-               {"request_id": "bd", "prompt": CHAT.format("Bye")}]
-    full = httpx.post(server.http + "/api/generate-batch", timeout=60, json={
-        "prompts": prompts, "only_new_tokens": False, "generation_config": greedy(6)}).json()
+    prompts = [
+        {"request_id": "bc", "prompt": CHAT.format("Hi")},
+        {"request_id": "bd", "prompt": CHAT.format("Bye")},
+    ]
+    full = httpx.post(
+        server.http + "/api/generate-batch",
+        timeout=60,
+        json={"prompts": prompts, "only_new_tokens": False, "generation_config": greedy(6)},
+    ).json()
     assert [a["prompt"] for a in full] == [p["prompt"] for p in prompts]
     assert [a["response"] for a in full] == [a["response"] for a in new_only]
 
 
 def test_one_bad_prompt_fails_alone_in_a_batch(server: RunningServer) -> None:
-    answers = httpx.post(server.http + "/api/generate-batch", timeout=60, json={
-        "prompts": [{"request_id": "good", "prompt": PROMPT}, {"request_id": "bad", "prompt": 5}],
-        "generation_config": greedy(4)}).json()
+    answers = httpx.post(
+        server.http + "/api/generate-batch",
+        timeout=60,
+        json={
+            "prompts": [
+                {"request_id": "good", "prompt": PROMPT},
+                {"request_id": "bad", "prompt": 5},
+            ],
+            "generation_config": greedy(4),
+        },
+    ).json()
     assert answers[0]["request_id"] == "good" and answers[0]["response"]
     assert answers[1]["request_id"] == "bad"
     assert answers[1]["field"] == "$.prompts[1].prompt"
@@ -75,10 +106,14 @@ def test_bad_input_gets_4xx_json_naming_the_field(server: RunningServer) -> None
     cases = [
         (b"{oops", "$"),
         (b'{"prompt": "x"}', "$.request_id"),
-        (b'{"request_id": "x", "prompt": "y", "generation_config": {"top_k": "z"}}',
-         "$.generation_config.top_k"),
-        (b'{"request_id": "x", "prompt": "y", "generation_config": {"num_beams": 2}}',
-         "$.generation_config.num_beams"),
+        (
+            b'{"request_id": "x", "prompt": "y", "generation_config": {"top_k": "z"}}',
+            "$.generation_config.top_k",
+        ),
+        (
+            b'{"request_id": "x", "prompt": "y", "generation_config": {"num_beams": 2}}',
+            "$.generation_config.num_beams",
+        ),
         (b'{"request_id": "x", "prompt": "y", "extra": 1}', "$.extra"),
     ]
     for body, field in cases:
@@ -86,16 +121,24 @@ def test_bad_input_gets_4xx_json_naming_the_field(server: RunningServer) -> None
         assert response.status_code == 422, body
         assert response.json()["field"] == field
         assert response.json()["type"] == "invalid_request"
-    batch = httpx.post(server.http + "/api/generate-batch", timeout=30,
-                       json={"prompts": [{"request_id": "x", "prompt": "y"}],
-                             "generation_config": {"max_new_tokens": -1}})
+    batch = httpx.post(
+        server.http + "/api/generate-batch",
+        timeout=30,
+        json={
+            "prompts": [{"request_id": "x", "prompt": "y"}],
+            "generation_config": {"max_new_tokens": -1},
+        },
+    )
     assert batch.status_code == 422
     assert batch.json()["field"] == "$.generation_config.max_new_tokens"
 
 
 def test_a_prompt_longer_than_the_context_is_refused(server: RunningServer) -> None:
-    response = httpx.post(server.http + "/api/generate-one", timeout=60, json={
-        "request_id": "huge", "prompt": "word " * 3000})
+    response = httpx.post(
+        server.http + "/api/generate-one",
+        timeout=60,
+        json={"request_id": "huge", "prompt": "word " * 3000},
+    )
     assert response.status_code == 422
     assert response.json()["type"] == "context_length_exceeded"
 
@@ -103,8 +146,12 @@ def test_a_prompt_longer_than_the_context_is_refused(server: RunningServer) -> N
 def test_streaming_client_that_leaves_stops_its_generation(
     server: RunningServer, idle_engine: Callable[..., None]
 ) -> None:
-    with httpx.stream("POST", server.http + "/api/generate-one", timeout=60,
-                      json=one("gone", generation_config=greedy(1500, ignore_eos=True))) as r:
+    with httpx.stream(
+        "POST",
+        server.http + "/api/generate-one",
+        timeout=60,
+        json=one("gone", generation_config=greedy(1500, ignore_eos=True)),
+    ) as r:
         next(r.iter_text())
         assert server.loop.call(server.gateway.holder.engine.unfinished_requests) == 1  # type: ignore[union-attr]
     idle_engine(timeout=10)
@@ -115,8 +162,13 @@ def test_non_streaming_client_that_leaves_stops_its_generation(
 ) -> None:
     started = time.monotonic()
     try:
-        httpx.post(server.http + "/api/generate-one", timeout=2.0, json=one(
-            "gone2", stream_response=False, generation_config=greedy(1500, ignore_eos=True)))
+        httpx.post(
+            server.http + "/api/generate-one",
+            timeout=2.0,
+            json=one(
+                "gone2", stream_response=False, generation_config=greedy(1500, ignore_eos=True)
+            ),
+        )
     except httpx.ReadTimeout:
         pass
     else:

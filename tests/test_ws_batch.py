@@ -48,13 +48,17 @@ def test_only_new_tokens_false_sends_prompt_in_initialized_and_complete(
 
 def test_batch_is_accepted_in_one_array_and_progress_coalesces(server: RunningServer) -> None:
     ids = [f"b{i}" for i in range(4)]
-    message = payload(*[(r, CHAT.format(f"Count to {i + 3}.")) for i, r in enumerate(ids)],
-                      generation_config=greedy(16, ignore_eos=True))
+    message = payload(
+        *[(r, CHAT.format(f"Count to {i + 3}.")) for i, r in enumerate(ids)],
+        generation_config=greedy(16, ignore_eos=True),
+    )
     frames = run_ws(server.ws, message, set(ids))
     assert frames[0] == [{"type": "ACCEPTED", "request_id": r} for r in ids]
     for frame in frames:
         assert len({e["type"] for e in frame}) == 1 or {e["type"] for e in frame} <= {
-            "COMPLETE", "ERROR"}
+            "COMPLETE",
+            "ERROR",
+        }
         assert len([e["request_id"] for e in frame]) == len({e["request_id"] for e in frame})
     progress_frames = [f for f in frames if f[0]["type"] == "PROGRESS"]
     # Four prompts decoding together: most engine steps advance several of them at once.
@@ -67,7 +71,8 @@ def test_batch_is_accepted_in_one_array_and_progress_coalesces(server: RunningSe
 
 def test_stream_response_false_sends_no_progress(server: RunningServer) -> None:
     frames = run_ws(
-        server.ws, payload(("quiet", PROMPT), stream_response=False, generation_config=greedy(8)),
+        server.ws,
+        payload(("quiet", PROMPT), stream_response=False, generation_config=greedy(8)),
         {"quiet"},
     )
     types = [e["type"] for e in events_of(frames, "quiet")]
@@ -106,9 +111,14 @@ def test_malformed_json_and_bad_fields_get_errors_and_the_connection_stays_usabl
         [error] = json.loads(ws.recv(timeout=10))
         assert "unknown field `top_q`" in error["error"]
 
-        ws.send(json.dumps({"prompts": [{"request_id": "ok", "prompt": PROMPT},
-                                         {"request_id": "noprompt"}],
-                            "generation_config": greedy(4)}))
+        ws.send(
+            json.dumps(
+                {
+                    "prompts": [{"request_id": "ok", "prompt": PROMPT}, {"request_id": "noprompt"}],
+                    "generation_config": greedy(4),
+                }
+            )
+        )
         frames = frames_until_done(ws, {"ok", "noprompt"})
         assert frames[0] == [{"type": "ACCEPTED", "request_id": "ok"}]
         [missing] = events_of(frames, "noprompt")
@@ -118,9 +128,13 @@ def test_malformed_json_and_bad_fields_get_errors_and_the_connection_stays_usabl
 
 @pytest.mark.parametrize(
     ("config", "field"),
-    [({"max_new_tokens": 0}, "max_new_tokens"), ({"temperature": -1}, "temperature"),
-     ({"num_beams": "two"}, "num_beams"), ({"min_tokens": 50, "max_new_tokens": 5}, "min_tokens"),
-     ({"stop": [""]}, "stop")],
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"num_beams": "two"}, "num_beams"),
+        ({"min_tokens": 50, "max_new_tokens": 5}, "min_tokens"),
+        ({"stop": [""]}, "stop"),
+    ],
 )
 def test_each_bad_field_is_named(server: RunningServer, config: dict[str, Any], field: str) -> None:
     with connect(server.ws + "/ws") as ws:
@@ -133,17 +147,25 @@ def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
     server: RunningServer,
 ) -> None:
     beams = greedy(6, num_beams=3, length_penalty=1.0)
-    frames = run_ws(server.ws, payload(("beam", PROMPT), stream_response=False,
-                                       generation_config=beams), {"beam"})
+    frames = run_ws(
+        server.ws,
+        payload(("beam", PROMPT), stream_response=False, generation_config=beams),
+        {"beam"},
+    )
     complete = events_of(frames, "beam")[-1]
     assert complete["type"] == "COMPLETE" and complete["text"]
     assert 0 < complete["new_tokens_count"] <= 6
 
     frames = run_ws(server.ws, payload(("beam2", PROMPT), generation_config=beams), {"beam2"})
     [error] = events_of(frames, "beam2")
-    assert error == {"type": "ERROR", "request_id": "beam2", "error": (
-        "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set "
-        "to 1.")}
+    assert error == {
+        "type": "ERROR",
+        "request_id": "beam2",
+        "error": (
+            "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set "
+            "to 1."
+        ),
+    }
 
 
 def test_payloads_on_one_connection_run_concurrently_and_never_share_an_array(
@@ -162,8 +184,12 @@ def test_payloads_on_one_connection_run_concurrently_and_never_share_an_array(
 def test_sixteen_concurrent_clients(server: RunningServer, idle_engine: Any) -> None:
     async def one(i: int) -> dict[str, Any]:
         async with websockets.connect(server.ws + "/ws") as ws:
-            await ws.send(payload((f"c{i}", CHAT.format(f"Say a word about {i}.")),
-                                  generation_config=greedy(10, ignore_eos=True)))
+            await ws.send(
+                payload(
+                    (f"c{i}", CHAT.format(f"Say a word about {i}.")),
+                    generation_config=greedy(10, ignore_eos=True),
+                )
+            )
             while True:
                 frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
                 for event in frame:

@@ -8,7 +8,7 @@ or not, cancels the handler's work and so aborts its engine request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import aclosing
 from typing import TypeVar
 
@@ -67,7 +67,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _outcomes(steps: AsyncIterator[list[Event]]) -> dict[int, Finished | Failed]:
+async def _outcomes(steps: AsyncGenerator[list[Event], None]) -> dict[int, Finished | Failed]:
     outcomes: dict[int, Finished | Failed] = {}
     async with aclosing(steps):
         async for step in steps:
@@ -106,9 +106,9 @@ async def generate_one(request: Request) -> Response:
 
 
 async def _stream_text(
-    first: list[Event], steps: AsyncIterator[list[Event]], *, only_new_tokens: bool
+    first: list[Event], steps: AsyncGenerator[list[Event], None], *, only_new_tokens: bool
 ) -> AsyncIterator[str]:
-    async def all_steps() -> AsyncIterator[list[Event]]:
+    async def all_steps() -> AsyncGenerator[list[Event], None]:
         yield first
         async for step in steps:
             yield step
@@ -123,7 +123,7 @@ async def _stream_text(
                         yield text
                     case Failed(message=message):
                         raise GenerationAborted(message)
-                    case Finished() | Initialized() | _:
+                    case _:
                         pass
 
 
