@@ -21,6 +21,7 @@ lint: install
 	$(VENV)/bin/ruff check gateway protocols tests
 	$(VENV)/bin/ruff format --check gateway protocols tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

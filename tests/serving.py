@@ -64,9 +64,7 @@ class RunningServer:
         self.ws = f"ws://127.0.0.1:{port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
         self._server = uvicorn.Server(config)
-        self._task: asyncio.Future[None] = asyncio.run_coroutine_threadsafe(  # type: ignore[assignment]
-            self._server.serve(), loop.loop
-        )
+        self._task = asyncio.run_coroutine_threadsafe(self._server.serve(), loop.loop)
         deadline = time.monotonic() + 30
         while not self._server.started:
             if self._task.done():

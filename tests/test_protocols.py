@@ -11,6 +11,7 @@ from protocols.batch_payload import decode_batch
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import (
     Delta,
+    Event,
     Failed,
     Finished,
     Initialized,
@@ -93,7 +94,7 @@ def test_streaming_beam_search_is_the_specs_error_but_non_streaming_is_fine() ->
 
 def test_frames_group_one_step_by_phase_with_one_event_per_prompt() -> None:
     items = [PromptItem("a", "pa"), PromptItem("b", "pb")]
-    step = [
+    step: list[Event] = [
         Started(1),
         Initialized(1, "pb"),
         Delta(0, "x", 1),

@@ -17,7 +17,8 @@ PROMPT = CHAT.format("Write a short poem about the sea.")
 
 
 def test_event_order_for_one_prompt(server: RunningServer) -> None:
-    frames = run_ws(server.ws, payload(("p1", PROMPT), generation_config=greedy(12)), {"p1"})
+    config = greedy(12, ignore_eos=True)
+    frames = run_ws(server.ws, payload(("p1", PROMPT), generation_config=config), {"p1"})
     types = [e["type"] for e in events_of(frames, "p1")]
     assert types[:3] == ["ACCEPTED", "STARTED", "INITIALIZED"]
     assert types[-1] == "COMPLETE"
