@@ -32,7 +32,7 @@ def test_generate_one_streams_text_per_token(server: RunningServer) -> None:
     whole = httpx.post(
         server.http + "/api/generate-one",
         timeout=60,
-        json=one("s2", stream_response=False, generation_config=greedy(12)),
+        json=one("s2", stream_response=False, generation_config=greedy(12, ignore_eos=True)),
     )
     assert whole.status_code == 200 and whole.text == "".join(chunks)
 
