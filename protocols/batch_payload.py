@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from protocols.errors import GenerationError, invalid
+from protocols.errors import GenerationError, invalid, split_validation_message
 from protocols.generation import PromptItem, SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
 
@@ -22,10 +22,14 @@ class Rejected(msgspec.Struct, frozen=True):
 
     request_id: str | None
     error: GenerationError
+    position: int = 0  # its place in the payload's `prompts`
 
 
 class BatchRequest(msgspec.Struct, frozen=True):
+    """The valid prompts (`positions[i]` is where `items[i]` stood) and the rejected ones."""
+
     items: list[PromptItem]
+    positions: list[int]
     rejected: list[Rejected]
     options: SamplingOptions
     only_new_tokens: bool
@@ -45,10 +49,8 @@ class _PromptEntry(msgspec.Struct, forbid_unknown_fields=True):
 
 def validation_error(error: msgspec.ValidationError, path: str = "$") -> GenerationError:
     """Re-root msgspec's `- at `$...`` path under `path` and keep it as the error's field."""
-    message = str(error)
-    marker = " - at `$"
-    head, _, tail = message.partition(marker)
-    where = path + tail.rstrip("`")
+    head, where = split_validation_message(str(error))
+    where = path + where.removeprefix("$")
     field = where
     # "Object missing required field `x`" and "... unknown field `x`" name the key itself.
     if head.startswith("Object ") and "field `" in head:
@@ -66,7 +68,7 @@ def decode_json_object(raw: bytes | str) -> dict[str, Any]:
     return doc
 
 
-def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[Rejected]]:
+def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[int], list[Rejected]]:
     entries = doc.get("prompts")
     if not isinstance(entries, list) or not entries:
         found = "missing" if entries is None else f"got `{type(entries).__name__}`"
@@ -76,6 +78,7 @@ def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[Rejected
             f"Expected a non-empty `array` of prompts, {found} - at `$.prompts`", "$.prompts"
         )
     items: list[PromptItem] = []
+    positions: list[int] = []
     rejected: list[Rejected] = []
     for i, entry in enumerate(entries):
         try:
@@ -83,10 +86,11 @@ def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[Rejected
         except msgspec.ValidationError as e:
             request_id = entry.get("request_id") if isinstance(entry, dict) else None
             rid = request_id if isinstance(request_id, str) else None
-            rejected.append(Rejected(rid, validation_error(e, f"$.prompts[{i}]")))
+            rejected.append(Rejected(rid, validation_error(e, f"$.prompts[{i}]"), i))
         else:
             items.append(PromptItem(parsed.request_id, parsed.prompt))
-    return items, rejected
+            positions.append(i)
+    return items, positions, rejected
 
 
 def decode_batch(
@@ -94,16 +98,15 @@ def decode_batch(
 ) -> BatchRequest:
     """Decode a batch payload; raises GenerationError only when no prompt can be named."""
     doc = decode_json_object(raw)
-    items, rejected = decode_prompts(doc)
+    items, positions, rejected = decode_prompts(doc)
     settings_doc = {k: v for k, v in doc.items() if k != "prompts"}
-    if not streaming_allowed:
-        settings_doc.setdefault("stream_response", False)
     try:
         settings = msgspec.convert(settings_doc, _Settings)
         stream = settings.stream_response and streaming_allowed
         options = resolve_options(settings.generation_config, defaults, streaming=stream)
     except (msgspec.ValidationError, GenerationError) as e:
         error = validation_error(e) if isinstance(e, msgspec.ValidationError) else e
-        rejected += [Rejected(item.request_id, error) for item in items]
-        return BatchRequest([], rejected, defaults, True, False)
-    return BatchRequest(items, rejected, options, settings.only_new_tokens, stream)
+        rejected += [Rejected(item.request_id, error, i) for item, i in zip(items, positions, strict=True)]
+        rejected.sort(key=lambda r: r.position)
+        return BatchRequest([], [], rejected, defaults, True, False)
+    return BatchRequest(items, positions, rejected, options, settings.only_new_tokens, stream)

@@ -11,6 +11,7 @@ class ErrorKind(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     DUPLICATE_REQUEST_ID = "duplicate_request_id"
     ENGINE_ERROR = "engine_error"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
 
 
 class GenerationError(Exception):
@@ -31,3 +32,9 @@ class GenerationError(Exception):
 
 def invalid(message: str, field: str | None = None) -> GenerationError:
     return GenerationError(ErrorKind.INVALID_REQUEST, message, field)
+
+
+def split_validation_message(message: str) -> tuple[str, str]:
+    """msgspec's "Expected `int` - at `$.a.b`" as ("Expected `int`", "$.a.b")."""
+    head, _, tail = message.partition(" - at `")
+    return head, tail.rstrip("`") if tail else "$"

@@ -12,6 +12,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from protocols.errors import ErrorKind
+
 # Constraints shared by the neutral options and every wire schema that sets them.
 MaxNewTokens = Annotated[int, Meta(ge=1)]
 Temperature = Annotated[float, Meta(ge=0.0)]
@@ -62,7 +64,6 @@ class Delta(msgspec.Struct):
 
     index: int
     text: str
-    token_count: int
 
 
 class Finished(msgspec.Struct, frozen=True):
@@ -77,8 +78,10 @@ class Finished(msgspec.Struct, frozen=True):
 
 
 class Failed(msgspec.Struct, frozen=True):
+    """`field` is relative to the prompt's entry (e.g. "prompt"), or None."""
+
     index: int
-    kind: str
+    kind: ErrorKind
     message: str
     field: str | None = None
 

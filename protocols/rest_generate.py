@@ -75,11 +75,19 @@ def encode_error(error: GenerationError) -> bytes:
     return _ENCODER.encode(ErrorBody(error.message, error.kind.value, field))
 
 
+def failure_of_one(failed: Failed) -> GenerationError:
+    """A generate-one prompt's failure, its field rooted at the payload."""
+    field = None if failed.field is None else f"$.{failed.field}"
+    return GenerationError(failed.kind, failed.message, field)
+
+
 def answer_of(
-    item: PromptItem, outcome: Finished | Failed, *, only_new_tokens: bool
+    item: PromptItem, outcome: Finished | Failed, *, position: int, only_new_tokens: bool
 ) -> BatchAnswer:
     if isinstance(outcome, Failed):
-        field: str | UnsetType = UNSET if outcome.field is None else outcome.field
+        field: str | UnsetType = UNSET
+        if outcome.field is not None:
+            field = f"$.prompts[{position}].{outcome.field}"
         return BatchAnswer(item.request_id, error=outcome.message, field=field)
     if only_new_tokens:
         return BatchAnswer(item.request_id, response=outcome.new_text)
@@ -91,6 +99,16 @@ def rejected_answer(rejected: Rejected) -> BatchAnswer:
     error = rejected.error
     field: str | UnsetType = UNSET if error.field is None else error.field
     return BatchAnswer(rejected.request_id, error=error.message, field=field)
+
+
+def batch_answers(batch: BatchRequest, outcomes: dict[int, Finished | Failed]) -> list[BatchAnswer]:
+    """Every prompt's answer, in the order of the payload's `prompts`."""
+    placed: dict[int, BatchAnswer] = {r.position: rejected_answer(r) for r in batch.rejected}
+    for index, (item, position) in enumerate(zip(batch.items, batch.positions, strict=True)):
+        placed[position] = answer_of(
+            item, outcomes[index], position=position, only_new_tokens=batch.only_new_tokens
+        )
+    return [placed[position] for position in sorted(placed)]
 
 
 def encode_answers(answers: Sequence[BatchAnswer]) -> bytes:

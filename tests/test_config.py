@@ -40,6 +40,8 @@ def test_dotenv_is_read_and_the_environment_wins(tmp_path: Path) -> None:
         ("DEFAULT_TOP_P", "1.5"),
         ("DEFAULT_MAX_NEW_TOKENS", "x"),
         ("DEFAULT_MIN_TOKENS", "1000"),
+        ("LOG_LEVEL", "chatty"),
+        ("DTYPE", "int3"),
     ],
 )
 def test_an_invalid_value_names_its_variable(name: str, value: str) -> None:
@@ -71,3 +73,16 @@ def test_the_cli_refuses_to_start_on_a_bad_value(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "PORT" in done.stderr and "invalid configuration" in done.stderr
+
+
+def test_prepare_model_command_reuses_the_complete_copy() -> None:
+    from gateway.default_model import default_model_dir, prepare_default_model
+
+    prepare_default_model()
+    llm_gateway = Path(sys.executable).with_name("llm-gateway")
+    done = subprocess.run(
+        [str(llm_gateway), "prepare-model"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(default_model_dir())
+    assert "reusing complete copy" in done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
@@ -133,11 +134,14 @@ def test_a_request_id_in_flight_cannot_be_used_twice(
 def test_a_websocket_client_that_leaves_stops_its_generations(
     server: RunningServer, idle_engine: Callable[..., None], phase: str
 ) -> None:
-    long_prompt = CHAT.format("Summarise: " + "the tide comes in and goes out. " * 250)
+    # About 1,000 fresh tokens: a prefill of a second or two on this machine.
+    long_prompt = CHAT.format(f"{uuid.uuid4()} " + "the tide comes in and goes out. " * 120)
     with connect(server.ws + "/ws") as ws:
         if phase == "prefill":
             ws.send(payload(("pre", long_prompt), generation_config=LONG))
-            recv_until(ws, "ACCEPTED")
+            frame = recv_until(ws, "STARTED")
+            assert unfinished(server) == 1
+            assert all(e["type"] != "INITIALIZED" for e in frame)
         elif phase == "decode":
             ws.send(payload(("dec", PROMPT), generation_config=LONG))
             recv_until(ws, "PROGRESS")
@@ -147,3 +151,75 @@ def test_a_websocket_client_that_leaves_stops_its_generations(
             ws.send(payload(("m3", PROMPT), generation_config=LONG))
             recv_until(ws, "PROGRESS")
     idle_engine(timeout=10)
+
+
+def test_a_request_id_is_free_again_once_its_client_left_or_its_prompt_ended(
+    server: RunningServer, idle_engine: Callable[..., None]
+) -> None:
+    with httpx.stream(
+        "POST",
+        server.http + "/api/generate-one",
+        timeout=60,
+        json={"request_id": "again", "prompt": PROMPT, "generation_config": LONG},
+    ) as r:
+        next(r.iter_text())
+    idle_engine(timeout=10)
+    retry = httpx.post(
+        server.http + "/api/generate-one",
+        timeout=60,
+        json={
+            "request_id": "again",
+            "prompt": PROMPT,
+            "stream_response": False,
+            "generation_config": greedy(2),
+        },
+    )
+    assert retry.status_code == 200
+
+    quick_prompt = CHAT.format("What is 2+2?")
+    with connect(server.ws + "/ws") as ws:
+        ws.send(payload(("slow", PROMPT), ("quick", quick_prompt), generation_config=greedy(300)))
+        while True:
+            frame = json.loads(ws.recv(timeout=60))
+            if any(e["type"] == "COMPLETE" for e in frame):
+                break
+        assert [e["request_id"] for e in frame] == ["quick"]
+        assert unfinished(server) == 1  # "slow" is still generating
+        # "quick" ended: its id is free while its payload's other prompt still runs
+        with connect(server.ws + "/ws") as other:
+            other.send(payload(("quick", "x"), generation_config=greedy(2, ignore_eos=True)))
+            assert frames_until_done(other, {"quick"})[-1][0]["type"] == "COMPLETE"
+    idle_engine()
+
+
+def test_failed_requests_do_not_evict_stored_histories(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    one_entry = make_server(CONTINUATION_MAX_ENTRIES="1")
+    cfg = greedy(3, ignore_eos=True)
+    url = one_entry.http + "/api/generate-batch"
+    kept = httpx.post(
+        url,
+        timeout=60,
+        json={"prompts": [{"request_id": "kept", "prompt": PROMPT}], "generation_config": cfg},
+    )
+    assert kept.status_code == 200
+    too_long = httpx.post(
+        url,
+        timeout=60,
+        json={
+            "prompts": [{"request_id": "huge", "prompt": "word " * 3000}],
+            "generation_config": cfg,
+        },
+    )
+    assert too_long.status_code == 422 or "error" in too_long.json()[0]
+    again = httpx.post(
+        url,
+        timeout=60,
+        json={
+            "prompts": [{"request_id": "kept", "prompt": "z"}],
+            "only_new_tokens": False,
+            "generation_config": cfg,
+        },
+    ).json()
+    assert again[0]["prompt"] == PROMPT + kept.json()[0]["response"]

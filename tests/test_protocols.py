@@ -20,7 +20,15 @@ from protocols.generation import (
     Started,
 )
 from protocols.generation_config import STREAMING_BEAM_SEARCH_ERROR
-from protocols.rest_generate import answer_of, decode_one, encode_answers, encode_error
+from protocols.rest_generate import (
+    answer_of,
+    batch_answers,
+    decode_generate_batch,
+    decode_one,
+    encode_answers,
+    encode_error,
+    failure_of_one,
+)
 
 DEFAULTS = SamplingOptions(max_new_tokens=64, temperature=0.7)
 
@@ -97,10 +105,10 @@ def test_frames_group_one_step_by_phase_with_one_event_per_prompt() -> None:
     step: list[Event] = [
         Started(1),
         Initialized(1, "pb"),
-        Delta(0, "x", 1),
-        Delta(1, "y", 1),
+        Delta(0, "x"),
+        Delta(1, "y"),
         Finished(0, "x", "pax", 1, False, "length", 0.12345, 0),
-        Failed(1, "engine_error", "boom"),
+        Failed(1, ErrorKind.ENGINE_ERROR, "boom"),
     ]
     frames = [json.loads(encode_frame(f)) for f in to_frames(step, items, only_new_tokens=False)]
     assert frames == [
@@ -135,18 +143,37 @@ def test_rest_payloads_and_answers() -> None:
     assert caught.value.field == "$.prompt"
     finished = Finished(0, "new", "old new", 1, True, "stop", 0.1, 0)
     item = PromptItem("r", "ignored")
+    too_long = Failed(1, ErrorKind.CONTEXT_LENGTH_EXCEEDED, "too long", "prompt")
+    assert failure_of_one(too_long).field == "$.prompt"
     assert json.loads(
         encode_answers(
             [
-                answer_of(item, finished, only_new_tokens=True),
-                answer_of(item, finished, only_new_tokens=False),
-                answer_of(item, Failed(0, "rate_limited", "busy"), only_new_tokens=True),
+                answer_of(item, finished, position=0, only_new_tokens=True),
+                answer_of(item, finished, position=0, only_new_tokens=False),
+                answer_of(item, too_long, position=3, only_new_tokens=True),
             ]
         )
     ) == [
         {"request_id": "r", "response": "new"},
         {"request_id": "r", "prompt": "old ", "response": "new"},
-        {"request_id": "r", "error": "busy"},
+        {"request_id": "r", "error": "too long", "field": "$.prompts[3].prompt"},
     ]
+
+
+def test_batch_answers_keep_the_payloads_order() -> None:
+    batch = decode_generate_batch(
+        body(prompts=[{"request_id": "a"}, {"request_id": "b", "prompt": "p"}, {"prompt": 1}]),
+        DEFAULTS,
+    )
+    assert batch.positions == [1]
+    finished = Finished(0, "new", "pnew", 1, False, "length", 0.1, 0)
+    answers = json.loads(encode_answers(batch_answers(batch, {0: finished})))
+    assert [a["request_id"] for a in answers] == ["a", "b", None]
+    assert answers[1] == {"request_id": "b", "response": "new"}
+    assert answers[0]["field"] == "$.prompts[0].prompt"
+    assert answers[2]["field"] == "$.prompts[2].prompt"
+
+
+def test_error_body() -> None:
     error = GenerationError(ErrorKind.RATE_LIMITED, "busy")
     assert json.loads(encode_error(error)) == {"error": "busy", "type": "rate_limited"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import websockets
 from websockets.sync.client import connect
 
 from clients import CHAT, events_of, frames_until_done, greedy, payload, run_ws
+from protocols.generation import SamplingOptions
 from serving import RunningServer
 
 PROMPT = CHAT.format("Write a short poem about the sea.")
@@ -147,15 +149,20 @@ def test_each_bad_field_is_named(server: RunningServer, config: dict[str, Any], 
 def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
     server: RunningServer,
 ) -> None:
-    beams = greedy(6, num_beams=3, length_penalty=1.0)
+    beams = greedy(6, num_beams=3, length_penalty=0.5)
     frames = run_ws(
         server.ws,
         payload(("beam", PROMPT), stream_response=False, generation_config=beams),
         {"beam"},
     )
     complete = events_of(frames, "beam")[-1]
-    assert complete["type"] == "COMPLETE" and complete["text"]
-    assert 0 < complete["new_tokens_count"] <= 6
+    engine = server.gateway.holder.engine
+    assert engine is not None
+    options = SamplingOptions(max_new_tokens=6, do_sample=False, num_beams=3, length_penalty=0.5)
+    direct = server.loop.run(engine.beam_search(engine.encode(PROMPT), options))
+    assert complete["type"] == "COMPLETE"
+    assert complete["text"] == direct.text and direct.text
+    assert complete["new_tokens_count"] == len(direct.token_ids)
 
     frames = run_ws(server.ws, payload(("beam2", PROMPT), generation_config=beams), {"beam2"})
     [error] = events_of(frames, "beam2")
@@ -163,10 +170,36 @@ def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
         "type": "ERROR",
         "request_id": "beam2",
         "error": (
-            "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set "
-            "to 1."
+            "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` "
+            "is set to 1."
         ),
     }
+
+
+def test_seed_stop_and_min_tokens_reach_the_engine(server: RunningServer) -> None:
+    def complete(request_id: str, prompt: str, **config: Any) -> dict[str, Any]:
+        frames = run_ws(
+            server.ws, payload((request_id, prompt), generation_config=config), {request_id}
+        )
+        return events_of(frames, request_id)[-1]
+
+    sampled = {"do_sample": True, "temperature": 1.0, "top_k": 0, "max_new_tokens": 24}
+    first = complete("seed1", PROMPT, seed=1234, ignore_eos=True, **sampled)
+    again = complete("seed2", PROMPT, seed=1234, ignore_eos=True, **sampled)
+    other = complete("seed3", PROMPT, seed=99, ignore_eos=True, **sampled)
+    assert first["text"] == again["text"] != other["text"]
+
+    plain = complete("stop1", PROMPT, **greedy(24, ignore_eos=True))
+    word = plain["text"].split()[3]
+    stopped = complete("stop2", PROMPT, **greedy(24, ignore_eos=True), stop=[word])
+    assert stopped["text"] == plain["text"][: plain["text"].index(word)]
+    assert stopped["is_eos"] is False and stopped["new_tokens_count"] < 24
+
+    short = CHAT.format("What is 2+2?")
+    natural = complete("min1", short, **greedy(200))
+    assert natural["is_eos"] is True
+    longer = complete("min2", short, **greedy(200), min_tokens=natural["new_tokens_count"] + 10)
+    assert longer["new_tokens_count"] >= natural["new_tokens_count"] + 10
 
 
 def test_payloads_on_one_connection_run_concurrently_and_never_share_an_array(
@@ -183,6 +216,8 @@ def test_payloads_on_one_connection_run_concurrently_and_never_share_an_array(
 
 
 def test_sixteen_concurrent_clients(server: RunningServer, idle_engine: Any) -> None:
+    first_tokens: list[float] = []
+
     async def one(i: int) -> dict[str, Any]:
         async with websockets.connect(server.ws + "/ws") as ws:
             await ws.send(
@@ -194,8 +229,10 @@ def test_sixteen_concurrent_clients(server: RunningServer, idle_engine: Any) -> 
             while True:
                 frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
                 for event in frame:
+                    if event["type"] == "INITIALIZED":
+                        first_tokens.append(time.monotonic())
                     if event["type"] in ("COMPLETE", "ERROR"):
-                        return dict(event)
+                        return {**event, "at": time.monotonic()}
 
     async def all_clients() -> list[dict[str, Any]]:
         return await asyncio.gather(*(one(i) for i in range(16)))
@@ -204,4 +241,7 @@ def test_sixteen_concurrent_clients(server: RunningServer, idle_engine: Any) -> 
     assert [r["type"] for r in results] == ["COMPLETE"] * 16
     assert [r["request_id"] for r in results] == [f"c{i}" for i in range(16)]
     assert all(r["new_tokens_count"] == 10 for r in results)
+    # They ran together: nearly every stream had begun before the first one finished.
+    first_end = min(r["at"] for r in results)
+    assert sum(t < first_end for t in first_tokens) >= 12
     idle_engine()

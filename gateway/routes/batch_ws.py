@@ -9,6 +9,7 @@ engine requests.
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import aclosing, suppress
 
 from starlette.routing import WebSocketRoute
@@ -24,6 +25,9 @@ from protocols.batch_events import (
 )
 from protocols.batch_payload import decode_batch
 from protocols.errors import GenerationError
+from protocols.generation import Failed, Finished
+
+log = logging.getLogger(__name__)
 
 Outbox = asyncio.Queue[bytes]
 
@@ -68,11 +72,22 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
         outbox.put_nowait(encode_frame(rejected_frame(batch.rejected)))
     if not batch.items:
         return
+    unfinished = {item.request_id for item in batch.items}
     steps = gateway.service.run(batch.items, batch.options, stream=batch.stream)
-    async with aclosing(steps):
-        async for step in steps:
-            for frame in to_frames(step, batch.items, only_new_tokens=batch.only_new_tokens):
-                outbox.put_nowait(encode_frame(frame))
+    try:
+        async with aclosing(steps):
+            async for step in steps:
+                for frame in to_frames(step, batch.items, only_new_tokens=batch.only_new_tokens):
+                    outbox.put_nowait(encode_frame(frame))
+                unfinished.difference_update(
+                    batch.items[e.index].request_id
+                    for e in step
+                    if isinstance(e, Finished | Failed)
+                )
+    except Exception as e:  # a bug must still end every accepted prompt with one event
+        log.exception("payload failed")
+        message = f"Internal error: {type(e).__name__}: {e}"
+        outbox.put_nowait(encode_frame([ErrorEvent(rid, message) for rid in sorted(unfinished)]))
 
 
 routes = [WebSocketRoute("/ws", batch_events)]

@@ -20,7 +20,7 @@ _ENCODER = msgspec.json.Encoder()
 
 async def health(request: Request) -> Response:
     holder = gateway_of(request).holder
-    body = _ENCODER.encode(Health(holder.status, holder.error))
+    body = _ENCODER.encode(Health(*holder.describe()))
     return Response(body, 200 if holder.ready else 503, media_type="application/json")
 
 

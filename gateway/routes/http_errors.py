@@ -10,8 +10,9 @@ STATUS = {
     ErrorKind.DUPLICATE_REQUEST_ID: 409,
     ErrorKind.RATE_LIMITED: 429,
     ErrorKind.ENGINE_ERROR: 500,
+    ErrorKind.ENGINE_UNAVAILABLE: 503,
 }
 
 
-def status_of(kind: ErrorKind | str) -> int:
-    return STATUS.get(ErrorKind(kind), 500)
+def status_of(kind: ErrorKind) -> int:
+    return STATUS.get(kind, 500)

@@ -15,36 +15,50 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.app import gateway_of
 from gateway.routes.http_errors import status_of
-from protocols.errors import ErrorKind, GenerationError
+from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished, Initialized
 from protocols.rest_generate import (
-    answer_of,
+    batch_answers,
     decode_generate_batch,
     decode_one,
     encode_answers,
     encode_error,
-    rejected_answer,
+    failure_of_one,
 )
 
 T = TypeVar("T")
+Steps = AsyncGenerator[list[Event], None]
+CLIENT_GONE = Response(status_code=499)  # never seen by anyone: the client has left
 
 
 class GenerationAborted(Exception):
     """Raised inside a streamed body: the connection is cut instead of ending cleanly."""
 
 
+class GenerationStream(StreamingResponse):
+    """A streamed body that closes its generation however the response ends.
+
+    Starlette does not close a body iterator it stops early (client gone, cancellation), so
+    this does, which aborts the engine request at once rather than at garbage collection.
+    """
+
+    def __init__(self, body: AsyncIterator[str], steps: Steps) -> None:
+        super().__init__(body, media_type="text/plain; charset=utf-8")
+        self._steps = steps
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._steps.aclose()
+
+
 def error_response(error: GenerationError) -> Response:
     return Response(encode_error(error), status_of(error.kind), media_type="application/json")
-
-
-def _error_of(failed: Failed) -> GenerationError:
-    return GenerationError(ErrorKind(failed.kind), failed.message, failed.field)
-
-
-CLIENT_GONE = Response(status_code=499)  # never seen by anyone: the client has left
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
@@ -67,7 +81,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _outcomes(steps: AsyncGenerator[list[Event], None]) -> dict[int, Finished | Failed]:
+async def _outcomes(steps: Steps) -> dict[int, Finished | Failed]:
     outcomes: dict[int, Finished | Failed] = {}
     async with aclosing(steps):
         async for step in steps:
@@ -90,41 +104,31 @@ async def generate_one(request: Request) -> Response:
             return CLIENT_GONE
         outcome = outcomes[0]
         if isinstance(outcome, Failed):
-            return error_response(_error_of(outcome))
-        text = outcome.new_text if one.only_new_tokens else outcome.full_text
-        return PlainTextResponse(text)
+            return error_response(failure_of_one(outcome))
+        return PlainTextResponse(outcome.new_text if one.only_new_tokens else outcome.full_text)
     first = await until_disconnect(request, anext(steps))
-    if first is None:
+    failed = next((e for e in first or () if isinstance(e, Failed)), None)
+    if first is None or failed is not None:
         await steps.aclose()
-        return CLIENT_GONE
-    failed = next((e for e in first if isinstance(e, Failed)), None)
-    if failed is not None:
-        await steps.aclose()
-        return error_response(_error_of(failed))
+        return CLIENT_GONE if failed is None else error_response(failure_of_one(failed))
     body = _stream_text(first, steps, only_new_tokens=one.only_new_tokens)
-    return StreamingResponse(body, media_type="text/plain; charset=utf-8")
+    return GenerationStream(body, steps)
 
 
 async def _stream_text(
-    first: list[Event], steps: AsyncGenerator[list[Event], None], *, only_new_tokens: bool
+    first: list[Event], steps: Steps, *, only_new_tokens: bool
 ) -> AsyncIterator[str]:
-    async def all_steps() -> AsyncGenerator[list[Event], None]:
-        yield first
-        async for step in steps:
-            yield step
-
-    async with aclosing(steps):
-        async for step in all_steps():
-            for event in step:
-                match event:
-                    case Initialized(prompt_text=text) if not only_new_tokens:
-                        yield text
-                    case Delta(text=text):
-                        yield text
-                    case Failed(message=message):
-                        raise GenerationAborted(message)
-                    case _:
-                        pass
+    step: list[Event] | None = first
+    while step is not None:
+        for event in step:
+            match event:
+                case Delta(text=text):
+                    yield text
+                case Initialized(prompt_text=text) if not only_new_tokens:
+                    yield text
+                case Failed(message=message):
+                    raise GenerationAborted(message)
+        step = await anext(steps, None)
 
 
 async def generate_batch(request: Request) -> Response:
@@ -139,10 +143,7 @@ async def generate_batch(request: Request) -> Response:
     outcomes = await until_disconnect(request, _outcomes(steps))
     if outcomes is None:
         return CLIENT_GONE
-    answers = [
-        answer_of(item, outcomes[i], only_new_tokens=batch.only_new_tokens)
-        for i, item in enumerate(batch.items)
-    ] + [rejected_answer(r) for r in batch.rejected]
+    answers = batch_answers(batch, outcomes)
     return Response(encode_answers(answers), media_type="application/json")
 
 
