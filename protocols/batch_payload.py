@@ -106,7 +106,8 @@ def decode_batch(
         options = resolve_options(settings.generation_config, defaults, streaming=stream)
     except (msgspec.ValidationError, GenerationError) as e:
         error = validation_error(e) if isinstance(e, msgspec.ValidationError) else e
-        rejected += [Rejected(item.request_id, error, i) for item, i in zip(items, positions, strict=True)]
+        pairs = zip(items, positions, strict=True)
+        rejected += [Rejected(item.request_id, error, i) for item, i in pairs]
         rejected.sort(key=lambda r: r.position)
         return BatchRequest([], [], rejected, defaults, True, False)
     return BatchRequest(items, positions, rejected, options, settings.only_new_tokens, stream)
