@@ -17,7 +17,7 @@ from msgspec import Meta
 
 from protocols.errors import GenerationError, split_validation_message
 from protocols.generation import SamplingOptions
-from protocols.generation_config import check_options
+from protocols.generation_config import GenerationConfig, check_options
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
@@ -53,6 +53,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_waiting_requests: Annotated[int, Meta(ge=0)] = 1024
     continuation_max_entries: Annotated[int, Meta(ge=0)] = 4096
     continuation_idle_seconds: PositiveFloat = 3600.0
+    # LMI / TGI compatibility (lmi-invocations.md): DJL Serving's own option names.
+    option_tgi_compat: bool = False
+    option_output_formatter: Literal["", "json", "jsonlines", "sse"] = ""
+    lmi_max_new_tokens: Positive = 30
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
 
@@ -78,7 +82,7 @@ def load_settings(
 
 def _generation_fields(values: Mapping[str, str]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
-    for name in SamplingOptions.__struct_fields__:
+    for name in GenerationConfig.__struct_fields__:
         raw = values.get(GENERATION_PREFIX + name.upper())
         if raw is None or raw == "":
             continue

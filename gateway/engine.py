@@ -10,28 +10,34 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
 import msgspec
-from vllm import SamplingParams
+from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
 from vllm.inputs.engine import tokens_input
+from vllm.logprobs import Logprob
 from vllm.sampling_params import BeamSearchParams, RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config import EngineSettings
 from protocols.errors import ErrorKind, GenerationError
-from protocols.generation import SamplingOptions
+from protocols.generation import SamplingOptions, TokenInfo, TopToken
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
+_FAILED = frozenset({"error", "abort"})
 
 
 class EngineStep(msgspec.Struct):
-    """What one engine output adds to one request."""
+    """What one engine output adds to one sequence of a request.
+
+    `tokens` is set when logprobs were asked for; `prompt_tokens` on the first step when
+    prompt logprobs were (its first entry is None: the first token has no logprob).
+    """
 
     text: str
     token_ids: Sequence[int]
@@ -39,6 +45,9 @@ class EngineStep(msgspec.Struct):
     is_eos: bool
     finish_reason: str | None
     cached_tokens: int
+    tokens: list[TokenInfo] | None = None
+    prompt_tokens: list[TokenInfo | None] | None = None
+    stop_reason: int | str | None = None
 
 
 def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
@@ -56,20 +65,31 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
     )
 
 
-def sampling_params(options: SamplingOptions) -> SamplingParams:
+def sampling_params(
+    options: SamplingOptions, kind: RequestOutputKind = RequestOutputKind.DELTA
+) -> SamplingParams:
     sample = options.do_sample and options.temperature > 0
     return SamplingParams(
-        n=1,
+        n=options.n,
         max_tokens=options.max_new_tokens,
         min_tokens=options.min_tokens,
         temperature=options.temperature if sample else 0.0,
         top_p=options.top_p if sample else 1.0,
         top_k=max(options.top_k, 0) if sample else 0,
+        min_p=options.min_p if sample else 0.0,
         repetition_penalty=options.repetition_penalty,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
         seed=options.seed,
         stop=list(options.stop) or None,
+        stop_token_ids=list(options.stop_token_ids) or None,
+        include_stop_str_in_output=options.include_stop_str_in_output,
         ignore_eos=options.ignore_eos,
-        output_kind=RequestOutputKind.DELTA,
+        logprobs=options.logprobs,
+        prompt_logprobs=options.prompt_logprobs,
+        skip_special_tokens=options.skip_special_tokens,
+        spaces_between_special_tokens=options.spaces_between_special_tokens,
+        output_kind=kind,
     )
 
 
@@ -78,11 +98,30 @@ def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
     return finish_reason == "stop" and not isinstance(stop_reason, str)
 
 
-_FAILED = frozenset({"error", "abort"})
-
-
 def _engine_failure(reason: str | None) -> GenerationError:
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
+
+
+def _token_info(token_id: int, position: Mapping[int, Logprob] | None, tokenizer: Any) -> TokenInfo:
+    position = position or {}
+    chosen = position.get(token_id)
+    others = sorted(
+        (
+            TopToken(tid, _text(tid, lp, tokenizer), lp.logprob)
+            for tid, lp in position.items()
+            if tid != token_id
+        ),
+        key=lambda t: -t.logprob,
+    )
+    if chosen is None:  # cannot happen for sampled tokens; keep the token, unknown logprob
+        return TokenInfo(token_id, tokenizer.decode([token_id]), float("nan"), tuple(others))
+    return TokenInfo(token_id, _text(token_id, chosen, tokenizer), chosen.logprob, tuple(others))
+
+
+def _text(token_id: int, logprob: Logprob, tokenizer: Any) -> str:
+    if logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return str(tokenizer.decode([token_id]))
 
 
 class _BeamSearcher(BeamSearchOnlineMixin):
@@ -113,6 +152,9 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids)))
+
     def unfinished_requests(self) -> int:
         return int(self._llm.get_num_unfinished_requests())
 
@@ -120,34 +162,69 @@ class Engine:
     def healthy(self) -> bool:
         return not self._llm.errored
 
+    def _step(self, output: RequestOutput, completion: CompletionOutput, first: bool) -> EngineStep:
+        reason = completion.finish_reason
+        if reason in _FAILED:
+            raise _engine_failure(reason)
+        step = EngineStep(
+            completion.text,
+            completion.token_ids,
+            output.finished,
+            _is_eos(reason, completion.stop_reason),
+            reason,
+            output.num_cached_tokens or 0,
+            stop_reason=completion.stop_reason,
+        )
+        if completion.logprobs is not None:
+            step.tokens = [
+                _token_info(tid, position, self.tokenizer)
+                for tid, position in zip(completion.token_ids, completion.logprobs, strict=False)
+            ]
+        if first and output.prompt_logprobs is not None:
+            prompt_ids = output.prompt_token_ids or []
+            step.prompt_tokens = [
+                None if position is None else _token_info(tid, position, self.tokenizer)
+                for tid, position in zip(prompt_ids, output.prompt_logprobs, strict=False)
+            ]
+        return step
+
     async def stream(
         self, token_ids: list[int], options: SamplingOptions
     ) -> AsyncIterator[EngineStep]:
+        """The steps of one sequence (options.n must be 1), as the engine produces them."""
         request_id = f"gw-{next(self._ids)}"
         outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
+        first = True
         try:
             async with aclosing(outputs):
                 async for output in outputs:
-                    completion = output.outputs[0]
-                    reason = completion.finish_reason
-                    if reason in _FAILED:
-                        raise _engine_failure(reason)
-                    yield EngineStep(
-                        completion.text,
-                        completion.token_ids,
-                        output.finished,
-                        _is_eos(reason, completion.stop_reason),
-                        reason,
-                        output.num_cached_tokens or 0,
-                    )
+                    yield self._step(output, output.outputs[0], first)
+                    first = False
         except (asyncio.CancelledError, GeneratorExit):
             # vLLM aborts on close too, except when cancelled inside its add_request, before
             # it holds the request's queue: abort by id as well (a second abort is a no-op).
             await self._llm.abort(request_id)
             raise
 
-    async def beam_search(self, token_ids: list[int], options: SamplingOptions) -> EngineStep:
-        """Run vLLM's beam search to the end and return the best beam as one step."""
+    async def complete(self, token_ids: list[int], options: SamplingOptions) -> list[EngineStep]:
+        """Every sequence of a request (options.n of them), each as one final step."""
+        request_id = f"gw-{next(self._ids)}"
+        params = sampling_params(options, RequestOutputKind.FINAL_ONLY)
+        outputs = self._llm.generate(tokens_input(token_ids), params, request_id)
+        try:
+            async with aclosing(outputs):
+                async for output in outputs:
+                    if output.finished:
+                        return [self._step(output, c, True) for c in output.outputs]
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._llm.abort(request_id)
+            raise
+        raise _engine_failure("no output")
+
+    async def beam_search(
+        self, token_ids: list[int], options: SamplingOptions, beams_returned: int = 1
+    ) -> list[EngineStep]:
+        """vLLM's beam search, run to the end: the best `beams_returned` beams, best first."""
         room = self.max_model_len - len(token_ids)
         params = BeamSearchParams(
             beam_width=options.num_beams,
@@ -155,22 +232,28 @@ class Engine:
             ignore_eos=options.ignore_eos,
             temperature=options.temperature if options.do_sample else 0.0,
             length_penalty=options.length_penalty,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+            skip_special_tokens=options.skip_special_tokens,
         )
         request_id = f"gw-beam-{next(self._ids)}"
         outputs = self._beams.beam_search(tokens_input(token_ids), request_id, params)
         async with aclosing(outputs):
             async for output in outputs:
-                best = output.outputs[0]
-                if best.finish_reason in _FAILED:
-                    raise _engine_failure(best.finish_reason)
-                return EngineStep(
-                    best.text,
-                    best.token_ids,
-                    True,
-                    _is_eos(best.finish_reason, best.stop_reason),
-                    best.finish_reason,
-                    0,
-                )
+                beams = output.outputs[:beams_returned]
+                if not beams or beams[0].finish_reason in _FAILED:
+                    raise _engine_failure(beams[0].finish_reason if beams else "no beam")
+                return [
+                    EngineStep(
+                        b.text,
+                        b.token_ids,
+                        True,
+                        _is_eos(b.finish_reason, b.stop_reason),
+                        b.finish_reason,
+                        0,
+                        stop_reason=b.stop_reason,
+                    )
+                    for b in beams
+                ]
         raise _engine_failure("no output")
 
     def shutdown(self) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 from gateway.admission import Admission
 from gateway.continuation import ContinuationStore, History, Key
@@ -58,6 +59,12 @@ class GenerationService:
         self.store = store
         self._in_flight: set[str] = set()
 
+    @asynccontextmanager
+    async def engine_slot(self) -> AsyncIterator[Engine]:
+        """An admission slot, then the ready engine: every generation goes through this."""
+        async with self.admission.slot():
+            yield await self.holder.wait()
+
     async def run(
         self, items: Sequence[PromptItem], options: SamplingOptions, *, stream: bool
     ) -> AsyncGenerator[list[Event], None]:
@@ -94,12 +101,11 @@ class GenerationService:
 
     async def _attempt(self, payload: _Payload, index: int, item: PromptItem) -> Finished | Failed:
         try:
-            async with self.admission.slot():
-                engine = await self.holder.wait()
+            async with self.engine_slot() as engine:
                 history = payload.known.get(item.request_id)
                 if history is None:
-                    history = History(_prompt_tokens(engine, item.prompt), item.prompt)
-                _check_context(engine, history)
+                    history = History(prompt_tokens(engine, item.prompt), item.prompt)
+                check_context(engine, len(history.token_ids))
                 payload.queue.put_nowait(Started(index))
                 finished, new_ids = await _generate(engine, index, history, payload)
         except GenerationError as e:
@@ -129,7 +135,7 @@ async def _generate(
         # The sequence is over: continuing it generates nothing (docs/PROTOCOLS.md).
         queue.put_nowait(Initialized(index, history.text))
     elif options.num_beams > 1:
-        best = await engine.beam_search(history.token_ids, options)
+        [best] = await engine.beam_search(history.token_ids, options)
         queue.put_nowait(Initialized(index, history.text))
         pieces.append(best.text)
         new_ids.extend(best.token_ids)
@@ -161,7 +167,7 @@ async def _generate(
     return finished, new_ids
 
 
-def _prompt_tokens(engine: Engine, prompt: str) -> list[int]:
+def prompt_tokens(engine: Engine, prompt: str) -> list[int]:
     if not prompt:
         raise invalid(
             "`prompt` must not be empty when its request_id has no history to continue", "prompt"
@@ -169,11 +175,12 @@ def _prompt_tokens(engine: Engine, prompt: str) -> list[int]:
     return engine.encode(prompt)
 
 
-def _check_context(engine: Engine, history: History) -> None:
-    if len(history.token_ids) >= engine.max_model_len:
+def check_context(engine: Engine, prompt_length: int) -> None:
+    """Refuse a prompt that leaves no room for a new token in the model's context."""
+    if prompt_length >= engine.max_model_len:
         raise GenerationError(
             ErrorKind.CONTEXT_LENGTH_EXCEEDED,
-            f"The prompt is {len(history.token_ids)} tokens; this model's context is "
+            f"The prompt is {prompt_length} tokens; this model's context is "
             f"{engine.max_model_len} tokens, which must also hold the new tokens",
             "prompt",
         )

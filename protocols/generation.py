@@ -22,6 +22,10 @@ TopK = Annotated[int, Meta(ge=-1)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0)]
 NumBeams = Annotated[int, Meta(ge=1)]
 MinTokens = Annotated[int, Meta(ge=0)]
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Count = Annotated[int, Meta(ge=1)]
+LogprobCount = Annotated[int, Meta(ge=0, le=20)]
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +43,32 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     min_tokens: MinTokens = 0
+    # Beyond the batch specs' generation_config: set by the protocols that expose them.
+    min_p: MinP = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    n: Count = 1  # sequences to return (non-streaming)
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: LogprobCount | None = None  # alternatives per generated token; 0: the chosen only
+    prompt_logprobs: LogprobCount | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+class TopToken(msgspec.Struct, frozen=True):
+    token_id: int
+    text: str
+    logprob: float
+
+
+class TokenInfo(msgspec.Struct, frozen=True):
+    """One token with the engine's log-probability, and its best alternatives when asked."""
+
+    token_id: int
+    text: str
+    logprob: float
+    alternatives: tuple[TopToken, ...] = ()
 
 
 class PromptItem(msgspec.Struct, frozen=True):

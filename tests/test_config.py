@@ -54,11 +54,11 @@ def test_every_variable_is_documented_in_env_example() -> None:
     example = (Path(__file__).parent.parent / ".env.example").read_text()
     documented = {line.split("=")[0].lstrip("# ") for line in example.splitlines() if "=" in line}
     from gateway.config import GENERATION_PREFIX, EngineSettings, Settings
-    from protocols.generation import SamplingOptions
+    from protocols.generation_config import GenerationConfig
 
     names = {f.upper() for f in Settings.__struct_fields__ if f not in ("engine", "generation")}
     names |= {f.upper() for f in EngineSettings.__struct_fields__}
-    names |= {GENERATION_PREFIX + f.upper() for f in SamplingOptions.__struct_fields__}
+    names |= {GENERATION_PREFIX + f.upper() for f in GenerationConfig.__struct_fields__}
     assert names <= documented, names - documented
 
 
