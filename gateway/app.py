@@ -8,14 +8,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import cast
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from gateway.admission import Admission
-from gateway.config import Settings
+from gateway.config import Settings, served_model_name
 from gateway.continuation import ContinuationStore
 from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
+from gateway.feedback import FeedbackStore, feedback_path
 from gateway.generation import GenerationService
 
 EngineLoader = Callable[[], Awaitable[Engine]]
@@ -28,6 +30,7 @@ class Gateway:
     settings: Settings
     holder: EngineHolder
     service: GenerationService
+    feedback: FeedbackStore
 
 
 def gateway_of(connection: HTTPConnection) -> Gateway:
@@ -46,7 +49,10 @@ def default_loader(settings: Settings) -> EngineLoader:
             from gateway.default_model import prepare_default_model
 
             model = str(await asyncio.to_thread(prepare_default_model))
-        return await Engine.start(settings.engine, model)
+        named = msgspec.structs.replace(
+            settings.engine, served_model_name=served_model_name(settings.engine)
+        )
+        return await Engine.start(named, model)
 
     return load
 
@@ -59,13 +65,16 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Gateway]]:
-        holder = EngineHolder(load or default_loader(settings))
+        # Start-up as measured on 2 cores (docs/BENCHMARKS.md): the status messages' estimate.
+        expected = 30.0 if settings.engine.enforce_eager else 120.0
+        holder = EngineHolder(load or default_loader(settings), expected)
         holder.start()
         admission = Admission(settings.max_running_requests, settings.max_waiting_requests)
         store = ContinuationStore(
             settings.continuation_max_entries, settings.continuation_idle_seconds
         )
-        gateway = Gateway(settings, holder, GenerationService(holder, admission, store))
+        feedback = FeedbackStore(feedback_path(settings))
+        gateway = Gateway(settings, holder, GenerationService(holder, admission, store), feedback)
         app.state.gateway = gateway
         try:
             yield {"gateway": gateway}

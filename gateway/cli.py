@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
+
+import msgspec
 
 from gateway.config import ConfigError, Settings, load_settings
+from gateway.feedback import FeedbackStore, feedback_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="overrides PORT")
     serve.add_argument("--env-file", default=".env", help="the .env file to read (default .env)")
     commands.add_parser("prepare-model", help="convert the embedded default model, once")
+    export = commands.add_parser("export-feedback", help="print stored feedback as JSON lines")
+    export.add_argument("--db", help="the feedback database (default: FEEDBACK_DB's)")
+    export.add_argument("--env-file", default=".env", help="the .env file to read (default .env)")
     args = parser.parse_args(argv)
 
     if args.command == "prepare-model":
@@ -29,7 +36,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
         return 2
+    if args.command == "export-feedback":
+        return _export_feedback(Path(args.db) if args.db else feedback_path(settings))
     return _serve(settings, args.host or settings.host, args.port or settings.port)
+
+
+def _export_feedback(path: Path) -> int:
+    if not path.is_file():
+        print(f"llm-gateway: no feedback database at {path}", file=sys.stderr)
+        return 1
+    encoder = msgspec.json.Encoder()
+    for record in FeedbackStore(path).records():
+        sys.stdout.write(encoder.encode(record).decode() + "\n")
+    return 0
 
 
 def _serve(settings: Settings, host: str, port: int) -> int:

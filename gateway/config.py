@@ -45,6 +45,17 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     seed: int = 0
 
 
+def served_model_name(engine: EngineSettings) -> str:
+    """The name clients see and may ask for: SERVED_MODEL_NAME, else the model's own name."""
+    if engine.served_model_name:
+        return engine.served_model_name
+    if not engine.model:
+        from gateway.default_model import DEFAULT_MODEL_NAME
+
+        return DEFAULT_MODEL_NAME
+    return engine.model
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     host: str = "127.0.0.1"
     port: Port = 8000
@@ -53,6 +64,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_waiting_requests: Annotated[int, Meta(ge=0)] = 1024
     continuation_max_entries: Annotated[int, Meta(ge=0)] = 4096
     continuation_idle_seconds: PositiveFloat = 3600.0
+    # The control protocol (control-ws.md): feedback database (empty: in the cache directory)
+    # and how long a paused generation waits for `resume` before it ends.
+    feedback_db: str = ""
+    pause_timeout_seconds: PositiveFloat = 300.0
     # LMI / TGI compatibility (lmi-invocations.md): DJL Serving's own option names.
     option_tgi_compat: bool = False
     option_output_formatter: Literal["", "json", "jsonlines", "sse"] = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from gateway.engine import Engine
@@ -15,8 +16,12 @@ log = logging.getLogger(__name__)
 class EngineHolder:
     """Starts the engine in the background; requests made meanwhile wait for it."""
 
-    def __init__(self, load: Callable[[], Awaitable[Engine]]) -> None:
+    def __init__(
+        self, load: Callable[[], Awaitable[Engine]], expected_seconds: float = 30.0
+    ) -> None:
         self._load = load
+        self.expected_seconds = expected_seconds
+        self._started = time.monotonic()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.engine: Engine | None = None
@@ -33,7 +38,14 @@ class EngineHolder:
             return "failed", "the engine stopped running"
         return self.status, self.error
 
+    def loading_progress(self) -> tuple[float, float]:
+        """(percent, eta_seconds): an estimate from the time loading usually takes."""
+        elapsed = time.monotonic() - self._started
+        percent = min(99.0, 100.0 * elapsed / self.expected_seconds)
+        return round(percent, 1), round(max(1.0, self.expected_seconds - elapsed), 1)
+
     def start(self) -> None:
+        self._started = time.monotonic()
         self._task = asyncio.create_task(self._run(), name="engine-load")
 
     async def _run(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from protocols.errors import GenerationError, invalid, split_validation_message
+from protocols.errors import GenerationError, invalid, validation_error
 from protocols.generation import PromptItem, SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
 
@@ -45,17 +45,6 @@ class _Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class _PromptEntry(msgspec.Struct, forbid_unknown_fields=True):
     request_id: str
     prompt: str
-
-
-def validation_error(error: msgspec.ValidationError, path: str = "$") -> GenerationError:
-    """Re-root msgspec's `- at `$...`` path under `path` and keep it as the error's field."""
-    head, where = split_validation_message(str(error))
-    where = path + where.removeprefix("$")
-    field = where
-    # "Object missing required field `x`" and "... unknown field `x`" name the key itself.
-    if head.startswith("Object ") and "field `" in head:
-        field = f"{where}.{head.split('field `', 1)[1].rstrip('`')}"
-    return invalid(f"{head} - at `{where}`", field)
 
 
 def decode_json_object(raw: bytes | str) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+import msgspec
+
 
 class ErrorKind(enum.StrEnum):
     INVALID_REQUEST = "invalid_request"
@@ -38,3 +40,14 @@ def split_validation_message(message: str) -> tuple[str, str]:
     """msgspec's "Expected `int` - at `$.a.b`" as ("Expected `int`", "$.a.b")."""
     head, _, tail = message.partition(" - at `")
     return head, tail.rstrip("`") if tail else "$"
+
+
+def validation_error(error: msgspec.ValidationError, path: str = "$") -> GenerationError:
+    """Re-root msgspec's `- at `$...`` path under `path` and keep it as the error's field."""
+    head, where = split_validation_message(str(error))
+    where = path + where.removeprefix("$")
+    field = where
+    # "Object missing required field `x`" and "... unknown field `x`" name the key itself.
+    if head.startswith("Object ") and "field `" in head:
+        field = f"{where}.{head.split('field `', 1)[1].rstrip('`')}"
+    return invalid(f"{head} - at `{where}`", field)

@@ -12,9 +12,8 @@ from protocols.batch_payload import (
     Rejected,
     decode_batch,
     decode_json_object,
-    validation_error,
 )
-from protocols.errors import GenerationError
+from protocols.errors import GenerationError, validation_error
 from protocols.generation import Failed, Finished, PromptItem, SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
@@ -21,11 +23,17 @@ from gateway.config import Settings, load_settings
 from gateway.engine import Engine
 
 T = TypeVar("T")
+SCRATCH = Path(tempfile.mkdtemp(prefix="llm-gateway-tests-"))
 
 
 def gateway_settings(**env: str) -> Settings:
     """Settings as a user would write them, from environment-style strings; no .env read."""
-    base = {"ENFORCE_EAGER": "true", "MAX_MODEL_LEN": "2048", "KV_CACHE_GIB": "1"}
+    base = {
+        "ENFORCE_EAGER": "true",
+        "MAX_MODEL_LEN": "2048",
+        "KV_CACHE_GIB": "1",
+        "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
+    }
     return load_settings({**base, **env}, dotenv_path=None)
 
 

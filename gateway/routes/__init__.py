@@ -2,6 +2,11 @@
 
 from starlette.routing import BaseRoute
 
-from gateway.routes import batch_ws, health, rest_generate
+from gateway.routes import batch_ws, control, health, rest_generate
 
-ROUTES: list[BaseRoute] = [*health.routes, *batch_ws.routes, *rest_generate.routes]
+ROUTES: list[BaseRoute] = [
+    *health.routes,
+    *batch_ws.routes,
+    *rest_generate.routes,
+    *control.routes,
+]

@@ -1,0 +1,350 @@
+"""One client's conversation on the control protocol (control-ws.md), transport-free.
+
+A session holds at most one generation. Its engine request runs as a task; `stop`, `pause`,
+`modify` and `regenerate` cancel that task (which aborts the engine request) and keep the
+generation's token history, so `resume` and `modify` resubmit it and vLLM's prefix cache
+serves the tokens already computed. Messages go out through `send`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+from gateway.app import Gateway
+from gateway.config import served_model_name
+from gateway.engine import EngineStep
+from gateway.generation import check_context, prompt_tokens
+from protocols.control import (
+    CANCELLED,
+    LOGPROB_ALTERNATIVES,
+    ClientMessage,
+    Completion,
+    CompletionTiming,
+    Config,
+    Control,
+    Feedback,
+    Init,
+    LogprobEntry,
+    ModelInfo,
+    ServerMessage,
+    Status,
+    Token,
+    TokenTiming,
+    Usage,
+    apply_parameters,
+    error_message,
+)
+from protocols.errors import ErrorKind, GenerationError, invalid
+from protocols.generation import SamplingOptions, TokenInfo
+
+log = logging.getLogger(__name__)
+State = Literal["new", "generating", "paused", "done"]
+
+
+class _Generation:
+    """The token history and text of one generation, as the client has seen it."""
+
+    def __init__(self, request_id: str, config: Config, options: SamplingOptions) -> None:
+        self.request_id = request_id
+        self.config = config
+        self.options = options
+        self.token_ids: list[int] = []
+        self.prompt_length = 0
+        self.text = config.prompt if config.options.echo_prompt else ""
+        self.pending_ids: list[int] = []  # generated, but their text is not out yet
+        self.last_info: TokenInfo | None = None
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.last_token_at = self.started
+        self.finish_reason: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_length
+
+    def drop_pending(self) -> None:
+        """Forget tokens whose text never went out: they are generated again after a restart."""
+        if self.pending_ids:
+            del self.token_ids[len(self.token_ids) - len(self.pending_ids) :]
+            self.pending_ids.clear()
+
+
+class ControlSession:
+    def __init__(self, gateway: Gateway, send: Callable[[ServerMessage], None]) -> None:
+        self.gateway = gateway
+        self.send = send
+        self.state: State = "new"
+        self.model = served_model_name(gateway.settings.engine)
+        self._config: Config | None = None
+        self._options: SamplingOptions | None = None
+        self._gen: _Generation | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pause_timer: asyncio.Task[None] | None = None
+        self._last_request_id: str | None = None
+
+    # --- client messages ---------------------------------------------------------------------
+
+    async def handle(self, message: ClientMessage) -> None:
+        try:
+            match message:
+                case Config():
+                    self._configure(message)
+                case Control(action="stop"):
+                    await self._stop()
+                case Control(action="pause"):
+                    await self._pause()
+                case Control(action="resume"):
+                    self._resume()
+                case Control(action="modify"):
+                    await self._modify(message)
+                case Control(action="regenerate"):
+                    await self._regenerate()
+                case Feedback():
+                    await self._feedback(message)
+        except GenerationError as e:
+            self.send(error_message(e, self._current_id()))
+
+    async def close(self) -> None:
+        """The client left: stop everything (the engine request is aborted)."""
+        await self._cancel()
+
+    def _current_id(self) -> str | None:
+        return self._gen.request_id if self._gen is not None else self._last_request_id
+
+    def _configure(self, config: Config) -> None:
+        if self.state in ("generating", "paused"):
+            raise invalid("A generation is in progress: send `stop` before a new `config`")
+        if config.model is not None and config.model != self.model:
+            raise invalid(
+                f"Model {config.model!r} is not served here; this server serves {self.model!r}",
+                "$.model",
+            )
+        options = apply_parameters(self.gateway.settings.generation, config.parameters)
+        if config.options.include_logprobs:
+            options = msgspec.structs.replace(options, logprobs=LOGPROB_ALTERNATIVES)
+        self._config, self._options = config, options
+        self._start()
+
+    def _start(self) -> None:
+        assert self._config is not None and self._options is not None
+        gen = _Generation(f"gen_{uuid.uuid4().hex[:12]}", self._config, self._options)
+        self._gen = gen
+        self._last_request_id = gen.request_id
+        self.state = "generating"
+        self._task = asyncio.create_task(self._begin(gen))
+
+    def _continue(self, gen: _Generation) -> None:
+        """Generate on from the history (from the start if it was never tokenized)."""
+        self.state = "generating"
+        self._task = asyncio.create_task(
+            self._drive(gen) if gen.prompt_length else self._begin(gen)
+        )
+
+    async def _stop(self) -> None:
+        if self.state not in ("generating", "paused") or self._gen is None:
+            raise invalid("There is no generation to stop")
+        gen = self._gen
+        await self._cancel()
+        self._check_not_done()
+        self._complete(gen, CANCELLED)
+
+    async def _pause(self) -> None:
+        if self.state != "generating" or self._gen is None:
+            raise invalid("`pause` needs a running generation")
+        await self._cancel()
+        self._check_not_done()
+        gen = self._gen
+        gen.drop_pending()
+        self.state = "paused"
+        self._pause_timer = asyncio.create_task(self._expire_pause(gen))
+        self.send(self._status("paused", gen, f"paused after {gen.completion_tokens} tokens"))
+
+    def _resume(self) -> None:
+        if self.state != "paused" or self._gen is None:
+            raise invalid("`resume` needs a paused generation")
+        self._cancel_pause_timer()
+        gen = self._gen
+        self.state = "generating"
+        self.send(self._status("resumed", gen, f"resuming after {gen.completion_tokens} tokens"))
+        self._task = asyncio.create_task(
+            self._drive(gen) if gen.prompt_length else self._begin(gen)
+        )
+
+    async def _modify(self, control: Control) -> None:
+        if control.parameters is None:
+            raise invalid("`modify` needs `parameters`", "$.parameters")
+        if self.state not in ("generating", "paused") or self._gen is None:
+            raise invalid("`modify` needs a running or paused generation")
+        gen = self._gen
+        options = apply_parameters(gen.options, control.parameters)
+        running = self.state == "generating"
+        if running:
+            await self._cancel()
+            self._check_not_done()
+            gen.drop_pending()
+        gen.options = self._options = options
+        self.send(self._status("modified", gen, "parameters changed; the rest follows them"))
+        if running:
+            self.state = "generating"
+            self._task = asyncio.create_task(
+                self._drive(gen) if gen.prompt_length else self._begin(gen)
+            )
+
+    async def _regenerate(self) -> None:
+        if self._config is None:
+            raise invalid("`regenerate` needs a `config` first")
+        await self._cancel()
+        self._start()
+
+    async def _feedback(self, feedback: Feedback) -> None:
+        request_id = self._current_id()
+        if request_id is None:
+            raise invalid("There is no generation to give feedback on yet")
+        await self.gateway.feedback.add(
+            request_id, self.model, feedback.rating, feedback.text, feedback.position
+        )
+        self.send(Status("feedback_recorded", 100.0, f"feedback on {request_id} saved"))
+
+    # --- the generation task ------------------------------------------------------------------
+
+    async def _begin(self, gen: _Generation) -> None:
+        """Tokenize, announce the generation with `init`, then generate."""
+        try:
+            engine = await self.gateway.holder.wait()
+            gen.token_ids = prompt_tokens(engine, gen.config.prompt)
+            gen.prompt_length = len(gen.token_ids)
+            check_context(engine, gen.prompt_length)
+        except GenerationError as e:
+            self._fail(gen, _rooted(e))
+            return
+        info = ModelInfo(max_tokens=engine.max_model_len)
+        self.send(Init(gen.request_id, self.model, info))
+        await self._drive(gen)
+
+    async def _drive(self, gen: _Generation) -> None:
+        try:
+            async with self.gateway.service.engine_slot() as engine:
+                check_context(engine, len(gen.token_ids))
+                remaining = gen.options.max_new_tokens - gen.completion_tokens
+                if remaining > 0:
+                    options = msgspec.structs.replace(
+                        gen.options,
+                        max_new_tokens=remaining,
+                        min_tokens=min(gen.options.min_tokens, remaining),
+                    )
+                    async for step in engine.stream(gen.token_ids, options):
+                        self._on_step(gen, step)
+        except GenerationError as e:
+            self._fail(gen, _rooted(e))
+            return
+        except Exception as e:
+            log.exception("generation %s failed", gen.request_id)
+            self._fail(gen, GenerationError(ErrorKind.ENGINE_ERROR, f"{type(e).__name__}: {e}"))
+            return
+        self._complete(gen, gen.finish_reason or "length")
+
+    def _on_step(self, gen: _Generation, step: EngineStep) -> None:
+        gen.token_ids.extend(step.token_ids)
+        gen.pending_ids.extend(step.token_ids)
+        if step.tokens:
+            gen.last_info = step.tokens[-1]
+        if step.finished:
+            gen.finish_reason = step.finish_reason
+        if not step.text:
+            return
+        now = time.perf_counter()
+        gen.text += step.text
+        if gen.first_token_at is None:
+            gen.first_token_at = now
+        if gen.config.options.stream:
+            self.send(self._token(gen, step, now))
+        gen.last_token_at = now
+        gen.pending_ids.clear()
+
+    def _token(self, gen: _Generation, step: EngineStep, now: float) -> Token:
+        options = gen.config.options
+        message = Token(
+            step.text, gen.text, step.finish_reason if step.finished else None, step.finished
+        )
+        if options.include_token_ids and gen.pending_ids:
+            message.token_id = gen.pending_ids[-1]
+            if len(gen.pending_ids) > 1:
+                message.token_ids = list(gen.pending_ids)
+        if options.include_logprobs and gen.last_info is not None:
+            info = gen.last_info
+            message.logprobs = [LogprobEntry(info.text, info.logprob)] + [
+                LogprobEntry(alt.text, alt.logprob) for alt in info.alternatives
+            ]
+        if options.include_timing:
+            message.timing = TokenTiming(_ms(now - gen.last_token_at), _ms(now - gen.started))
+        return message
+
+    def _complete(self, gen: _Generation, reason: str) -> None:
+        self._cancel_pause_timer()
+        usage = Usage(gen.prompt_length, gen.completion_tokens, len(gen.token_ids))
+        message = Completion(gen.text, reason, usage, gen.request_id)
+        if gen.config.options.include_timing:
+            first = None if gen.first_token_at is None else _ms(gen.first_token_at - gen.started)
+            message.timing = CompletionTiming(first, _ms(time.perf_counter() - gen.started))
+        self.state = "done"
+        self.send(message)
+
+    def _fail(self, gen: _Generation, error: GenerationError) -> None:
+        self._cancel_pause_timer()
+        self.state = "done"
+        self.send(error_message(error, gen.request_id))
+
+    async def _expire_pause(self, gen: _Generation) -> None:
+        await asyncio.sleep(self.gateway.settings.pause_timeout_seconds)
+        if self._gen is gen and self.state == "paused":
+            self.state = "done"
+            self.send(
+                msgspec.structs.replace(
+                    error_message(
+                        invalid("Paused for longer than the pause timeout; the generation ended"),
+                        gen.request_id,
+                        recovery_action="regenerate",
+                    ),
+                    error="timeout",
+                )
+            )
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    async def _cancel(self) -> None:
+        self._cancel_pause_timer()
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _check_not_done(self) -> None:
+        if self.state == "done":  # it completed while the control was on its way
+            raise invalid("The generation has already completed")
+
+    def _cancel_pause_timer(self) -> None:
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
+            self._pause_timer = None
+
+    def _status(self, operation: str, gen: _Generation, message: str) -> Status:
+        progress = 100.0 * gen.completion_tokens / gen.options.max_new_tokens
+        return Status(operation, round(min(progress, 100.0), 1), message)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 2)
+
+
+def _rooted(error: GenerationError) -> GenerationError:
+    """Service errors name the prompt's field relative to it: root it at the config."""
+    if error.field is None or error.field.startswith("$"):
+        return error
+    return GenerationError(error.kind, error.message, f"$.{error.field}")

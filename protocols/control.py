@@ -1,0 +1,297 @@
+"""WS `/generate` and POST `/v1/generate` (control-ws.md): messages and codecs.
+
+Every message is a msgspec Struct tagged by `type`. Client messages decode through one
+`Decoder(ClientMessage)`; a bad message's error names its JSON path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
+from protocols.generation import (
+    MaxNewTokens,
+    RepetitionPenalty,
+    SamplingOptions,
+    Temperature,
+    TopK,
+    TopP,
+)
+
+Rating = Annotated[float, Meta(ge=-1.0, le=1.0)]
+LOGPROB_ALTERNATIVES = 5  # alternatives sent with each token when include_logprobs is set
+
+
+class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_tokens: MaxNewTokens | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
+    top_p: TopP | UnsetType = UNSET
+    top_k: TopK | UnsetType = UNSET
+    repetition_penalty: RepetitionPenalty | UnsetType = UNSET
+    stop: list[str] | UnsetType = UNSET
+    seed: int | UnsetType | None = UNSET
+
+
+class Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    stream: bool = True
+    echo_prompt: bool = False
+    include_token_ids: bool = False
+    include_logprobs: bool = False
+    include_timing: bool = False
+
+
+# --- client -> server ----------------------------------------------------------------------
+
+
+class Config(
+    msgspec.Struct, tag="config", tag_field="type", forbid_unknown_fields=True, kw_only=True
+):
+    prompt: str
+    model: str | None = None
+    parameters: Parameters = msgspec.field(default_factory=Parameters)
+    options: Options = msgspec.field(default_factory=Options)
+
+
+Action = Literal["stop", "pause", "resume", "regenerate", "modify"]
+
+
+class Control(
+    msgspec.Struct, tag="control", tag_field="type", forbid_unknown_fields=True, kw_only=True
+):
+    action: Action
+    parameters: Parameters | None = None
+
+
+class Feedback(
+    msgspec.Struct, tag="feedback", tag_field="type", forbid_unknown_fields=True, kw_only=True
+):
+    rating: Rating
+    text: str | None = None
+    position: Annotated[int, Meta(ge=0)] | None = None
+
+
+ClientMessage = Config | Control | Feedback
+
+# --- server -> client ----------------------------------------------------------------------
+
+
+class Status(msgspec.Struct, tag="status", tag_field="type", omit_defaults=True):
+    operation: str
+    progress: float
+    message: str
+    eta_seconds: float | None = None
+
+
+class ModelInfo(msgspec.Struct, omit_defaults=True):
+    max_tokens: int
+    version: str | UnsetType = UNSET
+    quantization: str | UnsetType = UNSET
+
+
+class Init(msgspec.Struct, tag="init", tag_field="type", omit_defaults=True):
+    request_id: str
+    model: str
+    model_info: ModelInfo | UnsetType = UNSET
+
+
+class LogprobEntry(msgspec.Struct):
+    token: str
+    logprob: float
+
+
+class TokenTiming(msgspec.Struct):
+    token_ms: float
+    total_ms: float
+
+
+class Token(msgspec.Struct, tag="token", tag_field="type", omit_defaults=True):
+    token: str
+    generated_text: str
+    finish_reason: str | None
+    finished: bool
+    token_id: int | UnsetType = UNSET
+    token_ids: list[int] | UnsetType = UNSET  # only when one message carries several tokens
+    logprobs: list[LogprobEntry] | UnsetType = UNSET
+    timing: TokenTiming | UnsetType = UNSET
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionTiming(msgspec.Struct):
+    first_token_ms: float | None
+    total_ms: float
+
+
+class Completion(msgspec.Struct, tag="completion", tag_field="type", omit_defaults=True):
+    generated_text: str
+    finish_reason: str
+    usage: Usage
+    request_id: str | UnsetType = UNSET
+    timing: CompletionTiming | UnsetType = UNSET
+
+
+class Error(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):
+    error: str
+    message: str
+    recoverable: bool
+    recovery_action: str
+    request_id: str | UnsetType = UNSET
+    field: str | UnsetType = UNSET
+
+
+ServerMessage = Status | Init | Token | Completion | Error
+
+_CLIENT_DECODER: msgspec.json.Decoder[ClientMessage] = msgspec.json.Decoder(ClientMessage)
+_SERVER_DECODER: msgspec.json.Decoder[ServerMessage] = msgspec.json.Decoder(ServerMessage)
+_ENCODER = msgspec.json.Encoder()
+
+# Finish reasons: the engine's "length" and "stop" (EOS, a stop token or a stop string), and
+# CANCELLED for a client's `stop` control.
+CANCELLED = "cancelled"
+
+# kind -> (spec error type, recoverable, recovery_action)
+_ERROR_SHAPES: dict[ErrorKind, tuple[str, bool, str]] = {
+    ErrorKind.INVALID_REQUEST: ("invalid_request", True, "fix_request"),
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED: ("context_length_exceeded", True, "shorten_prompt"),
+    ErrorKind.RATE_LIMITED: ("rate_limited", True, "retry"),
+    ErrorKind.DUPLICATE_REQUEST_ID: ("invalid_request", True, "fix_request"),
+    ErrorKind.ENGINE_ERROR: ("internal_error", True, "retry"),
+    ErrorKind.ENGINE_UNAVAILABLE: ("model_loading_error", False, "none"),
+}
+
+
+def kind_of(error: Error) -> ErrorKind:
+    """The neutral kind behind an error message (for an HTTP status)."""
+    for kind, (name, _, _) in _ERROR_SHAPES.items():
+        if name == error.error:
+            return kind
+    return ErrorKind.ENGINE_ERROR
+
+
+def decode_client(raw: bytes | str) -> ClientMessage:
+    try:
+        return _CLIENT_DECODER.decode(raw)
+    except msgspec.ValidationError as e:
+        raise validation_error(e) from e
+    except msgspec.DecodeError as e:
+        raise invalid(f"Malformed JSON: {e}", "$") from e
+
+
+def decode_server(raw: bytes | str) -> ServerMessage:
+    """The client's side of the codec, for tests and Python clients."""
+    return _SERVER_DECODER.decode(raw)
+
+
+def encode(message: ServerMessage) -> bytes:
+    return _ENCODER.encode(message)
+
+
+def error_message(
+    error: GenerationError,
+    request_id: str | None = None,
+    *,
+    recoverable: bool | None = None,
+    recovery_action: str | None = None,
+) -> Error:
+    kind, default_recoverable, default_action = _ERROR_SHAPES[error.kind]
+    return Error(
+        kind,
+        error.message,
+        default_recoverable if recoverable is None else recoverable,
+        recovery_action or default_action,
+        UNSET if request_id is None else request_id,
+        UNSET if error.field is None else error.field,
+    )
+
+
+def apply_parameters(options: SamplingOptions, parameters: Parameters) -> SamplingOptions:
+    """`parameters` over `options`: only the fields that are given change."""
+    given: dict[str, object] = {}
+    if parameters.max_tokens is not UNSET:
+        given["max_new_tokens"] = parameters.max_tokens
+    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed"):
+        value = getattr(parameters, name)
+        if value is not UNSET:
+            given[name] = value
+    if parameters.stop is not UNSET:
+        if any(s == "" for s in parameters.stop):
+            raise invalid(
+                "Stop strings must not be empty - at `$.parameters.stop`", "$.parameters.stop"
+            )
+        given["stop"] = tuple(parameters.stop)
+    if "temperature" in given:
+        given["do_sample"] = given["temperature"] != 0
+    return msgspec.structs.replace(options, **given)
+
+
+# --- POST /v1/generate ---------------------------------------------------------------------
+
+
+class RestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    echo_prompt: bool = False
+    include_token_ids: bool = False
+    include_logprobs: bool = False
+    include_timing: bool = False
+
+
+class RestRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The spec's REST body: the config's parameters flat beside the prompt."""
+
+    prompt: str
+    model: str | None = None
+    max_tokens: MaxNewTokens | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
+    top_p: TopP | UnsetType = UNSET
+    top_k: TopK | UnsetType = UNSET
+    repetition_penalty: RepetitionPenalty | UnsetType = UNSET
+    stop: list[str] | UnsetType = UNSET
+    seed: int | UnsetType | None = UNSET
+    stream: bool = False
+    options: RestOptions = msgspec.field(default_factory=RestOptions)
+
+
+class RestResponse(msgspec.Struct, omit_defaults=True):
+    id: str
+    model: str
+    generated_text: str
+    finish_reason: str
+    usage: Usage
+    timing: CompletionTiming | UnsetType = UNSET
+
+
+def rest_config(raw: bytes) -> Config:
+    try:
+        body = msgspec.json.decode(raw, type=RestRequest)
+    except msgspec.ValidationError as e:
+        raise validation_error(e) from e
+    except msgspec.DecodeError as e:
+        raise invalid(f"Malformed JSON: {e}", "$") from e
+    parameters = Parameters(
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        repetition_penalty=body.repetition_penalty,
+        stop=body.stop,
+        seed=body.seed,
+    )
+    options = Options(stream=body.stream, **msgspec.structs.asdict(body.options))
+    return Config(prompt=body.prompt, model=body.model, parameters=parameters, options=options)
+
+
+def rest_response(request_id: str, model: str, completion: Completion) -> RestResponse:
+    return RestResponse(
+        request_id,
+        model,
+        completion.generated_text,
+        completion.finish_reason,
+        completion.usage,
+        completion.timing,
+    )

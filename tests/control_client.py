@@ -1,0 +1,45 @@
+"""A small client for the control protocol, over a real websockets connection."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from websockets.sync.client import ClientConnection
+
+Message = dict[str, Any]
+
+
+def config(prompt: str, options: dict[str, Any] | None = None, **parameters: Any) -> str:
+    body: Message = {"type": "config", "prompt": prompt, "parameters": parameters}
+    if options is not None:
+        body["options"] = options
+    return json.dumps(body)
+
+
+def control(action: str, **parameters: Any) -> str:
+    body: Message = {"type": "control", "action": action}
+    if parameters:
+        body["parameters"] = parameters
+    return json.dumps(body)
+
+
+def receive(ws: ClientConnection, timeout: float = 60) -> Message:
+    message: Message = json.loads(ws.recv(timeout=timeout))
+    return message
+
+
+def until(ws: ClientConnection, *types: str, timeout: float = 120) -> list[Message]:
+    """Every message up to and including the first one of `types`."""
+    seen: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        message = receive(ws, max(0.1, deadline - time.monotonic()))
+        seen.append(message)
+        if message["type"] in types:
+            return seen
+
+
+def tokens_of(messages: list[Message]) -> list[Message]:
+    return [m for m in messages if m["type"] == "token"]

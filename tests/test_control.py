@@ -1,0 +1,140 @@
+"""WS `/generate`: every message type and option against the real engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from control_client import config, receive, tokens_of, until
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from clients import CHAT
+from serving import RunningServer
+
+STORY = CHAT.format("Tell me a long story about a brave knight.")
+
+
+def test_config_init_tokens_completion(server: RunningServer) -> None:
+    engine = server.gateway.holder.engine
+    assert engine is not None
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=12, temperature=0))
+        messages = until(ws, "completion")
+    init, *middle, completion = messages
+    assert init["type"] == "init" and init["request_id"].startswith("gen_")
+    assert init["model"] == "SmolLM2-135M-Instruct"
+    assert init["model_info"]["max_tokens"] == 2048
+    tokens = tokens_of(middle)
+    assert len(tokens) == len(middle) and tokens
+    assert "".join(t["token"] for t in tokens) == completion["generated_text"]
+    assert [t["generated_text"] for t in tokens][-1] == completion["generated_text"]
+    assert all(not t["finished"] and t["finish_reason"] is None for t in tokens[:-1])
+    assert completion["finish_reason"] == "length"
+    assert completion["usage"] == {
+        "prompt_tokens": len(engine.encode(STORY)),
+        "completion_tokens": 12,
+        "total_tokens": len(engine.encode(STORY)) + 12,
+    }
+    assert completion["request_id"] == init["request_id"]
+
+
+def test_options_echo_token_ids_logprobs_and_timing(server: RunningServer) -> None:
+    engine = server.gateway.holder.engine
+    assert engine is not None
+    options = {
+        "echo_prompt": True,
+        "include_token_ids": True,
+        "include_logprobs": True,
+        "include_timing": True,
+    }
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, options, max_tokens=10, temperature=0))
+        messages = until(ws, "completion")
+    tokens, completion = tokens_of(messages), messages[-1]
+    assert completion["generated_text"].startswith(STORY)
+    assert tokens[0]["generated_text"] == STORY + tokens[0]["token"]
+    ids = [t["token_id"] for t in tokens]
+    assert engine.decode(ids) == completion["generated_text"][len(STORY) :]
+    for token in tokens:
+        chosen, *alternatives = token["logprobs"]
+        assert chosen["token"] == token["token"] and chosen["logprob"] <= 0
+        assert len(alternatives) >= 1
+        # greedy: the chosen token is the most likely one
+        assert all(alt["logprob"] <= chosen["logprob"] + 1e-4 for alt in alternatives)
+        assert token["timing"]["token_ms"] >= 0
+        assert token["timing"]["total_ms"] >= token["timing"]["token_ms"]
+    assert 0 < completion["timing"]["first_token_ms"] <= completion["timing"]["total_ms"]
+
+
+def test_stream_false_sends_only_init_and_completion(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, {"stream": False}, max_tokens=6, temperature=0))
+        messages = until(ws, "completion")
+    assert [m["type"] for m in messages] == ["init", "completion"]
+    assert messages[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_a_stop_string_never_reaches_the_client(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=30, temperature=0))
+        plain = until(ws, "completion")[-1]["generated_text"]
+        word = plain.split()[4]
+        ws.send(config(STORY, max_tokens=30, temperature=0, stop=[word]))
+        messages = until(ws, "completion")
+    completion = messages[-1]
+    assert completion["finish_reason"] == "stop"
+    assert completion["generated_text"] == plain[: plain.index(word)]
+    assert all(word not in t["generated_text"] for t in tokens_of(messages))
+
+
+def test_multibyte_characters_are_never_split(server: RunningServer) -> None:
+    prompt = CHAT.format("Repeat exactly: 🐱🐶🎉 猫と犬 ✨ Ünïcödé 🚀")
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(prompt, max_tokens=40, temperature=0))
+        messages = until(ws, "completion")
+    tokens = tokens_of(messages)
+    text = messages[-1]["generated_text"]
+    assert any(ord(ch) > 0x2000 for ch in text), text  # the model did write wide characters
+    assert all("\ufffd" not in t["token"] for t in tokens)
+    assert "".join(t["token"] for t in tokens) == text
+
+
+def test_bad_messages_get_errors_naming_the_field_and_the_connection_stays(
+    server: RunningServer,
+) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(json.dumps({"type": "config", "prompt": "hi", "parameters": {"top_p": 3}}))
+        error = receive(ws)
+        assert error["type"] == "error" and error["error"] == "invalid_request"
+        assert error["field"] == "$.parameters.top_p" and error["recoverable"] is True
+        ws.send(json.dumps({"type": "dance"}))
+        assert "$.type" in receive(ws)["message"]
+        ws.send("{oops")
+        assert receive(ws)["error"] == "invalid_request"
+        ws.send(config("hi", max_tokens=2, bogus=1))
+        assert receive(ws)["field"] == "$.parameters.bogus"
+        ws.send(json.dumps({"type": "config", "prompt": "hi", "model": "gpt-9"}))
+        error = receive(ws)
+        assert error["field"] == "$.model" and "gpt-9" in error["message"]
+        ws.send(config(STORY, max_tokens=3, temperature=0))
+        assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_the_first_message_must_be_a_config(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(json.dumps({"type": "control", "action": "stop"}))
+        error = receive(ws)
+        assert error["error"] == "invalid_request" and error["recoverable"] is False
+        with pytest.raises(ConnectionClosed) as closed:
+            receive(ws, timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+def test_a_prompt_longer_than_the_context_fails_before_generation(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config("word " * 3000, max_tokens=5))
+        [error] = until(ws, "error")
+        assert error["error"] == "context_length_exceeded" and error["recoverable"] is True
+        ws.send(config(STORY, max_tokens=2, temperature=0))  # a new config after the error
+        assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 2

@@ -1,0 +1,262 @@
+"""Controls that act on the engine: stop, pause, resume, modify, regenerate; and feedback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from control_client import config, control, receive, tokens_of, until
+from websockets.sync.client import connect
+
+from clients import CHAT
+from gateway.engine import Engine
+from serving import (
+    SCRATCH,
+    LoopThread,
+    RunningServer,
+    gateway_settings,
+    shared_loader,
+    start_server,
+)
+
+STORY = CHAT.format("Write a long, detailed story about a dragon and a village.")
+
+
+def unfinished(server: RunningServer) -> int:
+    engine = server.gateway.holder.engine
+    assert engine is not None
+    return server.loop.call(engine.unfinished_requests)
+
+
+def test_stop_ends_the_engine_request_and_completes_with_what_was_sent(
+    server: RunningServer, idle_engine: Callable[..., None]
+) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=1000, temperature=0))
+        sent = until(ws, "token") + until(ws, "token")
+        assert unfinished(server) == 1
+        ws.send(control("stop"))
+        messages = sent + until(ws, "completion")
+        completion = messages[-1]
+        idle_engine(timeout=5)
+        assert completion["finish_reason"] == "cancelled"
+        assert completion["generated_text"] == "".join(t["token"] for t in tokens_of(messages))
+        assert 2 <= completion["usage"]["completion_tokens"] < 1000
+        ws.send(control("stop"))  # nothing left to stop: a recoverable error
+        error = receive(ws)
+        assert error["type"] == "error" and error["recoverable"] is True
+
+
+def test_pause_stops_compute_and_resume_continues_without_loss_or_repeat(
+    server: RunningServer, idle_engine: Callable[..., None]
+) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=60, temperature=0))
+        before = until(ws, "token") + until(ws, "token") + until(ws, "token")
+        ws.send(control("pause"))
+        paused = until(ws, "status")
+        assert paused[-1]["operation"] == "paused"
+        before += paused[:-1]
+        idle_engine(timeout=5)  # nothing runs in the engine while paused
+        with pytest.raises(TimeoutError):
+            receive(ws, timeout=1.0)
+        ws.send(control("resume"))
+        after = until(ws, "completion")
+    assert after[0] == {**after[0], "type": "status", "operation": "resumed"}
+    completion = after[-1]
+    text_before = "".join(t["token"] for t in tokens_of(before))
+    text_after = "".join(t["token"] for t in tokens_of(after))
+    assert completion["generated_text"] == text_before + text_after
+    assert completion["generated_text"].startswith(text_before) and text_after
+    assert completion["usage"]["completion_tokens"] == 60
+    assert completion["finish_reason"] == "length"
+
+
+def test_resume_and_modify_when_they_make_no_sense(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=3, temperature=0))
+        until(ws, "completion")
+        for message in (control("resume"), control("modify", temperature=0.5), control("pause")):
+            ws.send(message)
+            error = receive(ws)
+            assert error["type"] == "error" and error["error"] == "invalid_request"
+            assert error["recoverable"] is True
+        ws.send(config(STORY, max_tokens=2, temperature=0))  # a new config after a completion
+        assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_modify_changes_the_rest_of_the_generation(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=400, temperature=0))
+        before = until(ws, "token") + until(ws, "token")
+        ws.send(control("modify", max_tokens=12, temperature=0.8, top_p=0.9))
+        after = until(ws, "completion")
+    assert any(m["type"] == "status" and m["operation"] == "modified" for m in after)
+    completion = after[-1]
+    text_before = "".join(t["token"] for t in tokens_of(before))
+    assert completion["generated_text"].startswith(text_before)
+    assert completion["usage"]["completion_tokens"] == 12  # the new max_tokens took effect
+    assert completion["finish_reason"] == "length"
+
+
+def test_modify_while_paused_applies_on_resume(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=400, temperature=0))
+        until(ws, "token")
+        ws.send(control("pause"))
+        until(ws, "status")
+        ws.send(control("modify", max_tokens=8))
+        assert until(ws, "status")[-1]["operation"] == "modified"
+        ws.send(control("resume"))
+        assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_regenerate_restarts_under_a_new_request_id(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=200, temperature=0))
+        first = until(ws, "init")[-1]
+        until(ws, "token")
+        ws.send(control("regenerate"))
+        messages = until(ws, "completion")
+    inits = [m for m in messages if m["type"] == "init"]
+    assert len(inits) == 1 and inits[0]["request_id"] != first["request_id"]
+    after_init = messages[messages.index(inits[0]) + 1 :]
+    completion = after_init[-1]
+    assert completion["request_id"] == inits[0]["request_id"]
+    assert completion["generated_text"] == "".join(t["token"] for t in tokens_of(after_init))
+    assert completion["usage"]["completion_tokens"] == 200
+
+
+@pytest.mark.parametrize("phase", ["queued", "prefill", "decode", "paused"])
+def test_a_client_that_leaves_stops_its_generation(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None], phase: str
+) -> None:
+    gateway = make_server(MAX_RUNNING_REQUESTS="1")
+    admission = gateway.gateway.service.admission
+    long_prompt = CHAT.format(f"{time.time()} " + "the river runs to the sea. " * 150)
+    with connect(gateway.ws + "/generate") as holder_ws:
+        if phase == "queued":
+            holder_ws.send(config(STORY, max_tokens=1000, temperature=0))
+            until(holder_ws, "token")
+        with connect(gateway.ws + "/generate") as ws:
+            ws.send(config(long_prompt if phase == "prefill" else STORY, max_tokens=1000))
+            until(ws, "init")
+            if phase == "queued":
+                assert admission.waiting == 1
+            elif phase == "prefill":
+                assert unfinished(gateway) == 1
+            else:
+                until(ws, "token")
+                if phase == "paused":
+                    ws.send(control("pause"))
+                    until(ws, "status")
+        if phase == "queued":
+            deadline = time.monotonic() + 5
+            while admission.waiting:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    idle_engine(timeout=10)
+    assert admission.running == 0
+
+
+def test_feedback_is_stored_and_survives_a_restart(loop_thread: LoopThread, engine: Engine) -> None:
+    db = SCRATCH / f"feedback-{time.time()}.sqlite3"
+    first = start_server(loop_thread, gateway_settings(FEEDBACK_DB=str(db)), shared_loader(engine))
+    try:
+        with connect(first.ws + "/generate") as ws:
+            ws.send(json.dumps({"type": "feedback", "rating": 1}))  # not a config first
+            assert receive(ws)["recoverable"] is False
+        with connect(first.ws + "/generate") as ws:
+            ws.send(config(STORY, max_tokens=2, temperature=0))
+            request_id = until(ws, "completion")[-1]["request_id"]
+            ws.send(json.dumps({"type": "feedback", "rating": 2}))
+            error = receive(ws)
+            assert error["error"] == "invalid_request" and error["field"] == "$.rating"
+            ws.send(
+                json.dumps({"type": "feedback", "rating": -0.5, "text": "too short", "position": 1})
+            )
+            assert receive(ws)["operation"] == "feedback_recorded"
+    finally:
+        first.stop()
+    second = start_server(loop_thread, gateway_settings(FEEDBACK_DB=str(db)), shared_loader(engine))
+    try:
+        with connect(second.ws + "/generate") as ws:
+            ws.send(config(STORY, max_tokens=2, temperature=0))
+            until(ws, "completion")
+            ws.send(json.dumps({"type": "feedback", "rating": 1}))
+            assert receive(ws)["operation"] == "feedback_recorded"
+    finally:
+        second.stop()
+    cli = Path(sys.executable).with_name("llm-gateway")
+    done = subprocess.run(
+        [str(cli), "export-feedback", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["rating"], r["text"], r["position"]) for r in records] == [
+        (-0.5, "too short", 1),
+        (1.0, None, None),
+    ]
+    assert records[0]["request_id"] == request_id
+    assert all(r["model"] == "SmolLM2-135M-Instruct" and r["created_at"] > 0 for r in records)
+
+
+def test_status_while_loading_then_init(loop_thread: LoopThread, engine: Engine) -> None:
+    gate = asyncio.Event()
+
+    async def open_gate() -> None:
+        await gate.wait()
+
+    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
+    try:
+        with connect(loading.ws + "/generate") as ws:
+            status = receive(ws, timeout=5)
+            assert status["type"] == "status" and status["operation"] == "model_loading"
+            assert 0 <= status["progress"] < 100 and status["eta_seconds"] > 0
+            assert status["message"]
+            ws.send(config(STORY, max_tokens=3, temperature=0))
+            assert receive(ws, timeout=5)["type"] == "status"  # still loading, still told
+            loop_thread.call(gate.set)
+            messages = until(ws, "completion")
+        kinds = [m["type"] for m in messages]
+        assert "init" in kinds and kinds.index("init") < kinds.index("completion")
+        assert set(kinds[: kinds.index("init")]) <= {"status"}
+    finally:
+        loading.stop()
+
+
+def test_rest_generate_json_and_sse(server: RunningServer) -> None:
+    body = {"prompt": STORY, "max_tokens": 7, "temperature": 0}
+    answer = httpx.post(server.http + "/v1/generate", json=body, timeout=60)
+    assert answer.status_code == 200
+    result = answer.json()
+    assert result["id"].startswith("gen_") and result["model"] == "SmolLM2-135M-Instruct"
+    assert result["usage"]["completion_tokens"] == 7 and result["finish_reason"] == "length"
+
+    events = []
+    with httpx.stream(
+        "POST", server.http + "/v1/generate", json={**body, "stream": True}, timeout=60
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "init" and kinds[-1] == "completion" and "token" in kinds
+    assert events[-1]["generated_text"] == result["generated_text"]
+
+    bad = httpx.post(server.http + "/v1/generate", json={"prompt": "x", "top_k": "many"})
+    assert bad.status_code == 422 and bad.json()["field"] == "$.top_k"
+    too_long = httpx.post(server.http + "/v1/generate", json={"prompt": "word " * 3000})
+    assert too_long.status_code == 422
+    assert too_long.json()["error"] == "context_length_exceeded"
