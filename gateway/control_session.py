@@ -200,7 +200,10 @@ class ControlSession:
     async def _regenerate(self) -> None:
         if self._config is None:
             raise invalid("`regenerate` needs a `config` first")
+        abandoned = self._gen if self.state in ("generating", "paused") else None
         await self._cancel()
+        if abandoned is not None and self.state != "done":
+            self._complete(abandoned, CANCELLED)  # every init gets exactly one completion
         self._start()
 
     async def _feedback(self, feedback: Feedback) -> None:

@@ -124,7 +124,10 @@ def test_regenerate_restarts_under_a_new_request_id(server: RunningServer) -> No
         first = until(ws, "init")[-1]
         until(ws, "token")
         ws.send(control("regenerate"))
+        abandoned = until(ws, "completion")[-1]
         messages = until(ws, "completion")
+    assert abandoned["request_id"] == first["request_id"]
+    assert abandoned["finish_reason"] == "cancelled"
     inits = [m for m in messages if m["type"] == "init"]
     assert len(inits) == 1 and inits[0]["request_id"] != first["request_id"]
     after_init = messages[messages.index(inits[0]) + 1 :]
