@@ -263,3 +263,23 @@ def test_rest_generate_json_and_sse(server: RunningServer) -> None:
     too_long = httpx.post(server.http + "/v1/generate", json={"prompt": "word " * 3000})
     assert too_long.status_code == 422
     assert too_long.json()["error"] == "context_length_exceeded"
+
+
+def test_a_pause_that_lasts_too_long_ends_with_a_timeout(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    impatient = make_server(PAUSE_TIMEOUT_SECONDS="0.5")
+    with connect(impatient.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=300, temperature=0))
+        request_id = until(ws, "init")[-1]["request_id"]
+        until(ws, "token")
+        ws.send(control("pause"))
+        until(ws, "status")
+        error = receive(ws, timeout=5)
+        assert error["type"] == "error" and error["error"] == "timeout"
+        assert error["recoverable"] is True and error["recovery_action"] == "regenerate"
+        assert error["request_id"] == request_id
+        ws.send(control("resume"))
+        assert receive(ws)["error"] == "invalid_request"
+        ws.send(control("regenerate"))
+        assert until(ws, "init")[-1]["request_id"] != request_id
