@@ -3,10 +3,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: install run prepare-model test lint clean
+.PHONY: install browser run prepare-model test lint clean
 
 install:
 	@bash deploy/install.sh
+
+browser:
+	@bash deploy/install-browser.sh
 
 prepare-model: install
 	$(VENV)/bin/llm-gateway prepare-model
@@ -14,7 +17,7 @@ prepare-model: install
 run: install
 	$(VENV)/bin/llm-gateway serve
 
-test: install
+test: install browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: install
