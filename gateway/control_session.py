@@ -39,6 +39,7 @@ from protocols.control import (
     TokenTiming,
     Usage,
     apply_parameters,
+    check_prompt,
     error_message,
 )
 from protocols.errors import ErrorKind, GenerationError, invalid
@@ -57,7 +58,7 @@ class _Generation:
         self.options = options
         self.token_ids: list[int] = []
         self.prompt_length = 0
-        self.text = config.prompt if config.options.echo_prompt else ""
+        self.text = ""
         self.pending_ids: list[int] = []  # generated, but their text is not out yet
         self.last_info: TokenInfo | None = None
         self.started = time.perf_counter()
@@ -121,6 +122,7 @@ class ControlSession:
     def _configure(self, config: Config) -> None:
         if self.state in ("generating", "paused"):
             raise invalid("A generation is in progress: send `stop` before a new `config`")
+        check_prompt(config)
         if config.model is not None and config.model != self.model:
             raise invalid(
                 f"Model {config.model!r} is not served here; this server serves {self.model!r}",
@@ -221,7 +223,15 @@ class ControlSession:
         """Tokenize, announce the generation with `init`, then generate."""
         try:
             engine = await self.gateway.holder.wait()
-            gen.token_ids = prompt_tokens(engine, gen.config.prompt)
+            config = gen.config
+            prompt = (
+                config.prompt
+                if isinstance(config.prompt, str)
+                else engine.render_chat([msgspec.structs.asdict(m) for m in config.messages or ()])
+            )
+            if config.options.echo_prompt:
+                gen.text = prompt
+            gen.token_ids = prompt_tokens(engine, prompt)
             gen.prompt_length = len(gen.token_ids)
             check_context(engine, gen.prompt_length)
         except GenerationError as e:

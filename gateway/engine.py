@@ -152,6 +152,18 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The conversation as a prompt, in the model's own chat template."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise GenerationError(
+                ErrorKind.INVALID_REQUEST,
+                "This model has no chat template: send `prompt` instead of `messages`",
+                "messages",
+            )
+        return str(
+            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        )
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids)))
 

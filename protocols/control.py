@@ -46,10 +46,21 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 # --- client -> server ----------------------------------------------------------------------
 
 
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    """An extension: a conversation, rendered with the served model's chat template."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
+
+
 class Config(
     msgspec.Struct, tag="config", tag_field="type", forbid_unknown_fields=True, kw_only=True
 ):
-    prompt: str
+    prompt: str | UnsetType = UNSET
+    messages: Messages | UnsetType = UNSET
     model: str | None = None
     parameters: Parameters = msgspec.field(default_factory=Parameters)
     options: Options = msgspec.field(default_factory=Options)
@@ -175,6 +186,15 @@ def kind_of(error: Error) -> ErrorKind:
     return ErrorKind.ENGINE_ERROR
 
 
+def check_prompt(config: Config) -> None:
+    """A config names its prompt one way: `prompt` or `messages`, not both, not neither."""
+    if (config.prompt is UNSET) == (config.messages is UNSET):
+        given = "both" if config.prompt is not UNSET else "neither"
+        raise invalid(
+            f"A config needs exactly one of `prompt` and `messages`, not {given}", "$.prompt"
+        )
+
+
 def decode_client(raw: bytes | str) -> ClientMessage:
     try:
         return _CLIENT_DECODER.decode(raw)
@@ -244,7 +264,8 @@ class RestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class RestRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The spec's REST body: the config's parameters flat beside the prompt."""
 
-    prompt: str
+    prompt: str | UnsetType = UNSET
+    messages: Messages | UnsetType = UNSET
     model: str | None = None
     max_tokens: MaxNewTokens | UnsetType = UNSET
     temperature: Temperature | UnsetType = UNSET
@@ -283,7 +304,13 @@ def rest_config(raw: bytes) -> Config:
         seed=body.seed,
     )
     options = Options(stream=body.stream, **msgspec.structs.asdict(body.options))
-    return Config(prompt=body.prompt, model=body.model, parameters=parameters, options=options)
+    return Config(
+        prompt=body.prompt,
+        messages=body.messages,
+        model=body.model,
+        parameters=parameters,
+        options=options,
+    )
 
 
 def rest_response(request_id: str, model: str, completion: Completion) -> RestResponse:

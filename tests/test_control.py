@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from control_client import config, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
@@ -141,3 +142,48 @@ def test_a_prompt_longer_than_the_context_fails_before_generation(server: Runnin
         assert error["error"] == "context_length_exceeded" and error["recoverable"] is True
         ws.send(config(STORY, max_tokens=2, temperature=0))  # a new config after the error
         assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_chat_messages_are_rendered_with_the_models_template(server: RunningServer) -> None:
+    chat = [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    with connect(server.ws + "/generate") as ws:
+        ws.send(
+            json.dumps(
+                {
+                    "type": "config",
+                    "messages": chat,
+                    "parameters": {"max_tokens": 5, "temperature": 0},
+                    "options": {"echo_prompt": True},
+                }
+            )
+        )
+        completion = until(ws, "completion")[-1]
+        rendered = (
+            "<|im_start|>system\nYou answer in one word.<|im_end|>\n"
+            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
+        assert completion["generated_text"].startswith(rendered)
+        assert len(completion["generated_text"]) > len(rendered)
+        engine = server.gateway.holder.engine
+        assert engine is not None
+        assert completion["usage"]["prompt_tokens"] == len(engine.encode(rendered))
+
+        ws.send(json.dumps({"type": "config", "prompt": "x", "messages": chat}))
+        assert "exactly one of `prompt` and `messages`" in receive(ws)["message"]
+        ws.send(json.dumps({"type": "config"}))
+        assert receive(ws)["field"] == "$.prompt"
+        ws.send(json.dumps({"type": "config", "messages": [{"role": "robot", "content": "x"}]}))
+        assert receive(ws)["field"] == "$.messages[0].role"
+        ws.send(json.dumps({"type": "config", "messages": []}))
+        assert receive(ws)["field"] == "$.messages"
+
+    rest = httpx.post(
+        server.http + "/v1/generate",
+        timeout=60,
+        json={"messages": chat, "max_tokens": 3, "temperature": 0},
+    )
+    assert rest.status_code == 200 and rest.json()["usage"]["completion_tokens"] == 3
