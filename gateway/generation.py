@@ -40,7 +40,11 @@ class _Payload:
     """One call of `run`: where its events go and its continuation entry."""
 
     def __init__(
-        self, key: Key, known: dict[str, History] | None, options: SamplingOptions, stream: bool
+        self,
+        key: Key | None,
+        known: dict[str, History] | None,
+        options: SamplingOptions,
+        stream: bool,
     ) -> None:
         self.key = key
         self.known = known or {}
@@ -66,10 +70,16 @@ class GenerationService:
             yield await self.holder.wait()
 
     async def run(
-        self, items: Sequence[PromptItem], options: SamplingOptions, *, stream: bool
+        self,
+        items: Sequence[PromptItem],
+        options: SamplingOptions,
+        *,
+        stream: bool,
+        continuation: bool = True,
     ) -> AsyncGenerator[list[Event], None]:
-        key = tuple(item.request_id for item in items)
-        payload = _Payload(key, self.store.get(key), options, stream)
+        """`continuation=False`: the prompts start afresh and leave no history behind."""
+        key = tuple(item.request_id for item in items) if continuation else None
+        payload = _Payload(key, self.store.get(key) if key else None, options, stream)
         tasks: list[asyncio.Task[None]] = []
         for index, item in enumerate(items):
             if item.request_id in self._in_flight:
@@ -117,7 +127,8 @@ class GenerationService:
         payload.histories[item.request_id] = History(
             history.token_ids + new_ids, finished.full_text, finished.is_eos
         )
-        self.store.put(payload.key, payload.histories)
+        if payload.key is not None:
+            self.store.put(payload.key, payload.histories)
         return finished
 
 

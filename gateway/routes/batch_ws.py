@@ -1,21 +1,19 @@
 """WS `/ws`: the batch-events protocol (batch-events-ws.md).
 
-Each payload runs as its own task, so several payloads on one connection run concurrently;
-one writer task sends every frame, so frames of different payloads never interleave inside a
-message. When the client leaves, every task of the connection is cancelled, which aborts its
-engine requests.
+Each payload runs as its own task (`serve_payloads`); a bug in one still ends each of its
+accepted prompts with one event.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 
 from starlette.routing import WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from gateway.app import Gateway, gateway_of
+from gateway.routes.websocket_payloads import Outbox, serve_payloads
 from protocols.batch_events import (
     ErrorEvent,
     accepted_frame,
@@ -29,35 +27,10 @@ from protocols.generation import Failed, Finished
 
 log = logging.getLogger(__name__)
 
-Outbox = asyncio.Queue[bytes]
-
 
 async def batch_events(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
-    await websocket.accept()
-    outbox: Outbox = asyncio.Queue()
-    writer = asyncio.create_task(_write(websocket, outbox))
-    payloads: set[asyncio.Task[None]] = set()
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            raw = message.get("text") or message.get("bytes") or b""
-            task = asyncio.create_task(_serve_payload(raw, gateway, outbox))
-            payloads.add(task)
-            task.add_done_callback(payloads.discard)
-    finally:
-        for task in (*payloads, writer):
-            task.cancel()
-        await asyncio.gather(*payloads, writer, return_exceptions=True)
-
-
-async def _write(websocket: WebSocket, outbox: Outbox) -> None:
-    with suppress(WebSocketDisconnect, RuntimeError):
-        while True:
-            frame = await outbox.get()
-            await websocket.send({"type": "websocket.send", "text": frame.decode()})
+    await serve_payloads(websocket, lambda raw, outbox: _serve_payload(raw, gateway, outbox))
 
 
 async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:

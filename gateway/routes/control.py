@@ -18,13 +18,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from gateway.app import gateway_of
 from gateway.control_session import ControlSession
 from gateway.engine_holder import EngineHolder
 from gateway.routes.http_errors import status_of
 from gateway.routes.rest_generate import until_disconnect
+from gateway.routes.websocket_payloads import write_frames
 from protocols.control import (
     Completion,
     Config,
@@ -52,7 +53,7 @@ async def control_ws(websocket: WebSocket) -> None:
     await websocket.accept()
     outbox: asyncio.Queue[bytes] = asyncio.Queue()
     session = ControlSession(gateway, lambda message: outbox.put_nowait(encode(message)))
-    writer = asyncio.create_task(_write(websocket, outbox))
+    writer = asyncio.create_task(write_frames(websocket, outbox))
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
     try:
         while True:
@@ -78,16 +79,6 @@ async def control_ws(websocket: WebSocket) -> None:
             await asyncio.wait_for(outbox.join(), 1.0)  # let the last messages go out
         writer.cancel()
         await asyncio.gather(writer, ticker, return_exceptions=True)
-
-
-async def _write(websocket: WebSocket, outbox: asyncio.Queue[bytes]) -> None:
-    with suppress(WebSocketDisconnect, RuntimeError):
-        while True:
-            frame = await outbox.get()
-            try:
-                await websocket.send({"type": "websocket.send", "text": frame.decode()})
-            finally:
-                outbox.task_done()
 
 
 async def _loading_status(holder: EngineHolder, session: ControlSession) -> None:

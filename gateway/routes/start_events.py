@@ -1,0 +1,65 @@
+"""WS `/ws/events`: the START / PROGRESS / COMPLETE protocol (start-progress-ws.md).
+
+Each START runs on its own (several at once on one connection) and starts afresh: its id is
+not a continuation key. ids share the gateway's in-flight check, under an `events:` prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import aclosing
+
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from gateway.app import Gateway, gateway_of
+from gateway.routes.websocket_payloads import Outbox, serve_payloads
+from protocols.generation import Delta, Failed, Finished, PromptItem
+from protocols.start_events import (
+    Accepted,
+    Complete,
+    Progress,
+    decode_starts,
+    encode_frame,
+    error_event,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def start_events(websocket: WebSocket) -> None:
+    gateway = gateway_of(websocket)
+    await serve_payloads(websocket, lambda raw, outbox: _serve_frame(raw, gateway, outbox))
+
+
+async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
+    accepted, errors = decode_starts(raw, gateway.settings.generation)
+    if accepted:
+        outbox.put_nowait(encode_frame([a.start for a in accepted]))
+    if errors:
+        outbox.put_nowait(encode_frame(list(errors)))
+    await asyncio.gather(*(_run(start, gateway, outbox) for start in accepted))
+
+
+async def _run(accepted: Accepted, gateway: Gateway, outbox: Outbox) -> None:
+    event_id = accepted.start.id
+    item = PromptItem(f"events:{event_id}", accepted.start.data)
+    steps = gateway.service.run([item], accepted.options, stream=True, continuation=False)
+    try:
+        async with aclosing(steps):
+            async for step in steps:
+                for event in step:
+                    match event:
+                        case Delta(text=text):
+                            outbox.put_nowait(encode_frame([Progress(event_id, text)]))
+                        case Finished(new_text=text, is_eos=is_eos):
+                            outbox.put_nowait(encode_frame([Complete(event_id, text, is_eos)]))
+                        case Failed(message=message, field=field):
+                            outbox.put_nowait(encode_frame([error_event(event_id, message, field)]))
+    except Exception as e:  # a bug must still end the START with one terminal event
+        log.exception("START %r failed", event_id)
+        outbox.put_nowait(encode_frame([error_event(event_id, f"Internal error: {e}")]))
+
+
+routes = [WebSocketRoute("/ws/events", start_events)]

@@ -1,0 +1,49 @@
+"""The shape shared by the payload WebSockets (`/ws`, `/ws/events`).
+
+Each client message runs as its own task, so several on one connection run concurrently; one
+writer task sends every frame, so frames never interleave inside a message. When the client
+leaves, every task of the connection is cancelled, which aborts its engine requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from contextlib import suppress
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+Outbox = asyncio.Queue[bytes]
+Handler = Callable[[bytes | str, Outbox], Coroutine[Any, Any, None]]
+
+
+async def serve_payloads(websocket: WebSocket, handle: Handler) -> None:
+    await websocket.accept()
+    outbox: Outbox = asyncio.Queue()
+    writer = asyncio.create_task(write_frames(websocket, outbox))
+    payloads: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            raw = message.get("text") or message.get("bytes") or b""
+            task = asyncio.create_task(handle(raw, outbox))
+            payloads.add(task)
+            task.add_done_callback(payloads.discard)
+    finally:
+        for task in (*payloads, writer):
+            task.cancel()
+        await asyncio.gather(*payloads, writer, return_exceptions=True)
+
+
+async def write_frames(websocket: WebSocket, outbox: Outbox) -> None:
+    """Send each queued frame as one text message, in order, until the client is gone."""
+    with suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            frame = await outbox.get()
+            try:
+                await websocket.send({"type": "websocket.send", "text": frame.decode()})
+            finally:
+                outbox.task_done()
