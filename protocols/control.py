@@ -33,6 +33,7 @@ class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
     stop: list[str] | UnsetType = UNSET
     seed: int | UnsetType | None = UNSET
+    ignore_eos: bool | UnsetType = UNSET
 
 
 class Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -236,7 +237,7 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
     given: dict[str, object] = {}
     if parameters.max_tokens is not UNSET:
         given["max_new_tokens"] = parameters.max_tokens
-    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed"):
+    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "ignore_eos"):
         value = getattr(parameters, name)
         if value is not UNSET:
             given[name] = value
@@ -274,6 +275,7 @@ class RestRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
     stop: list[str] | UnsetType = UNSET
     seed: int | UnsetType | None = UNSET
+    ignore_eos: bool | UnsetType = UNSET
     stream: bool = False
     options: RestOptions = msgspec.field(default_factory=RestOptions)
 
@@ -302,6 +304,7 @@ def rest_config(raw: bytes) -> Config:
         repetition_penalty=body.repetition_penalty,
         stop=body.stop,
         seed=body.seed,
+        ignore_eos=body.ignore_eos,
     )
     options = Options(stream=body.stream, **msgspec.structs.asdict(body.options))
     return Config(
