@@ -78,8 +78,11 @@ class _Generation:
 
 
 class ControlSession:
-    def __init__(self, gateway: Gateway, send: Callable[[ServerMessage], None]) -> None:
+    def __init__(
+        self, gateway: Gateway, send: Callable[[ServerMessage], None], protocol: str = "control"
+    ) -> None:
         self.gateway = gateway
+        self.protocol = protocol
         self.send = send
         self.state: State = "new"
         self.model = served_model_name(gateway.settings.engine)
@@ -243,7 +246,7 @@ class ControlSession:
 
     async def _drive(self, gen: _Generation) -> None:
         try:
-            async with self.gateway.service.engine_slot() as engine:
+            async with self.gateway.service.engine_slot(self.protocol) as engine:
                 check_context(engine, len(gen.token_ids))
                 remaining = gen.options.max_new_tokens - gen.completion_tokens
                 if remaining > 0:

@@ -24,6 +24,7 @@ from vllm.sampling_params import BeamSearchParams, RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config import EngineSettings
+from gateway.metrics import STREAM_METER, StreamMeter
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions, TokenInfo, TopToken
 
@@ -124,6 +125,15 @@ def _text(token_id: int, logprob: Logprob, tokenizer: Any) -> str:
     return str(tokenizer.decode([token_id]))
 
 
+def _meter(prompt_tokens: int) -> StreamMeter | None:
+    make = STREAM_METER.get()
+    if make is None:
+        return None
+    meter = make()
+    meter.started(prompt_tokens)
+    return meter
+
+
 class _BeamSearcher(BeamSearchOnlineMixin):
     def __init__(self, llm: AsyncLLM) -> None:
         self.engine_client = llm
@@ -206,31 +216,59 @@ class Engine:
         """The steps of one sequence (options.n must be 1), as the engine produces them."""
         request_id = f"gw-{next(self._ids)}"
         outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
+        meter = _meter(len(token_ids))
         first = True
+        outcome = "cancelled"
         try:
             async with aclosing(outputs):
                 async for output in outputs:
-                    yield self._step(output, output.outputs[0], first)
+                    step = self._step(output, output.outputs[0], first)
                     first = False
+                    if meter is not None:
+                        meter.step(len(step.token_ids), step.cached_tokens)
+                    if step.finished:
+                        outcome = "ok"
+                    yield step
         except (asyncio.CancelledError, GeneratorExit):
             # vLLM aborts on close too, except when cancelled inside its add_request, before
             # it holds the request's queue: abort by id as well (a second abort is a no-op).
             await self._llm.abort(request_id)
             raise
+        except GenerationError as e:
+            outcome = e.kind.value
+            raise
+        except Exception:
+            outcome = ErrorKind.ENGINE_ERROR.value
+            raise
+        finally:
+            if meter is not None:
+                meter.ended(outcome)
 
     async def complete(self, token_ids: list[int], options: SamplingOptions) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
         params = sampling_params(options, RequestOutputKind.FINAL_ONLY)
         outputs = self._llm.generate(tokens_input(token_ids), params, request_id)
+        meter = _meter(len(token_ids))
+        outcome = "cancelled"
         try:
             async with aclosing(outputs):
                 async for output in outputs:
                     if output.finished:
-                        return [self._step(output, c, True) for c in output.outputs]
+                        steps = [self._step(output, c, True) for c in output.outputs]
+                        if meter is not None:
+                            meter.step(sum(len(s.token_ids) for s in steps), steps[0].cached_tokens)
+                        outcome = "ok"
+                        return steps
         except (asyncio.CancelledError, GeneratorExit):
             await self._llm.abort(request_id)
             raise
+        except GenerationError as e:
+            outcome = e.kind.value
+            raise
+        finally:
+            if meter is not None:
+                meter.ended(outcome)
         raise _engine_failure("no output")
 
     async def beam_search(

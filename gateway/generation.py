@@ -18,6 +18,7 @@ from gateway.admission import Admission
 from gateway.continuation import ContinuationStore, History, Key
 from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
+from gateway.metrics import STREAM_METER, GatewayMetrics
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import (
     Delta,
@@ -45,8 +46,10 @@ class _Payload:
         known: dict[str, History] | None,
         options: SamplingOptions,
         stream: bool,
+        protocol: str,
     ) -> None:
         self.key = key
+        self.protocol = protocol
         self.known = known or {}
         self.histories = dict(self.known)
         self.options = options
@@ -56,18 +59,32 @@ class _Payload:
 
 class GenerationService:
     def __init__(
-        self, holder: EngineHolder, admission: Admission, store: ContinuationStore
+        self,
+        holder: EngineHolder,
+        admission: Admission,
+        store: ContinuationStore,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.holder = holder
         self.admission = admission
         self.store = store
+        self.metrics = metrics or GatewayMetrics()
+        self.metrics.watch_admission(lambda: admission.waiting, lambda: admission.running)
         self._in_flight: set[str] = set()
 
     @asynccontextmanager
-    async def engine_slot(self) -> AsyncIterator[Engine]:
-        """An admission slot, then the ready engine: every generation goes through this."""
+    async def engine_slot(self, protocol: str = "other") -> AsyncIterator[Engine]:
+        """An admission slot, then the ready engine: every generation goes through this.
+
+        Engine requests made inside are counted in the metrics under `protocol`.
+        """
         async with self.admission.slot():
-            yield await self.holder.wait()
+            engine = await self.holder.wait()
+            token = STREAM_METER.set(self.metrics.meter(protocol))
+            try:
+                yield engine
+            finally:
+                STREAM_METER.reset(token)
 
     async def run(
         self,
@@ -75,11 +92,17 @@ class GenerationService:
         options: SamplingOptions,
         *,
         stream: bool,
+        protocol: str,
         continuation: bool = True,
     ) -> AsyncGenerator[list[Event], None]:
         """`continuation=False`: the prompts start afresh and leave no history behind."""
         key = tuple(item.request_id for item in items) if continuation else None
-        payload = _Payload(key, self.store.get(key) if key else None, options, stream)
+        known = self.store.get(key) if key else None
+        if key is not None:
+            hits = sum(item.request_id in (known or {}) for item in items)
+            self.metrics.continuation.labels("hit").inc(hits)
+            self.metrics.continuation.labels("miss").inc(len(items) - hits)
+        payload = _Payload(key, known, options, stream, protocol)
         tasks: list[asyncio.Task[None]] = []
         for index, item in enumerate(items):
             if item.request_id in self._in_flight:
@@ -111,7 +134,7 @@ class GenerationService:
 
     async def _attempt(self, payload: _Payload, index: int, item: PromptItem) -> Finished | Failed:
         try:
-            async with self.engine_slot() as engine:
+            async with self.engine_slot(payload.protocol) as engine:
                 history = payload.known.get(item.request_id)
                 if history is None:
                     history = History(prompt_tokens(engine, item.prompt), item.prompt)

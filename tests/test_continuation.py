@@ -75,7 +75,9 @@ def test_continuing_is_served_from_the_engines_prefix_cache(server: RunningServe
     service = server.gateway.service
 
     async def run(request_id: str, text: str) -> Finished:
-        async for step in service.run([PromptItem(request_id, text)], options, stream=False):
+        async for step in service.run(
+            [PromptItem(request_id, text)], options, stream=False, protocol="test"
+        ):
             for event in step:
                 if isinstance(event, Finished):
                     return event

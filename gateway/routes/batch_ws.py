@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 
 async def batch_events(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
-    await serve_payloads(websocket, lambda raw, outbox: _serve_payload(raw, gateway, outbox))
+    connections = gateway.service.metrics.connections.labels("ws")
+    await serve_payloads(
+        websocket, lambda raw, outbox: _serve_payload(raw, gateway, outbox), connections
+    )
 
 
 async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
@@ -46,7 +49,7 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
     if not batch.items:
         return
     unfinished = {item.request_id for item in batch.items}
-    steps = gateway.service.run(batch.items, batch.options, stream=batch.stream)
+    steps = gateway.service.run(batch.items, batch.options, stream=batch.stream, protocol="ws")
     try:
         async with aclosing(steps):
             async for step in steps:

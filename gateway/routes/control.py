@@ -55,6 +55,8 @@ async def control_ws(websocket: WebSocket) -> None:
     session = ControlSession(gateway, lambda message: outbox.put_nowait(encode(message)))
     writer = asyncio.create_task(write_frames(websocket, outbox))
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
+    connections = gateway.service.metrics.connections.labels("control")
+    connections.inc()
     try:
         while True:
             message = await websocket.receive()
@@ -73,6 +75,7 @@ async def control_ws(websocket: WebSocket) -> None:
                 break
             await session.handle(decoded)
     finally:
+        connections.dec()
         await session.close()
         ticker.cancel()
         with suppress(Exception):
@@ -137,7 +140,7 @@ async def rest_generate(request: Request) -> Response:
     except GenerationError as e:
         return _error_response(error_message(e), e.kind)
     messages: asyncio.Queue[ServerMessage] = asyncio.Queue()
-    session = ControlSession(gateway, messages.put_nowait)
+    session = ControlSession(gateway, messages.put_nowait, protocol="v1_generate")
     await session.handle(config)
     if config.options.stream:
         return _SessionStream(messages, session)

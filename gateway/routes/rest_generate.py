@@ -97,7 +97,9 @@ async def generate_one(request: Request) -> Response:
         one = decode_one(await request.body(), gateway.settings.generation)
     except GenerationError as e:
         return error_response(e)
-    steps = gateway.service.run([one.item], one.options, stream=one.stream)
+    steps = gateway.service.run(
+        [one.item], one.options, stream=one.stream, protocol="api_generate_one"
+    )
     if not one.stream:
         outcomes = await until_disconnect(request, _outcomes(steps))
         if outcomes is None:
@@ -139,7 +141,9 @@ async def generate_batch(request: Request) -> Response:
         return error_response(e)
     if not batch.items:
         return error_response(batch.rejected[0].error)
-    steps = gateway.service.run(batch.items, batch.options, stream=False)
+    steps = gateway.service.run(
+        batch.items, batch.options, stream=False, protocol="api_generate_batch"
+    )
     outcomes = await until_disconnect(request, _outcomes(steps))
     if outcomes is None:
         return CLIENT_GONE

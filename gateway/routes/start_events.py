@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 
 async def start_events(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
-    await serve_payloads(websocket, lambda raw, outbox: _serve_frame(raw, gateway, outbox))
+    connections = gateway.service.metrics.connections.labels("ws_events")
+    await serve_payloads(
+        websocket, lambda raw, outbox: _serve_frame(raw, gateway, outbox), connections
+    )
 
 
 async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
@@ -45,7 +48,9 @@ async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> No
 async def _run(accepted: Accepted, gateway: Gateway, outbox: Outbox) -> None:
     event_id = accepted.start.id
     item = PromptItem(f"events:{event_id}", accepted.start.data)
-    steps = gateway.service.run([item], accepted.options, stream=True, continuation=False)
+    steps = gateway.service.run(
+        [item], accepted.options, stream=True, protocol="ws_events", continuation=False
+    )
     try:
         async with aclosing(steps):
             async for step in steps:

@@ -12,14 +12,17 @@ from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import Any
 
+from prometheus_client import Gauge
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 Outbox = asyncio.Queue[bytes]
 Handler = Callable[[bytes | str, Outbox], Coroutine[Any, Any, None]]
 
 
-async def serve_payloads(websocket: WebSocket, handle: Handler) -> None:
+async def serve_payloads(websocket: WebSocket, handle: Handler, connections: Gauge) -> None:
+    """Serve one connection; `connections` counts it while it is open."""
     await websocket.accept()
+    connections.inc()
     outbox: Outbox = asyncio.Queue()
     writer = asyncio.create_task(write_frames(websocket, outbox))
     payloads: set[asyncio.Task[None]] = set()
@@ -33,6 +36,7 @@ async def serve_payloads(websocket: WebSocket, handle: Handler) -> None:
             payloads.add(task)
             task.add_done_callback(payloads.discard)
     finally:
+        connections.dec()
         for task in (*payloads, writer):
             task.cancel()
         await asyncio.gather(*payloads, writer, return_exceptions=True)

@@ -1,0 +1,130 @@
+"""Prometheus metrics, one registry per app, served at GET /metrics.
+
+Engine requests report through `STREAM_METER`, a context variable that
+`GenerationService.engine_slot(protocol)` sets: whatever streams inside the slot is counted
+under that protocol, without each protocol wiring it up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+
+
+class StreamMeter:
+    """Times one engine request: first output, each next output, and the end."""
+
+    __slots__ = ("_first", "_itl", "_last", "_metrics", "_protocol", "_start", "_tokens")
+
+    def __init__(self, metrics: GatewayMetrics, protocol: str) -> None:
+        self._metrics = metrics
+        self._protocol = protocol
+        self._start = time.perf_counter()
+        self._last = self._start
+        self._first = True
+        self._tokens = 0
+        self._itl = metrics.inter_token.labels(protocol)
+        metrics.active_streams.inc()
+
+    def started(self, prompt_tokens: int) -> None:
+        self._metrics.prompt_tokens.labels(self._protocol).inc(prompt_tokens)
+
+    def step(self, new_tokens: int, cached_tokens: int) -> None:
+        now = time.perf_counter()
+        if self._first:
+            self._first = False
+            self._metrics.ttft.labels(self._protocol).observe(now - self._start)
+            self._metrics.cached_prompt_tokens.labels(self._protocol).inc(cached_tokens)
+        else:
+            self._itl.observe(now - self._last)
+        self._last = now
+        self._tokens += new_tokens
+
+    def ended(self, outcome: str) -> None:
+        metrics = self._metrics
+        metrics.active_streams.dec()
+        metrics.requests.labels(self._protocol, outcome).inc()
+        metrics.e2e.labels(self._protocol).observe(time.perf_counter() - self._start)
+        metrics.generated_tokens.labels(self._protocol).inc(self._tokens)
+
+
+STREAM_METER: ContextVar[Callable[[], StreamMeter] | None] = ContextVar(
+    "stream_meter", default=None
+)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Engine requests by protocol and outcome (ok, cancelled: the "
+            "client stopped listening, or an error kind)",
+            ["protocol", "outcome"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time to first token",
+            ["protocol"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "gateway_inter_token_seconds",
+            "Time between outputs",
+            ["protocol"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "gateway_request_seconds",
+            "End-to-end engine request time",
+            ["protocol"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens sent to the engine", ["protocol"], registry=r
+        )
+        self.cached_prompt_tokens = Counter(
+            "gateway_prompt_tokens_cached",
+            "Prompt tokens served from the prefix cache",
+            ["protocol"],
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "gateway_generated_tokens", "Tokens generated", ["protocol"], registry=r
+        )
+        self.active_streams = Gauge(
+            "gateway_active_streams", "Engine requests in progress", registry=r
+        )
+        self.connections = Gauge(
+            "gateway_websocket_connections", "Open WebSocket connections", ["protocol"], registry=r
+        )
+        self.continuation = Counter(
+            "gateway_continuation",
+            "Prompts whose request_id key was known (hit) or not (miss)",
+            ["result"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth", "Requests waiting for admission", registry=r
+        )
+        self.running = Gauge(
+            "gateway_running_requests", "Requests admitted to the engine", registry=r
+        )
+
+    def meter(self, protocol: str) -> Callable[[], StreamMeter]:
+        return lambda: StreamMeter(self, protocol)
+
+    def watch_admission(self, waiting: Callable[[], float], running: Callable[[], float]) -> None:
+        self.queue_depth.set_function(waiting)
+        self.running.set_function(running)

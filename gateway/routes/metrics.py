@@ -1,0 +1,18 @@
+"""GET `/metrics`: Prometheus text exposition of the app's own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.app import gateway_of
+
+
+async def metrics(request: Request) -> Response:
+    registry = gateway_of(request).service.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+routes = [Route("/metrics", metrics, methods=["GET"])]
