@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -212,7 +212,7 @@ class Engine:
 
     async def stream(
         self, token_ids: list[int], options: SamplingOptions
-    ) -> AsyncIterator[EngineStep]:
+    ) -> AsyncGenerator[EngineStep, None]:
         """The steps of one sequence (options.n must be 1), as the engine produces them."""
         request_id = f"gw-{next(self._ids)}"
         outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)

@@ -80,11 +80,14 @@ class GenerationService:
         """
         async with self.admission.slot():
             engine = await self.holder.wait()
-            token = STREAM_METER.set(self.metrics.meter(protocol))
+            previous = STREAM_METER.get()
+            STREAM_METER.set(self.metrics.meter(protocol))
             try:
                 yield engine
             finally:
-                STREAM_METER.reset(token)
+                # set, not reset: a generator holding the slot may be closed from another
+                # task's context, where the original token is not valid
+                STREAM_METER.set(previous)
 
     async def run(
         self,
@@ -204,7 +207,8 @@ async def _generate(
 def prompt_tokens(engine: Engine, prompt: str) -> list[int]:
     if not prompt:
         raise invalid(
-            "`prompt` must not be empty when its request_id has no history to continue", "prompt"
+            "The prompt must not be empty (a known request_id may continue with an empty prompt)",
+            "prompt",
         )
     return engine.encode(prompt)
 

@@ -2,11 +2,28 @@
 
 from starlette.routing import BaseRoute
 
-from gateway.routes import batch_ws, control, health, rest_generate
+from gateway.routes import (
+    batch_ws,
+    control,
+    health,
+    lmi,
+    metrics,
+    rest_generate,
+    sagemaker,
+    start_events,
+    tgi,
+    ui,
+)
 
 ROUTES: list[BaseRoute] = [
     *health.routes,
+    *metrics.routes,
     *batch_ws.routes,
     *rest_generate.routes,
     *control.routes,
+    *start_events.routes,
+    *lmi.routes,
+    *sagemaker.routes,
+    *tgi.routes,
+    *ui.routes,
 ]

@@ -1,0 +1,100 @@
+"""The SageMaker runtime paths that boto3's `sagemaker-runtime` client calls.
+
+POST `/endpoints/{name}/invocations` (InvokeEndpoint) and
+`/endpoints/{name}/invocations-response-stream` (InvokeEndpointWithResponseStream) serve the
+LMI handler, as SageMaker fronts an LMI container: an error answer becomes a 424 `ModelError`
+carrying the handler's status and body; a stream becomes event-stream PayloadPart frames, and a
+generation that fails mid-stream ends with a ModelStreamError frame. The request's custom
+attributes come back in the response. The endpoint name is not checked: one model is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.routes.lmi import (
+    CLIENT_GONE,
+    JSON,
+    Chunk,
+    ClosingStream,
+    Streamed,
+    Whole,
+    answer,
+    to_response,
+)
+from gateway.routes.rest_generate import until_disconnect
+from protocols.eventstream import MEDIA_TYPE, model_error, model_stream_error, payload_part
+
+PROTOCOL = "sagemaker"
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+VARIANT = {"X-Amzn-Invoked-Production-Variant": "AllTraffic"}
+
+
+def _headers(request: Request) -> dict[str, str]:
+    headers = dict(VARIANT)
+    attributes = request.headers.get(CUSTOM_ATTRIBUTES)
+    if attributes is not None:
+        headers[CUSTOM_ATTRIBUTES] = attributes
+    return headers
+
+
+def _model_error(whole: Whole) -> Response:
+    if whole is CLIENT_GONE:
+        return to_response(whole)
+    body = model_error(whole.status, whole.body)
+    return Response(body, 424, {"X-Amzn-ErrorType": "ModelError"}, JSON)
+
+
+async def _collect(chunks: AsyncIterator[Chunk]) -> bytes:
+    return b"".join([chunk.data async for chunk in chunks])
+
+
+async def invoke_endpoint(request: Request) -> Response:
+    accept = request.headers.get("accept")
+    prepared = await answer(request, await request.body(), accept, PROTOCOL)
+    if isinstance(prepared, Streamed):  # a whole answer was asked for: read the stream out
+        try:
+            body = await until_disconnect(request, _collect(prepared.chunks))
+        finally:
+            await prepared.close()
+        if body is None:
+            return to_response(CLIENT_GONE)
+        prepared = Whole(200, body, prepared.media_type)
+    if prepared.status >= 400:
+        return _model_error(prepared)
+    return to_response(prepared, _headers(request))
+
+
+async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        if chunk.failure is not None:
+            yield model_stream_error(chunk.failure)
+            return
+        yield payload_part(chunk.data)
+
+
+async def invoke_endpoint_with_response_stream(request: Request) -> Response:
+    accept = request.headers.get("x-amzn-sagemaker-accept")
+    prepared = await answer(request, await request.body(), accept, PROTOCOL)
+    headers = _headers(request)
+    if isinstance(prepared, Whole):
+        if prepared.status >= 400:
+            return _model_error(prepared)
+        headers["X-Amzn-SageMaker-Content-Type"] = prepared.media_type
+        return Response(payload_part(prepared.body), 200, headers, MEDIA_TYPE)
+    headers["X-Amzn-SageMaker-Content-Type"] = prepared.media_type
+    return ClosingStream(_frames(prepared.chunks), MEDIA_TYPE, prepared.close, headers)
+
+
+routes = [
+    Route("/endpoints/{name}/invocations", invoke_endpoint, methods=["POST"]),
+    Route(
+        "/endpoints/{name}/invocations-response-stream",
+        invoke_endpoint_with_response_stream,
+        methods=["POST"],
+    ),
+]

@@ -1,0 +1,154 @@
+"""TGI's native routes: POST `/`, `/generate`, `/generate_stream` and GET `/info`.
+
+GET `/health` is served by routes/health.py (200 once ready, 503 before), which is all
+`InferenceClient.health_check()` reads. As in TGI, a streamed request answers 200 whatever
+happens: a failure, validation included, is a `data:` event carrying `{error, error_type}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from importlib import metadata
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.app import gateway_of
+from gateway.lmi_generation import generate, stream
+from gateway.routes.lmi import CLIENT_GONE, JSON, ClosingStream, to_response
+from gateway.routes.rest_generate import until_disconnect
+from protocols.errors import GenerationError
+from protocols.lmi import Piece
+from protocols.tgi import (
+    Info,
+    TgiEncoder,
+    decode_tgi,
+    encode_info,
+    error_body,
+    error_event,
+)
+
+PROTOCOL = "tgi"
+SSE = "text/event-stream"
+SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _asks_stream(raw: bytes) -> bool:
+    """Whether a payload that failed validation had asked for a stream (POST `/`)."""
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(doc, dict) and doc.get("stream") is True
+
+
+def _sse_error(error: GenerationError) -> Response:
+    return Response(error_event(error), 200, SSE_HEADERS, SSE)
+
+
+async def _serve(
+    request: Request, *, stream_flag: bool | None, listed: bool, full_text_default: bool
+) -> Response:
+    gateway = gateway_of(request)
+    raw = await request.body()
+    try:
+        call = decode_tgi(
+            raw,
+            stream=stream_flag,
+            full_text_default=full_text_default,
+            max_new_tokens=gateway.settings.lmi_max_new_tokens,
+        )
+    except GenerationError as e:
+        if stream_flag or (stream_flag is None and _asks_stream(raw)):
+            return _sse_error(e)
+        status, body = error_body(e)
+        return Response(body, status, media_type=JSON)
+    encoder, service = TgiEncoder(call), gateway.service
+    if not call.stream:
+        try:
+            done = await until_disconnect(
+                request, generate(service, call.inputs, call.plan, PROTOCOL)
+            )
+        except GenerationError as e:
+            status, body = error_body(e)
+            return Response(body, status, media_type=JSON)
+        if done is None:
+            return to_response(CLIENT_GONE)
+        return Response(encoder.document(done, listed=listed), media_type=JSON)
+    pieces = stream(service, call.inputs, call.plan, PROTOCOL)
+    try:
+        first = await until_disconnect(request, anext(pieces))
+    except GenerationError as e:
+        await pieces.aclose()
+        return _sse_error(e)
+    if first is None:
+        await pieces.aclose()
+        return to_response(CLIENT_GONE)
+    events = _events(first, pieces, encoder)
+
+    async def close() -> None:
+        await events.aclose()
+        await pieces.aclose()
+
+    return ClosingStream(events, SSE, close, SSE_HEADERS)
+
+
+async def _events(
+    first: Piece, pieces: AsyncIterator[Piece], encoder: TgiEncoder
+) -> AsyncGenerator[bytes, None]:
+    piece = first
+    try:
+        while True:
+            yield encoder.events(piece)
+            if piece.final is not None:
+                return
+            piece = await anext(pieces)
+    except GenerationError as e:
+        yield error_event(e)
+
+
+async def compat_generate(request: Request) -> Response:
+    """POST `/`: `stream` in the payload picks the form; the JSON answer is a one-item list."""
+    return await _serve(request, stream_flag=None, listed=True, full_text_default=True)
+
+
+async def generate_route(request: Request) -> Response:
+    return await _serve(request, stream_flag=False, listed=False, full_text_default=False)
+
+
+async def generate_stream(request: Request) -> Response:
+    return await _serve(request, stream_flag=True, listed=False, full_text_default=False)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("llm-gateway")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+async def info(request: Request) -> Response:
+    gateway = gateway_of(request)
+    settings, engine = gateway.settings, gateway.holder.engine
+    model_id = settings.engine.served_model_name or settings.engine.model or DEFAULT_MODEL_ID
+    total = engine.max_model_len if engine is not None else settings.engine.max_model_len
+    body = Info(
+        model_id=model_id,
+        max_concurrent_requests=settings.max_running_requests + settings.max_waiting_requests,
+        max_input_tokens=total - 1,
+        max_input_length=total - 1,
+        max_total_tokens=total,
+        version=_version(),
+    )
+    return Response(encode_info(body), media_type=JSON)
+
+
+routes = [
+    Route("/", compat_generate, methods=["POST"]),
+    Route("/generate", generate_route, methods=["POST"]),
+    Route("/generate_stream", generate_stream, methods=["POST"]),
+    Route("/info", info, methods=["GET"]),
+]

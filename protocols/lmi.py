@@ -1,0 +1,484 @@
+"""LMI `/invocations` (lmi-invocations.md): request decoding and answer encoding, no I/O.
+
+A request becomes a `GenerationPlan` (what to ask the engine, shared with the TGI routes) and
+an output form; the engine's work comes back as `Piece`s (streamed) or one `Generation`, which
+`LmiEncoder` turns into the spec's JSON documents, jsonlines or server-sent events.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from protocols.batch_payload import decode_json_object
+from protocols.errors import GenerationError, invalid, validation_error
+from protocols.generation import (
+    Count,
+    LogprobCount,
+    MaxNewTokens,
+    MinP,
+    NumBeams,
+    Penalty,
+    RepetitionPenalty,
+    SamplingOptions,
+    Temperature,
+    TokenInfo,
+    TopK,
+    TopP,
+    TopToken,
+)
+from protocols.sse import sse_event
+
+Output = Literal["json", "jsonlines", "sse"]
+NonEmpty = Annotated[str, Meta(min_length=1)]
+Positive = Annotated[int, Meta(ge=1)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # what the engine can carry
+MEDIA_TYPES: dict[Output, str] = {
+    "json": "application/json",
+    "jsonlines": "application/jsonlines",
+    "sse": "text/event-stream",
+}
+
+
+# --- The neutral plan and results, shared with protocols/tgi.py ------------------------------
+
+
+class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What to ask the engine for one prompt: `sequences` generated, the best `returned` kept."""
+
+    options: SamplingOptions
+    sequences: int = 1
+    returned: int = 1
+    beam: bool = False
+    truncate: int | None = None  # keep only the last `truncate` prompt tokens
+    top_n: int = 0  # best alternatives reported per generated token
+    prefill: bool = False  # report the prompt's tokens with their log-probabilities
+    rank_by_mean: bool = False  # rank sequences by mean (TGI) rather than total log-probability
+
+
+class Generated(msgspec.Struct):
+    """One finished sequence; `finish_reason` is length, eos_token or stop_sequence."""
+
+    text: str
+    generated_tokens: int
+    finish_reason: str
+    tokens: list[TokenInfo] | None = None
+
+
+class Generation(msgspec.Struct):
+    """A finished prompt: its sequences, best first; `special` holds the special token ids."""
+
+    sequences: list[Generated]
+    input_length: int
+    special: frozenset[int]
+    prefill: list[TokenInfo] | None = None
+
+
+class Piece(msgspec.Struct):
+    """What one engine step added to a streamed prompt; the prompt's last piece has `final`."""
+
+    text: str
+    tokens: list[TokenInfo]
+    special: frozenset[int]
+    final: Generation | None = None
+
+
+def named(error: GenerationError) -> str:
+    """The error's message, naming its field when the message does not already."""
+    if error.field and " - at `" not in error.message:
+        return f"{error.message} - at `{error.field}`"
+    return error.message
+
+
+def top_tokens(token: TokenInfo, k: int) -> list[TopToken]:
+    """The `k` most likely tokens at this position, the chosen one included if among them."""
+    chosen = TopToken(token.token_id, token.text, token.logprob)
+    return sorted((chosen, *token.alternatives), key=lambda t: -t.logprob)[:k]
+
+
+# --- Request ------------------------------------------------------------------------------------
+
+
+class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The spec's common and vLLM parameters; null or absent means the spec's default."""
+
+    do_sample: bool | None = None
+    seed: Seed | None = None
+    temperature: Temperature | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    max_new_tokens: MaxNewTokens | None = None
+    details: bool | None = None
+    return_full_text: bool | None = None
+    stop_sequences: list[NonEmpty] | None = None
+    decoder_input_details: bool | None = None
+    min_p: MinP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    n: Count | None = None
+    best_of: Count | None = None
+    num_beams: NumBeams | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    include_stop_str_in_output: bool | None = None
+    ignore_eos_token: bool | None = None
+    logprobs: LogprobCount | None = None
+    prompt_logprobs: LogprobCount | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    typical_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    truncate: Positive | None = None
+
+
+class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    inputs: NonEmpty | Annotated[list[NonEmpty], Meta(min_length=1)]
+    parameters: LmiParameters | None = None
+    stream: bool | None = None
+
+
+class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
+    inputs: list[str]
+    dynamic: bool  # `inputs` was a list: the dynamic batch schema
+    output: Output
+    plan: GenerationPlan
+    details: bool
+    return_full_text: bool
+    tgi_compat: bool
+
+
+class InvalidPayload(Exception):
+    """A payload the spec answers with 424; `dynamic` picks the dynamic batch error body."""
+
+    def __init__(self, error: GenerationError, dynamic: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.dynamic = dynamic
+
+
+# Parameters vLLM's beam search cannot apply, with the values that ask nothing of it.
+_BEAM_NO_OPS: dict[str, tuple[object, ...]] = {
+    "repetition_penalty": (None, 1.0),
+    "presence_penalty": (None, 0.0),
+    "frequency_penalty": (None, 0.0),
+    "stop_sequences": (None, []),
+    "stop_token_ids": (None, []),
+    "logprobs": (None,),
+    "prompt_logprobs": (None,),
+    "decoder_input_details": (None, False),
+    "spaces_between_special_tokens": (None, True),
+}
+_SAMPLING_NO_OPS: dict[str, tuple[object, ...]] = {
+    "seed": (None,),
+    "top_k": (None, 0, -1),
+    "top_p": (None, 1.0),
+    "min_p": (None, 0.0),
+}
+
+
+_FORMATTERS: dict[str, Output] = {"json": "json", "jsonlines": "jsonlines", "sse": "sse"}
+
+
+def output_form(stream: bool | None, formatter: str, tgi_compat: bool) -> Output:
+    """As DJL: a set formatter wins; `stream` alone means jsonlines (SSE in TGI mode)."""
+    explicit = _FORMATTERS.get(formatter)
+    if explicit is not None:
+        return explicit
+    if stream:
+        return "sse" if tgi_compat else "jsonlines"
+    return "json"
+
+
+def decode_lmi(
+    raw: bytes | str, *, formatter: str, tgi_compat: bool, max_new_tokens: int
+) -> LmiRequest:
+    """Decode and check a payload; raises InvalidPayload naming the JSON path at fault."""
+    try:
+        doc = decode_json_object(raw)
+    except GenerationError as e:
+        raise InvalidPayload(e, dynamic=False) from e
+    dynamic = isinstance(doc.get("inputs"), list)
+    try:
+        payload = msgspec.convert(doc, _Payload)
+        p = payload.parameters or LmiParameters()
+        output = output_form(payload.stream, formatter, tgi_compat)
+        streaming = output != "json"
+        details = p.details if p.details is not None else tgi_compat
+        if dynamic and streaming and p.details:
+            raise _refuse("details", "details are not available when streaming a dynamic batch")
+        plan = lmi_plan(p, streaming=streaming, details=details, max_new_tokens=max_new_tokens)
+    except msgspec.ValidationError as e:
+        raise InvalidPayload(validation_error(e), dynamic) from e
+    except GenerationError as e:
+        raise InvalidPayload(e, dynamic) from e
+    inputs = payload.inputs if isinstance(payload.inputs, list) else [payload.inputs]
+    return LmiRequest(
+        inputs=inputs,
+        dynamic=dynamic,
+        output=output,
+        plan=plan,
+        details=details,
+        return_full_text=bool(p.return_full_text),
+        tgi_compat=tgi_compat,
+    )
+
+
+def _refuse(name: str, reason: str) -> GenerationError:
+    return invalid(f"{reason} - at `$.parameters.{name}`", f"$.parameters.{name}")
+
+
+def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:
+    n, beams = p.n or 1, p.num_beams or 1
+    best_of = p.best_of or n
+    sampling = bool(p.do_sample) and p.temperature != 0
+    if p.typical_p not in (None, 1.0):
+        raise _refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
+    if p.early_stopping:
+        raise _refuse("early_stopping", "vLLM's beam search has no early_stopping option")
+    for name, count in (("n", n), ("best_of", best_of), ("num_beams", beams)):
+        if count > 1 and streaming:
+            raise _refuse(name, f"{name} > 1 only works without streaming")
+    if best_of < n:
+        raise _refuse("best_of", f"best_of ({best_of}) must be at least n ({n})")
+    if best_of > 1 and beams == 1 and not sampling:
+        name = "n" if n > 1 else "best_of"
+        raise _refuse(name, f"{name} > 1 needs sampling: set do_sample true (temperature > 0)")
+    if beams > 1:
+        if (p.best_of or 1) > 1:
+            raise _refuse("best_of", "best_of cannot be combined with num_beams > 1")
+        if n > beams:
+            raise _refuse("n", f"n ({n}) cannot exceed num_beams ({beams})")
+        checked = {**_BEAM_NO_OPS, **(_SAMPLING_NO_OPS if p.do_sample else {})}
+        for name, no_ops in checked.items():
+            if getattr(p, name) not in no_ops:
+                raise _refuse(name, f"{name} cannot be used with beam search (num_beams > 1)")
+
+
+def lmi_plan(
+    p: LmiParameters, *, streaming: bool, details: bool, max_new_tokens: int
+) -> GenerationPlan:
+    _check_combinations(p, streaming=streaming)
+    n, beams = p.n or 1, p.num_beams or 1
+    best_of = p.best_of or n
+    top_n = p.logprobs or 0
+    # Token log-probabilities are shown in details and stream lines, and rank n / best_of.
+    want_tokens = details or streaming or best_of > 1 or p.logprobs is not None
+    prefill = bool(p.decoder_input_details) or p.prompt_logprobs is not None
+    options = SamplingOptions(
+        max_new_tokens=p.max_new_tokens or max_new_tokens,
+        do_sample=bool(p.do_sample),
+        temperature=1.0 if p.temperature is None else p.temperature,
+        top_p=1.0 if p.top_p is None else p.top_p,
+        top_k=0 if p.top_k is None else p.top_k,
+        repetition_penalty=p.repetition_penalty or 1.0,
+        num_beams=beams,
+        length_penalty=1.0 if p.length_penalty is None else p.length_penalty,
+        seed=p.seed,
+        stop=tuple(p.stop_sequences or ()),
+        ignore_eos=bool(p.ignore_eos_token),
+        min_p=p.min_p or 0.0,
+        presence_penalty=p.presence_penalty or 0.0,
+        frequency_penalty=p.frequency_penalty or 0.0,
+        stop_token_ids=tuple(p.stop_token_ids or ()),
+        include_stop_str_in_output=bool(p.include_stop_str_in_output),
+        logprobs=top_n if want_tokens and beams == 1 else None,
+        prompt_logprobs=(p.prompt_logprobs or 0) if prefill else None,
+        skip_special_tokens=p.skip_special_tokens is not False,
+        spaces_between_special_tokens=p.spaces_between_special_tokens is not False,
+    )
+    if beams > 1:
+        returned = n if n > 1 else beams
+        return GenerationPlan(
+            options=options, sequences=beams, returned=returned, beam=True, truncate=p.truncate
+        )
+    return GenerationPlan(
+        options=options,
+        sequences=best_of,
+        returned=n if n > 1 else best_of,  # n > 1: the best n; else every best_of sequence
+        truncate=p.truncate,
+        top_n=top_n,
+        prefill=prefill,
+    )
+
+
+# --- Answers ------------------------------------------------------------------------------------
+
+
+class LmiToken(msgspec.Struct, omit_defaults=True):
+    id: int
+    text: str
+    log_prob: float | None  # NaN (no value) is written as null
+    special_token: bool = False
+    top_tokens: list[LmiToken] | UnsetType = UNSET
+    error_msg: str | UnsetType = UNSET
+
+
+class CompatToken(msgspec.Struct, omit_defaults=True):
+    """A token under OPTION_TGI_COMPAT: TGI's field names."""
+
+    id: int
+    text: str
+    logprob: float | None
+    special: bool
+    top_tokens: list[CompatToken] | UnsetType = UNSET
+
+
+Token = LmiToken | CompatToken
+
+
+class BestOfSequence(msgspec.Struct, omit_defaults=True):
+    finish_reason: str
+    generated_tokens: int
+    tokens: list[Any]
+    generated_text: str
+    prefill: list[Any] | UnsetType = UNSET
+
+
+class Details(msgspec.Struct, omit_defaults=True):
+    finish_reason: str
+    generated_tokens: int | None
+    inputs: str | None
+    tokens: list[Any] | UnsetType | None = UNSET
+    prefill: list[Any] | UnsetType = UNSET
+    best_of_sequences: list[BestOfSequence] | UnsetType = UNSET
+    error_msg: str | UnsetType = UNSET
+
+
+class Answer(msgspec.Struct, omit_defaults=True):
+    generated_text: str
+    details: Details | UnsetType = UNSET
+
+
+class Line(msgspec.Struct, omit_defaults=True):
+    token: Any = UNSET
+    generated_text: str | UnsetType = UNSET
+    details: Details | UnsetType = UNSET
+    # Under OPTION_TGI_COMPAT a failed stream also says so the way TGI clients read it.
+    error: str | UnsetType = UNSET
+    error_type: str | UnsetType = UNSET
+
+
+class Outputs(msgspec.Struct):
+    outputs: list[str]
+
+
+class PayloadError(msgspec.Struct):
+    error: str
+    code: int
+
+
+class HandlerFailure(msgspec.Struct):
+    code: int
+    message: str
+    error: str
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def payload_error(message: str, code: int, *, dynamic: bool) -> bytes:
+    """The spec's error bodies: {"error", "code"}, or the dynamic batch handler failure."""
+    if dynamic:
+        return _ENCODER.encode(HandlerFailure(code, "invoke handler failure", message))
+    return _ENCODER.encode(PayloadError(message, code))
+
+
+class LmiEncoder:
+    """Writes one request's answers in its output form (built once per request)."""
+
+    def __init__(self, request: LmiRequest) -> None:
+        self.request = request
+        self.media_type = MEDIA_TYPES[request.output]
+        self._compat = request.tgi_compat
+        self._top_n = request.plan.top_n
+
+    def frame(self, data: bytes) -> bytes:
+        return sse_event(data) if self.request.output == "sse" else data + b"\n"
+
+    def token(self, info: TokenInfo, special: frozenset[int], top_n: int = 0) -> Token:
+        special_token = info.token_id in special
+        top: list[Any] | UnsetType = UNSET
+        if top_n:
+            top = [
+                self.token(TokenInfo(t.token_id, t.text, t.logprob), special)
+                for t in top_tokens(info, top_n)
+            ]
+        if self._compat:
+            return CompatToken(info.token_id, info.text, info.logprob, special_token, top)
+        return LmiToken(info.token_id, info.text, info.logprob, special_token, top)
+
+    def _tokens(self, infos: list[TokenInfo] | None, special: frozenset[int]) -> list[Any]:
+        return [self.token(t, special, self._top_n) for t in infos or ()]
+
+    def answer(self, prompt: str, generation: Generation) -> Answer:
+        request, special = self.request, generation.special
+        head = prompt if request.return_full_text else ""
+        best, *others = generation.sequences
+        if not request.details:
+            return Answer(head + best.text)
+        prefill: list[Any] | UnsetType = UNSET
+        if generation.prefill is not None:
+            prefill = [self.token(t, special) for t in generation.prefill]
+        details = Details(
+            best.finish_reason,
+            best.generated_tokens,
+            prompt,
+            self._tokens(best.tokens, special),
+            prefill,
+        )
+        if others:
+            details.best_of_sequences = [
+                BestOfSequence(
+                    s.finish_reason,
+                    s.generated_tokens,
+                    self._tokens(s.tokens, special),
+                    head + s.text,
+                    prefill,
+                )
+                for s in others
+            ]
+        return Answer(head + best.text, details)
+
+    def document(self, answers: list[Answer]) -> bytes:
+        """A rolling batch answer (a one-element list in TGI mode) or a dynamic batch's list."""
+        if self.request.dynamic or self._compat:
+            return _ENCODER.encode(answers)
+        return _ENCODER.encode(answers[0])
+
+    def lines(self, prompt: str, piece: Piece) -> bytes:
+        """One line per token; the prompt's last line adds generated_text (and details)."""
+        tokens = [self.token(t, piece.special, self._top_n) for t in piece.tokens]
+        final = piece.final
+        lines = [Line(token) for token in tokens]
+        if final is not None:
+            if not lines:
+                lines.append(Line())
+            best = final.sequences[0]
+            last = lines[-1]
+            last.generated_text = (prompt if self.request.return_full_text else "") + best.text
+            if self.request.details:
+                last.details = Details(best.finish_reason, best.generated_tokens, prompt)
+                if final.prefill is not None:
+                    last.details.prefill = [self.token(t, final.special) for t in final.prefill]
+        return b"".join(self.frame(_ENCODER.encode(line)) for line in lines)
+
+    def outputs(self, texts: list[str]) -> bytes:
+        """A dynamic batch stream line: the new text of every prompt, in payload order."""
+        return self.frame(_ENCODER.encode(Outputs(texts)))
+
+    def failed_answer(self, message: str) -> bytes:
+        details = Details("error", None, None, None, error_msg=message)
+        return self.document([Answer("", details)])
+
+    def failed_line(self, message: str) -> bytes:
+        """The spec's last line of a stream whose generation failed."""
+        details = Details("error", None, None)
+        if self._compat:
+            token: Token = CompatToken(-1, "", -1.0, True)
+            line = Line(token, "", details, error=message, error_type="generation")
+        else:
+            line = Line(LmiToken(-1, "", -1.0, True, error_msg=message), "", details)
+        return self.frame(_ENCODER.encode(line))

@@ -1,0 +1,386 @@
+"""POST `/invocations` and `/predictions/{model}` (the LMI schema): real engine, httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from clients import CHAT
+from gateway.engine import Engine
+from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+
+PROMPT = CHAT.format("Name three colours.")
+SHORT = CHAT.format("What is 2+2? Answer with a number only.")  # greedy: "2 + 2 = 4", then EOS
+REPEATS = "Hello"
+LONG = {"max_new_tokens": 1500, "ignore_eos_token": True}
+
+
+def invoke(
+    server: RunningServer, body: dict[str, Any], timeout: float = 120, **kwargs: Any
+) -> httpx.Response:
+    return httpx.post(server.http + "/invocations", json=body, timeout=timeout, **kwargs)
+
+
+def lines(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in response.text.splitlines() if line]
+
+
+def events(response: httpx.Response) -> list[dict[str, Any]]:
+    chunks = [c for c in response.text.split("\n\n") if c]
+    assert all(c.startswith("data: ") and "\n" not in c for c in chunks), chunks
+    return [json.loads(c.removeprefix("data: ")) for c in chunks]
+
+
+def same_tokens(a: list[dict[str, Any]], b: list[dict[str, Any]], logprob: str) -> bool:
+    """Same ids and texts; log-probabilities equal up to float noise (prefix cache on or off)."""
+    return [(t["id"], t["text"]) for t in a] == [(t["id"], t["text"]) for t in b] and all(
+        math.isclose(x[logprob], y[logprob], abs_tol=1e-3) for x, y in zip(a, b, strict=True)
+    )
+
+
+def details_of(server: RunningServer, prompt: str, **params: Any) -> dict[str, Any]:
+    response = invoke(server, {"inputs": prompt, "parameters": {"details": True, **params}})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_rolling_batch_answers_generated_text_with_real_details(server: RunningServer) -> None:
+    plain = invoke(server, {"inputs": PROMPT, "parameters": {"max_new_tokens": 6}})
+    assert plain.status_code == 200 and plain.headers["content-type"] == "application/json"
+    assert list(plain.json()) == ["generated_text"] and plain.json()["generated_text"]
+    body = details_of(server, PROMPT, max_new_tokens=6, ignore_eos_token=True)
+    details = body["details"]
+    assert body["generated_text"] == plain.json()["generated_text"]  # greedy by default
+    assert (details["finish_reason"], details["generated_tokens"], details["inputs"]) == (
+        "length",
+        6,
+        PROMPT,
+    )
+    assert len(details["tokens"]) == 6
+    assert "".join(t["text"] for t in details["tokens"]) == body["generated_text"]
+    assert all(t["log_prob"] < 0 and isinstance(t["id"], int) for t in details["tokens"])
+    predictions = httpx.post(
+        server.http + "/predictions/any_model",
+        json={"inputs": PROMPT, "parameters": {"max_new_tokens": 6}},
+        timeout=60,
+    )
+    assert predictions.json() == plain.json()
+
+
+def test_finish_reasons_and_stop_parameters(server: RunningServer) -> None:
+    eos = details_of(server, SHORT, max_new_tokens=40)
+    assert eos["details"]["finish_reason"] == "eos_token"
+    assert eos["details"]["tokens"][-1]["special_token"] is True
+    ignored = details_of(server, SHORT, max_new_tokens=12, ignore_eos_token=True)
+    assert ignored["details"]["finish_reason"] == "length"
+    assert ignored["details"]["generated_tokens"] == 12
+    raw = details_of(
+        server, SHORT, max_new_tokens=12, ignore_eos_token=True, skip_special_tokens=False
+    )
+    assert "<|im_end|>" in raw["generated_text"]
+    stopped = details_of(server, SHORT, max_new_tokens=40, stop_sequences=[" = "])
+    assert stopped["details"]["finish_reason"] == "stop_sequence"
+    assert stopped["generated_text"] == "2 + 2"
+    kept = details_of(
+        server, SHORT, max_new_tokens=40, stop_sequences=[" = "], include_stop_str_in_output=True
+    )
+    assert kept["generated_text"] == "2 + 2 = "
+    third = eos["details"]["tokens"][2]["id"]
+    by_id = details_of(server, SHORT, max_new_tokens=40, stop_token_ids=[third])
+    assert by_id["details"]["finish_reason"] == "stop_sequence"
+    assert by_id["details"]["generated_tokens"] == 3
+
+
+def test_max_new_tokens_defaults_to_30_and_is_configurable(
+    server: RunningServer, make_server: Callable[..., RunningServer]
+) -> None:
+    default = details_of(server, PROMPT, ignore_eos_token=True)
+    assert default["details"]["generated_tokens"] == 30
+    five = make_server(LMI_MAX_NEW_TOKENS="5")
+    assert details_of(five, PROMPT, ignore_eos_token=True)["details"]["generated_tokens"] == 5
+
+
+def test_sampling_parameters_reach_the_engine(server: RunningServer) -> None:
+    greedy = details_of(server, PROMPT, max_new_tokens=12)["generated_text"]
+
+    def text(prompt: str = PROMPT, **params: Any) -> str:
+        params.setdefault("max_new_tokens", 12)
+        return str(details_of(server, prompt, **params)["generated_text"])
+
+    # Filters that leave only the most likely token make sampling greedy.
+    assert text(do_sample=True, top_k=1, seed=3) == greedy
+    assert text(do_sample=True, min_p=1.0, seed=3) == greedy
+    assert text(do_sample=True, top_p=0.001, seed=3) == greedy
+    assert text(do_sample=True, temperature=0) == greedy
+    # Sampling is off unless do_sample is set (LMI 0.31), and a seed makes it reproducible.
+    assert text(temperature=1.5) == greedy
+    first = text(do_sample=True, temperature=1.5, seed=11)
+    assert first == text(do_sample=True, temperature=1.5, seed=11)
+    assert {first, text(do_sample=True, temperature=1.5, seed=12)} != {greedy}
+    # Greedy on a bare prompt repeats itself ("-by-date-but-not-yet-...-date-..."); each
+    # penalty changes that.
+    repeats = text(REPEATS, max_new_tokens=20)
+    for penalty in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+        assert text(REPEATS, max_new_tokens=20, **{penalty: 2.0}) != repeats, penalty
+
+
+def test_return_full_text_prefill_truncate_and_logprobs(server: RunningServer) -> None:
+    full = details_of(server, PROMPT, max_new_tokens=4, return_full_text=True)
+    assert full["generated_text"].startswith(PROMPT) and len(full["generated_text"]) > len(PROMPT)
+    prefill = details_of(server, PROMPT, max_new_tokens=2, decoder_input_details=True)
+    tokens = prefill["details"]["prefill"]
+    assert tokens[0]["log_prob"] is None and all(t["log_prob"] < 0 for t in tokens[1:])
+    assert "".join(t["text"] for t in tokens) == PROMPT
+    cut = details_of(server, PROMPT, max_new_tokens=2, decoder_input_details=True, truncate=4)
+    kept = cut["details"]["prefill"]
+    assert [t["id"] for t in kept] == [t["id"] for t in tokens[-4:]]
+    assert kept[0]["log_prob"] is None  # the first token the model saw
+    top = details_of(server, PROMPT, max_new_tokens=3, logprobs=3)
+    for token in top["details"]["tokens"]:
+        alternatives = token["top_tokens"]
+        assert len(alternatives) == 3 and alternatives[0]["id"] == token["id"]  # greedy: the best
+        assert alternatives[0]["log_prob"] == token["log_prob"]
+        assert [a["log_prob"] for a in alternatives] == sorted(
+            (a["log_prob"] for a in alternatives), reverse=True
+        )
+    ranked = details_of(server, PROMPT, max_new_tokens=2, prompt_logprobs=2)
+    assert len(ranked["details"]["prefill"]) == len(tokens)
+
+
+def test_n_best_of_and_beam_search_return_best_of_sequences(server: RunningServer) -> None:
+    three = details_of(server, PROMPT, max_new_tokens=5, do_sample=True, n=3, seed=1)
+    others = three["details"]["best_of_sequences"]
+    assert len(others) == 2
+    assert {"finish_reason", "generated_tokens", "tokens", "generated_text"} <= set(others[0])
+
+    def total(tokens: list[dict[str, Any]]) -> float:
+        return math.fsum(t["log_prob"] for t in tokens)
+
+    best = total(three["details"]["tokens"])
+    assert all(best >= total(o["tokens"]) for o in others)
+    best_of = details_of(server, PROMPT, max_new_tokens=5, do_sample=True, best_of=3, n=2)
+    assert len(best_of["details"]["best_of_sequences"]) == 1
+    beams = details_of(server, PROMPT, max_new_tokens=5, num_beams=3)
+    assert len(beams["details"]["best_of_sequences"]) == 2
+    assert beams["details"]["tokens"][0]["log_prob"] is None  # vLLM's beams carry none
+    assert "".join(t["text"] for t in beams["details"]["tokens"]) == beams["generated_text"]
+
+
+def test_jsonlines_stream_one_token_a_line_then_text_and_details(server: RunningServer) -> None:
+    params = {"max_new_tokens": 8, "ignore_eos_token": True, "details": True}
+    whole = invoke(server, {"inputs": PROMPT, "parameters": params}).json()
+    with httpx.stream(
+        "POST",
+        server.http + "/invocations",
+        json={"inputs": PROMPT, "stream": True, "parameters": params},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/jsonlines"
+        received = [json.loads(line) for line in response.iter_lines() if line]
+    assert len(received) == 8
+    assert all(set(line) == {"token"} for line in received[:-1])
+    assert same_tokens([line["token"] for line in received], whole["details"]["tokens"], "log_prob")
+    last = received[-1]
+    assert last["generated_text"] == whole["generated_text"]
+    assert last["details"] == {"finish_reason": "length", "generated_tokens": 8, "inputs": PROMPT}
+
+
+def test_sse_by_accept_header_and_by_configuration(
+    server: RunningServer, make_server: Callable[..., RunningServer]
+) -> None:
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4}}
+    by_accept = invoke(server, body, headers={"Accept": "text/event-stream"})
+    assert by_accept.headers["content-type"].startswith("text/event-stream")
+    received = events(by_accept)
+    assert len(received) == 4 and "generated_text" in received[-1]
+    configured = make_server(OPTION_OUTPUT_FORMATTER="sse")
+    assert events(invoke(configured, body)) == received
+    streamed_lines = invoke(server, {**body, "stream": True})
+    assert lines(streamed_lines) == received
+
+
+def test_tgi_compat_mode(make_server: Callable[..., RunningServer]) -> None:
+    compat = make_server(OPTION_TGI_COMPAT="true")
+    params = {"max_new_tokens": 4, "ignore_eos_token": True}
+    whole = invoke(compat, {"inputs": PROMPT, "parameters": params}).json()
+    assert isinstance(whole, list) and len(whole) == 1
+    details = whole[0]["details"]  # on by default in TGI mode
+    assert set(details["tokens"][0]) == {"id", "text", "logprob", "special"}
+    streamed = invoke(compat, {"inputs": PROMPT, "stream": True, "parameters": params})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    received = events(streamed)
+    assert same_tokens([e["token"] for e in received], details["tokens"], "logprob")
+    assert received[-1]["generated_text"] == whole[0]["generated_text"]
+
+
+def test_tgi_client_works_against_invocations_in_tgi_compat_mode(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    from huggingface_hub import InferenceClient
+
+    compat = make_server(OPTION_TGI_COMPAT="true")
+    client = InferenceClient(base_url=compat.http + "/invocations")
+    text = client.text_generation(PROMPT, max_new_tokens=5)
+    pieces = list(client.text_generation(PROMPT, max_new_tokens=5, stream=True))
+    assert text and "".join(pieces) == text
+
+
+def test_dynamic_batch_answers_a_list_and_streams_outputs(server: RunningServer) -> None:
+    prompts = [PROMPT, SHORT]
+    params = {"max_new_tokens": 6}
+    singles = [invoke(server, {"inputs": p, "parameters": params}).json() for p in prompts]
+    batch = invoke(server, {"inputs": prompts, "parameters": params})
+    assert batch.status_code == 200 and batch.json() == singles
+    streamed = invoke(server, {"inputs": prompts, "stream": True, "parameters": params})
+    assert streamed.headers["content-type"] == "application/jsonlines"
+    outputs = [line["outputs"] for line in lines(streamed)]
+    assert all(set(line) == {"outputs"} for line in lines(streamed))
+    assert all(len(o) == 2 for o in outputs)
+    assert ["".join(o[i] for o in outputs) for i in range(2)] == [
+        s["generated_text"] for s in singles
+    ]
+
+
+def test_payload_validation_answers_424_naming_the_field(server: RunningServer) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"inputs": PROMPT, "parameters": {"top_k": "x"}}, "$.parameters.top_k"),
+        ({"inputs": PROMPT, "parameters": {"max_new_tokens": 0}}, "$.parameters.max_new_tokens"),
+        ({"inputs": PROMPT, "parameters": {"num_beams": 2}, "stream": True}, "num_beams"),
+        ({"inputs": PROMPT, "parameters": {"typical_p": 0.9}}, "typical_p"),
+        ({"inputs": PROMPT, "parameters": {"do_sample": True, "nn": 2}}, "field `nn`"),
+        ({"input": PROMPT}, "field `input`"),
+        ({"inputs": "word " * 3000}, "$.inputs"),  # longer than the context
+    ]
+    for body, field in cases:
+        response = invoke(server, body)
+        assert response.status_code == 424, body
+        answer = response.json()
+        assert set(answer) == {"error", "code"} and answer["code"] == 424
+        assert field in answer["error"], answer
+    not_json = httpx.post(server.http + "/invocations", content=b"{oops", timeout=10)
+    assert not_json.status_code == 424 and "Malformed JSON" in not_json.json()["error"]
+    dynamic = invoke(server, {"inputs": [PROMPT, 3]})
+    assert dynamic.status_code == 424
+    assert dynamic.json()["message"] == "invoke handler failure"
+    assert dynamic.json()["code"] == 424 and "$.inputs[1]" in dynamic.json()["error"]
+    too_long = invoke(
+        server, {"inputs": [PROMPT, "word " * 3000], "parameters": {"max_new_tokens": 2}}
+    )
+    assert too_long.status_code == 424 and "$.inputs[1]" in too_long.json()["error"]
+
+
+def test_a_generation_failure_gives_finish_reason_error(server: RunningServer) -> None:
+    # vLLM refuses a stop token outside the vocabulary once the request reaches it.
+    bad = {"inputs": PROMPT, "parameters": {"stop_token_ids": [10**9]}}
+    response = invoke(server, bad)
+    assert response.status_code == 424
+    answer = response.json()
+    assert answer["generated_text"] == "" and answer["details"]["finish_reason"] == "error"
+    assert answer["details"]["tokens"] is None and "vocab" in answer["details"]["error_msg"]
+    streamed = invoke(server, {**bad, "stream": True})
+    assert streamed.status_code == 424  # no token was generated: the status still says so
+    [line] = lines(streamed)
+    assert line["token"]["id"] == -1 and line["details"]["finish_reason"] == "error"
+
+
+def test_a_dynamic_batch_failing_mid_stream_ends_with_the_handler_failure_line(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
+) -> None:
+    # One slot: the second prompt is checked (and refused) only after the first has streamed.
+    one_slot = make_server(MAX_RUNNING_REQUESTS="1")
+    body = {"inputs": [PROMPT, "word " * 3000], "stream": True, "parameters": {"max_new_tokens": 4}}
+    response = invoke(one_slot, body)
+    assert response.status_code == 200
+    received = lines(response)
+    assert "".join(line["outputs"][0] for line in received[:-1])
+    assert received[-1]["message"] == "invoke handler failure"
+    assert received[-1]["code"] == 424 and "$.inputs[1]" in received[-1]["error"]
+    idle_engine()
+
+
+def test_overload_answers_429(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
+) -> None:
+    tight = make_server(MAX_RUNNING_REQUESTS="1", MAX_WAITING_REQUESTS="0")
+    with httpx.stream(
+        "POST",
+        tight.http + "/invocations",
+        json={"inputs": PROMPT, "stream": True, "parameters": LONG},
+        timeout=60,
+    ) as busy:
+        received = busy.iter_lines()  # kept: a dropped iterator closes the connection
+        next(received)
+        refused = invoke(tight, {"inputs": PROMPT})
+        assert refused.status_code == 429 and refused.json()["code"] == 429
+    idle_engine()
+
+
+def test_clients_that_leave_stop_their_generation(
+    server: RunningServer, idle_engine: Callable[..., None]
+) -> None:
+    for inputs in (PROMPT, [PROMPT, SHORT]):
+        with httpx.stream(
+            "POST",
+            server.http + "/invocations",
+            json={"inputs": inputs, "stream": True, "parameters": LONG},
+            timeout=60,
+        ) as response:
+            next(response.iter_lines())
+        idle_engine(timeout=10)
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        invoke(server, {"inputs": [PROMPT, SHORT], "parameters": LONG}, timeout=2.0)
+    assert time.monotonic() - started < 10
+    idle_engine(timeout=10)
+
+
+def test_ping_is_503_while_loading_then_fast_under_load(
+    loop_thread: LoopThread,
+    engine: Engine,
+    make_server: Callable[..., RunningServer],
+    idle_engine: Callable[..., None],
+) -> None:
+    gate = asyncio.Event()
+
+    async def open_gate() -> None:
+        await gate.wait()
+
+    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
+    try:
+        assert httpx.get(loading.http + "/ping").status_code == 503
+        loop_thread.call(gate.set)
+        deadline = time.monotonic() + 10
+        while httpx.get(loading.http + "/ping").status_code != 200:
+            assert time.monotonic() < deadline
+    finally:
+        loading.stop()
+    busy = make_server(MAX_RUNNING_REQUESTS="2")
+    admission = busy.gateway.service.admission
+
+    def occupy() -> None:  # leaves after 4 s, which stops its generation
+        with contextlib.suppress(httpx.ReadTimeout):
+            invoke(busy, {"inputs": PROMPT, "parameters": LONG}, timeout=4)
+
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(4):  # two generating, two queued behind them
+            pool.submit(occupy)
+        deadline = time.monotonic() + 10
+        while busy.loop.call(lambda: (admission.running, admission.waiting)) != (2, 2):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for _ in range(5):
+            started = time.monotonic()
+            assert httpx.get(busy.http + "/ping", timeout=5).status_code == 200
+            assert time.monotonic() - started < 0.5
+    idle_engine(timeout=10)
