@@ -1,0 +1,47 @@
+"""GET `/ui`: the chat playground, a static page that speaks the control protocol (`/generate`).
+
+The page and its two assets are package data in `gateway/static/`; nothing is built and
+nothing comes from another origin, which the Content-Security-Policy enforces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+ASSETS = {  # the only files served: name -> media type
+    "playground.js": "text/javascript; charset=utf-8",
+    "playground.css": "text/css; charset=utf-8",
+}
+HEADERS = {
+    # `ws:`/`wss:` because older browsers do not count a same-host WebSocket as 'self'.
+    "Content-Security-Policy": (
+        "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+async def page(request: Request) -> Response:
+    return FileResponse(
+        STATIC / "playground.html", media_type="text/html; charset=utf-8", headers=HEADERS
+    )
+
+
+async def asset(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name not in ASSETS:
+        return Response("Not Found", 404, media_type="text/plain")
+    return FileResponse(STATIC / name, media_type=ASSETS[name], headers=HEADERS)
+
+
+routes = [
+    Route("/ui", page, methods=["GET"]),
+    Route("/ui/{name}", asset, methods=["GET"]),
+]

@@ -1,0 +1,378 @@
+// The chat playground: one WebSocket to /generate (docs/CONTROL.md), plain DOM, no framework.
+// Model output is only ever put on the page with textContent.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const el = {
+  chat: $("chat"), empty: $("empty"), model: $("model"), connection: $("connection"),
+  loading: $("loading"), loadingDetail: $("loading-detail"), loadingProgress: $("loading-progress"),
+  stop: $("stop"), pause: $("pause"), regenerate: $("regenerate"), newChat: $("new-chat"),
+  temperature: $("temperature"), temperatureValue: $("temperature-value"),
+  maxTokens: $("max-tokens"), notice: $("notice"), form: $("composer"), input: $("input"),
+  send: $("send"), system: $("system"), template: $("message-template"),
+};
+
+const FINISH = { length: "max tokens reached", stop: "done", cancelled: "stopped" };
+
+const history = [];   // the conversation sent with each turn: {role, content}
+let socket = null;    // the page's one WebSocket; opened again on the next send once it closes
+let opening = null;   // the promise of the socket being opened
+let held = null;      // JSON of the config the server holds on this socket (with modifies)
+let turn = null;      // the answer being generated: {node, phase, tokens}
+let latest = null;    // the latest answer, which feedback refers to: {node, socket}
+let awaitingInit = false;  // after `regenerate`, what comes before the next init is the old answer's
+let pendingControls = 0;   // controls sent and not yet acknowledged
+let healthTimer = null;
+
+// --- the socket ----------------------------------------------------------------------------
+
+function openSocket() {
+  if (socket && socket.readyState === WebSocket.OPEN) return Promise.resolve(socket);
+  if (opening) return opening;
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(`${scheme}//${location.host}/generate`);
+  socket = ws;
+  held = null;
+  showConnection("connecting", "connecting…");
+  opening = new Promise((resolve, reject) => {
+    ws.addEventListener("open", () => {
+      opening = null;
+      showConnection("connected", "connected");
+      resolve(ws);
+    });
+    ws.addEventListener("close", () => {
+      if (opening && socket === ws) {
+        opening = null;
+        reject(new Error("could not connect to the gateway"));
+      }
+      onClose(ws);
+    });
+  });
+  ws.addEventListener("message", (event) => {
+    if (socket === ws) onMessage(JSON.parse(event.data));
+  });
+  return opening;
+}
+
+function sendJson(message) {
+  socket.send(JSON.stringify(message));
+}
+
+function onClose(ws) {
+  if (socket !== ws) return;
+  socket = null;
+  showConnection("closed", "disconnected · reconnects on send");
+  if (turn) endTurn(null, "connection lost", true);
+  if (latest) showFeedbackButtons(latest.node, false);
+}
+
+function showConnection(state, text) {
+  el.connection.dataset.state = state;
+  el.connection.textContent = text;
+}
+
+// --- server messages -----------------------------------------------------------------------
+
+function onMessage(message) {
+  switch (message.type) {
+    case "status": return onStatus(message);
+    case "init": return onInit(message);
+    case "token": return onToken(message);
+    case "completion": return onCompletion(message);
+    case "error": return onError(message);
+  }
+}
+
+function onStatus(status) {
+  switch (status.operation) {
+    case "model_loading":
+      return showLoading(status);
+    case "paused":
+      acknowledged();
+      if (turn) setPhase("paused");
+      return notice(`Paused (${status.message}).`);
+    case "resumed":
+      acknowledged();
+      if (turn) setPhase("generating");
+      return notice("Resumed.");
+    case "modified":
+      acknowledged();
+      return notice(`Temperature ${el.temperature.value} applied mid-answer.`);
+    case "feedback_recorded":
+      acknowledged();
+      if (latest) latest.node.querySelector(".feedback-state").textContent = "Feedback recorded";
+      return notice("Feedback recorded.");
+  }
+}
+
+function onInit(init) {
+  hideLoading();
+  el.model.textContent = init.model;
+  if (!turn) return;
+  if (awaitingInit) acknowledged();
+  awaitingInit = false;
+  turn.tokens = 0;
+  text(turn.node).textContent = "";
+  setPhase("generating");
+}
+
+function onToken(token) {
+  if (!turn || awaitingInit) return;
+  turn.tokens += 1;
+  text(turn.node).textContent = token.generated_text;
+  stats(turn.node).textContent = `${turn.tokens} tokens so far`;
+  followScroll();
+}
+
+function onCompletion(completion) {
+  if (!turn || awaitingInit) return;  // the cancelled answer a regenerate replaced
+  text(turn.node).textContent = completion.generated_text;
+  stats(turn.node).textContent = describe(completion);
+  endTurn(completion.generated_text, FINISH[completion.finish_reason] || completion.finish_reason);
+}
+
+function onError(error) {
+  // A control that crossed the end of the answer is refused; the answer itself is fine.
+  const refusedControl = error.error === "invalid_request" && pendingControls > 0;
+  if (refusedControl) acknowledged();
+  if (turn && !refusedControl) {
+    awaitingInit = false;
+    endTurn(text(turn.node).textContent || null, `error: ${error.message}`, true);
+  } else {
+    notice(error.message, true);
+  }
+}
+
+function describe(completion) {
+  const tokens = completion.usage.completion_tokens;
+  const parts = [`${tokens} tokens`];
+  const timing = completion.timing;
+  if (timing) {
+    if (timing.first_token_ms != null) {
+      parts.push(`first token ${Math.round(timing.first_token_ms)} ms`);
+    }
+    // The server's clock, from config to completion: queueing and pauses count too.
+    if (timing.total_ms > 0) parts.push(`${(tokens / (timing.total_ms / 1000)).toFixed(1)} tokens/s`);
+  }
+  return parts.join(" · ");
+}
+
+// --- loading status ------------------------------------------------------------------------
+
+function showLoading(status) {
+  el.loading.hidden = false;
+  el.loadingProgress.value = status.progress;
+  const eta = status.eta_seconds != null ? ` · about ${Math.ceil(status.eta_seconds)} s left` : "";
+  el.loadingDetail.textContent = `${Math.round(status.progress)}%${eta} · ${status.message}`;
+  // Status messages just stop once the engine is up: /health says when it is.
+  if (!healthTimer) healthTimer = setInterval(checkHealth, 1000);
+}
+
+async function checkHealth() {
+  try {
+    if ((await fetch("/health", { cache: "no-store" })).ok) hideLoading();
+  } catch { /* the next tick tries again */ }
+}
+
+function hideLoading() {
+  el.loading.hidden = true;
+  clearInterval(healthTimer);
+  healthTimer = null;
+}
+
+// --- turns ---------------------------------------------------------------------------------
+
+async function submit() {
+  const content = el.input.value.trim();
+  if (turn || !content) return;
+  el.input.value = "";
+  addMessage("user", content);
+  history.push({ role: "user", content });
+  await startAnswer(addMessage("assistant", ""), false);
+}
+
+async function regenerate() {
+  if (turn) {
+    awaitingInit = true;
+    control("regenerate");
+    turn.node.querySelector(".state").textContent = "regenerating…";
+    return;
+  }
+  if (!latest) return;
+  if (history.at(-1)?.role === "assistant") history.pop();
+  await startAnswer(latest.node, true);
+}
+
+// Sends the conversation as a new config, or, when the server already holds exactly that
+// config on this socket, asks it to `regenerate` it.
+async function startAnswer(node, again) {
+  if (latest && latest.node !== node) showFeedbackButtons(latest.node, false);
+  latest = null;
+  turn = { node, phase: "waiting", tokens: 0 };
+  text(node).textContent = "";
+  stats(node).textContent = "";
+  node.querySelector(".feedback-state").textContent = "";
+  node.classList.remove("failed");
+  setPhase("waiting");
+  const config = {
+    type: "config",
+    messages: chatMessages(),
+    parameters: { max_tokens: Number(el.maxTokens.value) || 256,
+                  temperature: Number(el.temperature.value) },
+    options: { include_timing: true },
+  };
+  try {
+    await openSocket();
+  } catch (e) {
+    return endTurn(null, e.message, true);
+  }
+  const wanted = JSON.stringify({ messages: config.messages, parameters: config.parameters });
+  if (again && held === wanted) {
+    awaitingInit = true;
+    control("regenerate");
+  } else {
+    sendJson(config);
+    held = wanted;
+  }
+}
+
+function chatMessages() {
+  const system = el.system.value.trim();
+  return system ? [{ role: "system", content: system }, ...history] : [...history];
+}
+
+function endTurn(answer, state, failed = false) {
+  const node = turn.node;
+  if (answer) history.push({ role: "assistant", content: answer });
+  node.querySelector(".state").textContent = state;
+  node.classList.toggle("failed", failed);
+  turn = null;
+  pendingControls = 0;
+  latest = { node, socket };
+  showFeedbackButtons(node, !failed && socket !== null);
+  updateButtons();
+}
+
+function control(action, parameters) {
+  pendingControls += 1;
+  sendJson(parameters ? { type: "control", action, parameters } : { type: "control", action });
+}
+
+function acknowledged() {
+  pendingControls = Math.max(0, pendingControls - 1);
+}
+
+function setPhase(phase) {
+  turn.phase = phase;
+  const labels = { waiting: "waiting for the model…", generating: "generating…", paused: "paused" };
+  turn.node.querySelector(".state").textContent = labels[phase];
+  updateButtons();
+}
+
+function updateButtons() {
+  const phase = turn ? turn.phase : "idle";
+  el.send.disabled = phase !== "idle";
+  el.newChat.disabled = phase !== "idle";
+  el.stop.disabled = phase === "idle";
+  el.pause.disabled = phase !== "generating" && phase !== "paused";
+  el.pause.textContent = phase === "paused" ? "Resume" : "Pause";
+  el.regenerate.disabled = phase === "idle" ? latest === null : false;
+}
+
+// --- the page ------------------------------------------------------------------------------
+
+function addMessage(role, content) {
+  el.empty.hidden = true;
+  const node = el.template.content.firstElementChild.cloneNode(true);
+  node.classList.add(role);
+  node.querySelector(".role").textContent = role === "user" ? "You" : "Assistant";
+  text(node).textContent = content;
+  node.querySelector(".feedback").addEventListener("click", (event) => {
+    const thumb = event.target.closest(".thumb");
+    if (thumb) sendFeedback(node, thumb.classList.contains("up") ? 1 : -1);
+  });
+  el.chat.append(node);
+  followScroll(true);
+  return node;
+}
+
+function sendFeedback(node, rating) {
+  if (!latest || latest.node !== node || latest.socket !== socket || !socket) {
+    return notice("Feedback can only go to the latest answer, while its connection is open.", true);
+  }
+  pendingControls += 1;  // until `feedback_recorded`
+  sendJson({ type: "feedback", rating });
+  for (const thumb of node.querySelectorAll(".thumb")) {
+    thumb.setAttribute("aria-pressed", String(thumb.classList.contains(rating > 0 ? "up" : "down")));
+  }
+  node.querySelector(".feedback-state").textContent = "sending…";
+}
+
+function showFeedbackButtons(node, shown) {
+  node.querySelector(".feedback").hidden = false;
+  for (const thumb of node.querySelectorAll(".thumb")) thumb.hidden = !shown;
+}
+
+function notice(message, isError = false) {
+  el.notice.textContent = message;
+  el.notice.classList.toggle("error", isError);
+}
+
+const text = (node) => node.querySelector(".text");
+const stats = (node) => node.querySelector(".stats");
+
+// Keeps the newest text in view unless the reader has scrolled up.
+function followScroll(force = false) {
+  const chat = el.chat;
+  if (force || chat.scrollHeight - chat.scrollTop - chat.clientHeight < 80) {
+    chat.scrollTop = chat.scrollHeight;
+  }
+}
+
+el.form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  submit();
+});
+el.input.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    submit();
+  }
+});
+el.stop.addEventListener("click", () => {
+  if (!turn) return;
+  control("stop");
+  turn.node.querySelector(".state").textContent = "stopping…";
+});
+el.pause.addEventListener("click", () => {
+  if (!turn) return;
+  control(turn.phase === "paused" ? "resume" : "pause");
+  el.pause.disabled = true;  // until the server acknowledges
+});
+el.regenerate.addEventListener("click", regenerate);
+el.temperature.addEventListener("input", () => {
+  el.temperatureValue.textContent = el.temperature.value;
+});
+el.temperature.addEventListener("change", () => {
+  if (!turn || turn.phase === "waiting") return;  // otherwise it applies to the next answer
+  const temperature = Number(el.temperature.value);
+  control("modify", { temperature });
+  if (held) {  // the server's config follows the modify: a later regenerate uses it
+    const config = JSON.parse(held);
+    config.parameters.temperature = temperature;
+    held = JSON.stringify(config);
+  }
+  notice(`Setting the temperature to ${temperature}…`);
+});
+el.newChat.addEventListener("click", () => {
+  if (turn) return;
+  history.length = 0;
+  latest = null;
+  for (const node of el.chat.querySelectorAll(".message")) node.remove();
+  el.empty.hidden = false;
+  notice("");
+  updateButtons();
+});
+
+updateButtons();
+openSocket().catch(() => {});  // early, so the loading status shows before the first message
