@@ -15,16 +15,15 @@ from contextlib import suppress
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from gateway.app import gateway_of
 from gateway.control_session import ControlSession
 from gateway.engine_holder import EngineHolder
 from gateway.routes.http_errors import status_of
-from gateway.routes.rest_generate import until_disconnect
+from gateway.routes.streaming import CLIENT_GONE_STATUS, ClosingStream, until_disconnect
 from gateway.routes.websocket_payloads import write_frames
 from protocols.control import (
     Completion,
@@ -46,6 +45,7 @@ from protocols.sse import sse_event
 log = logging.getLogger(__name__)
 STATUS_INTERVAL_SECONDS = 1.0
 POLICY_VIOLATION = 1008
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 async def control_ws(websocket: WebSocket) -> None:
@@ -97,22 +97,6 @@ async def _loading_status(holder: EngineHolder, session: ControlSession) -> None
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-class _SessionStream(StreamingResponse):
-    """SSE of one session's messages; the session is closed however the response ends."""
-
-    def __init__(self, messages: asyncio.Queue[ServerMessage], session: ControlSession) -> None:
-        super().__init__(
-            _sse(messages), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-        self._session = session
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._session.close()
-
-
 async def _sse(messages: asyncio.Queue[ServerMessage]) -> AsyncIterator[bytes]:
     while True:
         message = await messages.get()
@@ -143,13 +127,13 @@ async def rest_generate(request: Request) -> Response:
     session = ControlSession(gateway, messages.put_nowait, protocol="v1_generate")
     await session.handle(config)
     if config.options.stream:
-        return _SessionStream(messages, session)
+        return ClosingStream(_sse(messages), "text/event-stream", session.close, NO_CACHE)
     try:
         answer = await until_disconnect(request, _until_answer(messages))
     finally:
         await session.close()
     if answer is None:
-        return Response(status_code=499)
+        return Response(status_code=CLIENT_GONE_STATUS)
     init, last = answer
     if isinstance(last, Error):
         return _error_response(last, kind_of(last))

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from gateway.app import gateway_of
 from gateway.lmi_generation import PromptFailed, generate, generate_many, stream, stream_many
-from gateway.routes.rest_generate import until_disconnect
+from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.errors import ErrorKind, GenerationError
 from protocols.lmi import (
     InvalidPayload,
@@ -61,26 +60,6 @@ class Streamed:
 
 Prepared = Whole | Streamed
 CLIENT_GONE = Whole(499, b"", JSON)  # never seen by anyone: the client has left
-
-
-class ClosingStream(StreamingResponse):
-    """A streamed body that runs `close` however the response ends (Starlette does not)."""
-
-    def __init__(
-        self,
-        body: AsyncIterator[bytes],
-        media_type: str,
-        close: Callable[[], Awaitable[None]],
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(body, media_type=media_type, headers=headers)
-        self._close = close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._close()
 
 
 def formatter_of(accept: str | None, configured: str) -> str:

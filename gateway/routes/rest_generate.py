@@ -7,18 +7,17 @@ or not, cancels the handler's work and so aborts its engine request.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import TypeVar
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from gateway.app import gateway_of
 from gateway.routes.http_errors import status_of
+from gateway.routes.streaming import CLIENT_GONE_STATUS, ClosingStream, until_disconnect
 from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished, Initialized
 from protocols.rest_generate import (
@@ -32,53 +31,15 @@ from protocols.rest_generate import (
 
 T = TypeVar("T")
 Steps = AsyncGenerator[list[Event], None]
-CLIENT_GONE = Response(status_code=499)  # never seen by anyone: the client has left
+CLIENT_GONE = Response(status_code=CLIENT_GONE_STATUS)
 
 
 class GenerationAborted(Exception):
     """Raised inside a streamed body: the connection is cut instead of ending cleanly."""
 
 
-class GenerationStream(StreamingResponse):
-    """A streamed body that closes its generation however the response ends.
-
-    Starlette does not close a body iterator it stops early (client gone, cancellation), so
-    this does, which aborts the engine request at once rather than at garbage collection.
-    """
-
-    def __init__(self, body: AsyncIterator[str], steps: Steps) -> None:
-        super().__init__(body, media_type="text/plain; charset=utf-8")
-        self._steps = steps
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._steps.aclose()
-
-
 def error_response(error: GenerationError) -> Response:
     return Response(encode_error(error), status_of(error.kind), media_type="application/json")
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
-    """Await `work`; if the client disconnects first, cancel it and return None."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return None
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _outcomes(steps: Steps) -> dict[int, Finished | Failed]:
@@ -114,7 +75,7 @@ async def generate_one(request: Request) -> Response:
         await steps.aclose()
         return CLIENT_GONE if failed is None else error_response(failure_of_one(failed))
     body = _stream_text(first, steps, only_new_tokens=one.only_new_tokens)
-    return GenerationStream(body, steps)
+    return ClosingStream(body, "text/plain; charset=utf-8", steps.aclose)
 
 
 async def _stream_text(

@@ -20,13 +20,12 @@ from gateway.routes.lmi import (
     CLIENT_GONE,
     JSON,
     Chunk,
-    ClosingStream,
     Streamed,
     Whole,
     answer,
     to_response,
 )
-from gateway.routes.rest_generate import until_disconnect
+from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.eventstream import MEDIA_TYPE, model_error, model_stream_error, payload_part
 
 PROTOCOL = "sagemaker"

@@ -17,8 +17,8 @@ from starlette.routing import Route
 
 from gateway.app import gateway_of
 from gateway.lmi_generation import generate, stream
-from gateway.routes.lmi import CLIENT_GONE, JSON, ClosingStream, to_response
-from gateway.routes.rest_generate import until_disconnect
+from gateway.routes.lmi import CLIENT_GONE, JSON, to_response
+from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.errors import GenerationError
 from protocols.lmi import Piece
 from protocols.tgi import (
