@@ -24,6 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     export = commands.add_parser("export-feedback", help="print stored feedback as JSON lines")
     export.add_argument("--db", help="the feedback database (default: FEEDBACK_DB's)")
     export.add_argument("--env-file", default=".env", help="the .env file to read (default .env)")
+    commands.add_parser(
+        "bench", help="benchmark every protocol (llm-gateway bench --help)", add_help=False
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its own options: see gateway/bench/options.py
+        from gateway.bench import main as bench
+
+        return bench(argv[1:])
     args = parser.parse_args(argv)
 
     if args.command == "prepare-model":
