@@ -14,14 +14,16 @@ const el = {
 
 const FINISH = { length: "max tokens reached", stop: "done", cancelled: "stopped" };
 
-const history = [];   // the conversation sent with each turn: {role, content}
+const conversation = [];  // sent with each turn: {role, content}
 let socket = null;    // the page's one WebSocket; opened again on the next send once it closes
 let opening = null;   // the promise of the socket being opened
 let held = null;      // JSON of the config the server holds on this socket (with modifies)
-let turn = null;      // the answer being generated: {node, phase, tokens}
+let turn = null;      // the answer being generated: {node, phase, tokens, regenerating}
 let latest = null;    // the latest answer, which feedback refers to: {node, socket}
+let rated = null;     // the answer whose feedback is on its way
 let awaitingInit = false;  // after `regenerate`, what comes before the next init is the old answer's
 let pendingControls = 0;   // controls sent and not yet acknowledged
+const modifies = [];       // temperatures sent with `modify`, in the order of their acks
 let healthTimer = null;
 
 // --- the socket ----------------------------------------------------------------------------
@@ -97,10 +99,10 @@ function onStatus(status) {
       return notice("Resumed.");
     case "modified":
       acknowledged();
-      return notice(`Temperature ${el.temperature.value} applied mid-answer.`);
+      return notice(`Temperature ${modifies.shift() ?? el.temperature.value} applied mid-answer.`);
     case "feedback_recorded":
       acknowledged();
-      if (latest) latest.node.querySelector(".feedback-state").textContent = "Feedback recorded";
+      if (rated) rated.querySelector(".feedback-state").textContent = "Feedback recorded";
       return notice("Feedback recorded.");
   }
 }
@@ -111,6 +113,11 @@ function onInit(init) {
   if (!turn) return;
   if (awaitingInit) acknowledged();
   awaitingInit = false;
+  if (turn.regenerating) {  // a resume before the first token sends init again: not counted
+    turn.regenerating = false;
+    turn.node.dataset.attempt = String(Number(turn.node.dataset.attempt || 1) + 1);
+    turn.node.querySelector(".attempt").textContent = `attempt ${turn.node.dataset.attempt}`;
+  }
   turn.tokens = 0;
   text(turn.node).textContent = "";
   setPhase("generating");
@@ -170,7 +177,13 @@ function showLoading(status) {
 
 async function checkHealth() {
   try {
-    if ((await fetch("/health", { cache: "no-store" })).ok) hideLoading();
+    const response = await fetch("/health", { cache: "no-store" });
+    if (response.ok) return hideLoading();
+    const health = await response.json();
+    if (health.status === "failed") {
+      clearInterval(healthTimer);
+      el.loadingDetail.textContent = `the engine failed to start: ${health.error || "see the server log"}`;
+    }
   } catch { /* the next tick tries again */ }
 }
 
@@ -187,19 +200,21 @@ async function submit() {
   if (turn || !content) return;
   el.input.value = "";
   addMessage("user", content);
-  history.push({ role: "user", content });
+  conversation.push({ role: "user", content });
   await startAnswer(addMessage("assistant", ""), false);
 }
 
 async function regenerate() {
+  if (turn?.phase === "connecting") return;
   if (turn) {
     awaitingInit = true;
+    turn.regenerating = true;
     control("regenerate");
     turn.node.querySelector(".state").textContent = "regenerating…";
     return;
   }
   if (!latest) return;
-  if (history.at(-1)?.role === "assistant") history.pop();
+  if (conversation.at(-1)?.role === "assistant") conversation.pop();
   await startAnswer(latest.node, true);
 }
 
@@ -208,12 +223,14 @@ async function regenerate() {
 async function startAnswer(node, again) {
   if (latest && latest.node !== node) showFeedbackButtons(latest.node, false);
   latest = null;
-  turn = { node, phase: "waiting", tokens: 0 };
+  showFeedbackButtons(node, false);
+  turn = { node, phase: "connecting", tokens: 0, regenerating: again };
   text(node).textContent = "";
   stats(node).textContent = "";
   node.querySelector(".feedback-state").textContent = "";
+  for (const thumb of node.querySelectorAll(".thumb")) thumb.removeAttribute("aria-pressed");
   node.classList.remove("failed");
-  setPhase("waiting");
+  setPhase("connecting");
   const config = {
     type: "config",
     messages: chatMessages(),
@@ -234,20 +251,24 @@ async function startAnswer(node, again) {
     sendJson(config);
     held = wanted;
   }
+  setPhase("waiting");
 }
 
 function chatMessages() {
   const system = el.system.value.trim();
-  return system ? [{ role: "system", content: system }, ...history] : [...history];
+  return system ? [{ role: "system", content: system }, ...conversation] : [...conversation];
 }
 
 function endTurn(answer, state, failed = false) {
   const node = turn.node;
-  if (answer) history.push({ role: "assistant", content: answer });
+  if (answer) conversation.push({ role: "assistant", content: answer });
   node.querySelector(".state").textContent = state;
   node.classList.toggle("failed", failed);
+  if (failed) held = null;  // a refused config leaves the server holding the one before
   turn = null;
+  awaitingInit = false;
   pendingControls = 0;
+  modifies.length = 0;
   latest = { node, socket };
   showFeedbackButtons(node, !failed && socket !== null);
   updateButtons();
@@ -264,7 +285,10 @@ function acknowledged() {
 
 function setPhase(phase) {
   turn.phase = phase;
-  const labels = { waiting: "waiting for the model…", generating: "generating…", paused: "paused" };
+  const labels = {
+    connecting: "connecting…", waiting: "waiting for the model…",
+    generating: "generating…", paused: "paused",
+  };
   turn.node.querySelector(".state").textContent = labels[phase];
   updateButtons();
 }
@@ -273,10 +297,11 @@ function updateButtons() {
   const phase = turn ? turn.phase : "idle";
   el.send.disabled = phase !== "idle";
   el.newChat.disabled = phase !== "idle";
-  el.stop.disabled = phase === "idle";
+  const sent = phase !== "idle" && phase !== "connecting";  // the server knows of the answer
+  el.stop.disabled = !sent;
   el.pause.disabled = phase !== "generating" && phase !== "paused";
   el.pause.textContent = phase === "paused" ? "Resume" : "Pause";
-  el.regenerate.disabled = phase === "idle" ? latest === null : false;
+  el.regenerate.disabled = phase === "idle" ? latest === null : !sent;
 }
 
 // --- the page ------------------------------------------------------------------------------
@@ -301,6 +326,7 @@ function sendFeedback(node, rating) {
     return notice("Feedback can only go to the latest answer, while its connection is open.", true);
   }
   pendingControls += 1;  // until `feedback_recorded`
+  rated = node;
   sendJson({ type: "feedback", rating });
   for (const thumb of node.querySelectorAll(".thumb")) {
     thumb.setAttribute("aria-pressed", String(thumb.classList.contains(rating > 0 ? "up" : "down")));
@@ -340,12 +366,12 @@ el.input.addEventListener("keydown", (event) => {
   }
 });
 el.stop.addEventListener("click", () => {
-  if (!turn) return;
+  if (!turn || turn.phase === "connecting") return;
   control("stop");
   turn.node.querySelector(".state").textContent = "stopping…";
 });
 el.pause.addEventListener("click", () => {
-  if (!turn) return;
+  if (!turn || (turn.phase !== "generating" && turn.phase !== "paused")) return;
   control(turn.phase === "paused" ? "resume" : "pause");
   el.pause.disabled = true;  // until the server acknowledges
 });
@@ -354,8 +380,9 @@ el.temperature.addEventListener("input", () => {
   el.temperatureValue.textContent = el.temperature.value;
 });
 el.temperature.addEventListener("change", () => {
-  if (!turn || turn.phase === "waiting") return;  // otherwise it applies to the next answer
+  if (!turn || turn.phase === "connecting") return;  // it applies to the next answer
   const temperature = Number(el.temperature.value);
+  modifies.push(temperature);
   control("modify", { temperature });
   if (held) {  // the server's config follows the modify: a later regenerate uses it
     const config = JSON.parse(held);
@@ -366,7 +393,7 @@ el.temperature.addEventListener("change", () => {
 });
 el.newChat.addEventListener("click", () => {
   if (turn) return;
-  history.length = 0;
+  conversation.length = 0;
   latest = null;
   for (const node of el.chat.querySelectorAll(".message")) node.remove();
   el.empty.hidden = false;

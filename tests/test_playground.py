@@ -1,0 +1,252 @@
+"""GET `/ui`: the chat playground, driven in headless Chromium against the real engine.
+
+Every check reads what a user sees on the page: the answer's text, its state and stats line,
+the notices that show the server's acknowledgements. Screenshots go to `test-artifacts/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import (
+    BrowserContext,
+    Locator,
+    Page,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
+
+from gateway.engine import Engine
+from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by deploy/install-browser.sh
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+DESKTOP = ViewportSize(width=1200, height=860)
+PHONE = ViewportSize(width=375, height=812)
+# A prompt the greedy model answers at length: long enough to act on it midway.
+LONG = "Write a long, detailed story about a dragon and a village."
+LATEST = "[...document.querySelectorAll('.message.assistant')].pop()"
+LATEST_LENGTH = f"{LATEST}.querySelector('.text').textContent.length"
+LATEST_FAILED = f"{LATEST}.classList.contains('failed')"
+FINISHED = re.compile(r"^(done|max tokens reached)$")  # end of sequence, or max_tokens
+STATS = re.compile(r"^\d+ tokens · first token \d+ ms · \d+\.\d tokens/s$")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[BrowserContext]:
+    with (
+        tempfile.TemporaryDirectory(prefix="playground-chromium-") as profile,
+        sync_playwright() as playwright,
+    ):
+        context = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport=DESKTOP,
+        )
+        context.set_default_timeout(20_000)
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser: BrowserContext) -> Iterator[Page]:
+    opened = browser.new_page()
+    yield opened
+    opened.close()
+
+
+def answer(page: Page) -> Locator:
+    return page.locator(".message.assistant").last
+
+
+def length(page: Page) -> int:
+    return len(answer(page).locator(".text").text_content() or "")
+
+
+def wait_longer_than(page: Page, chars: int) -> int:
+    """Waits until the latest answer has grown past `chars` characters; returns its length."""
+    page.wait_for_function(f"n => {LATEST_FAILED} || {LATEST_LENGTH} > n", arg=chars)
+    failed = answer(page).locator(".state").text_content()
+    assert "failed" not in (answer(page).get_attribute("class") or ""), failed
+    return length(page)
+
+
+def tokens_shown(page: Page) -> int:
+    """The token count on the latest answer's stats line, once it has finished."""
+    stats = answer(page).locator(".stats").text_content() or ""
+    assert STATS.match(stats), stats
+    return int(stats.split()[0])
+
+
+def assert_not_growing(page: Page, seconds: float = 0.8) -> int:
+    before = length(page)
+    time.sleep(seconds)
+    assert length(page) == before
+    return before
+
+
+def send(page: Page, message: str) -> None:
+    page.get_by_label("Message", exact=True).fill(message)
+    page.get_by_label("Message", exact=True).press("Enter")
+
+
+def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / name)
+
+
+def test_page_and_assets_are_served_from_the_gateway(server: RunningServer) -> None:
+    page = httpx.get(server.http + "/ui")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    for asset, kind in (("playground.js", "text/javascript"), ("playground.css", "text/css")):
+        served = httpx.get(f"{server.http}/ui/{asset}")
+        assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
+        assert f"/ui/{asset}" in page.text
+    assert httpx.get(server.http + "/ui/../app.py").status_code == 404
+    assert httpx.get(server.http + "/ui/playground.html.bak").status_code == 404
+
+
+def test_chat_streams_and_is_steered_from_the_page(
+    server: RunningServer, page: Page, idle_engine: Callable[[], None]
+) -> None:
+    page.goto(server.http + "/ui")
+    expect(page.locator("#connection")).to_have_text("connected")
+    page.get_by_label("Max tokens").fill("300")
+    temperature = page.get_by_label("Temperature")
+    temperature.press("Home")  # greedy: the long answer is the same every run
+    expect(page.locator("#temperature-value")).to_have_text("0")
+    state = answer(page).locator(".state")
+
+    send(page, LONG)
+    expect(page.locator(".message.user .text")).to_have_text(LONG)
+    # The answer grows as it is generated.
+    seen = [wait_longer_than(page, 0)]
+    for _ in range(3):
+        seen.append(wait_longer_than(page, seen[-1]))
+    assert seen == sorted(set(seen))
+    expect(state).to_have_text("generating…")
+    expect(answer(page).locator(".stats")).to_contain_text("tokens so far")
+
+    # Regenerate midway: the answer starts again from nothing and grows anew.
+    before = wait_longer_than(page, 60)
+    page.get_by_role("button", name="Regenerate").click()
+    page.wait_for_function(f"n => {LATEST_LENGTH} < n", arg=before)
+    expect(answer(page).locator(".attempt")).to_have_text("attempt 2")
+    wait_longer_than(page, 20)
+    expect(state).to_have_text("generating…")
+    assert page.locator(".message.assistant").count() == 1
+
+    # The temperature changes mid-answer and the server acknowledges it.
+    temperature.press("ArrowRight")
+    expect(page.locator("#notice")).to_have_text("Temperature 0.1 applied mid-answer.")
+    grown = wait_longer_than(page, length(page))
+
+    # Pause holds the answer still; Resume goes on from where it was.
+    page.get_by_role("button", name="Pause").click()
+    expect(state).to_have_text("paused")
+    expect(page.get_by_role("button", name="Resume")).to_be_enabled()
+    held = assert_not_growing(page)
+    assert held >= grown
+    page.get_by_role("button", name="Resume").click()
+    expect(state).to_have_text("generating…")
+    wait_longer_than(page, held + 60)
+
+    # Stop ends it midway: it stops growing and says so.
+    page.get_by_role("button", name="Stop").click()
+    expect(state).to_have_text("stopped")
+    stopped = assert_not_growing(page)
+    assert 0 < tokens_shown(page) < 300
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    expect(page.get_by_role("button", name="Stop")).to_be_disabled()
+
+    # Thumbs up on it is recorded by the server.
+    answer(page).get_by_role("button", name="Good answer").click()
+    expect(answer(page).locator(".feedback-state")).to_have_text("Feedback recorded")
+
+    # A second turn, short enough to finish, with its tokens, first-token time and speed.
+    page.get_by_label("Max tokens").fill("24")
+    send(page, "Now say it in one sentence.")
+    expect(page.locator(".message.assistant")).to_have_count(2)
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    assert 0 < tokens_shown(page) <= 24
+    # The earlier answer stays as it was stopped.
+    assert len(page.locator(".message.assistant .text").first.text_content() or "") == stopped
+
+    # Regenerate after it finished: a new answer in its place.
+    page.get_by_role("button", name="Regenerate").click()
+    expect(answer(page).locator(".attempt")).to_have_text("attempt 2")
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    expect(page.locator(".message.assistant")).to_have_count(2)
+    expect(page.locator(".message.user")).to_have_count(2)
+
+    screenshot(page, "playground-desktop.png")
+    page.set_viewport_size(PHONE)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    for name in ("Send", "Stop", "Pause", "Regenerate"):
+        box = page.get_by_role("button", name=name).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    screenshot(page, "playground-phone.png")
+    idle_engine()
+
+
+def test_loading_status_while_the_engine_starts(
+    loop_thread: LoopThread, engine: Engine, page: Page
+) -> None:
+    gate = asyncio.Event()
+
+    async def open_gate() -> None:
+        await gate.wait()
+
+    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
+    try:
+        page.set_viewport_size(PHONE)
+        page.goto(loading.http + "/ui")
+        banner = page.locator("#loading")
+        expect(banner).to_be_visible()
+        expect(banner).to_contain_text("Loading the model")
+        expect(page.locator("#loading-detail")).to_have_text(
+            re.compile(r"^\d+% · about \d+ s left")
+        )
+        page.get_by_label("Max tokens").fill("5")
+        send(page, "Hello!")
+        expect(answer(page).locator(".state")).to_have_text("waiting for the model…")
+        screenshot(page, "playground-loading.png")
+        loop_thread.call(gate.set)
+        expect(banner).to_be_hidden()
+        expect(answer(page).locator(".state")).to_have_text(FINISHED)
+        expect(answer(page).locator(".stats")).to_have_text(STATS)
+
+        # A dropped connection is shown, and the next message opens a new one.
+        page.evaluate("socket.close()")
+        expect(page.locator("#connection")).to_have_text("disconnected · reconnects on send")
+        expect(answer(page).get_by_role("button", name="Good answer")).to_be_hidden()
+        send(page, "Thanks!")
+        expect(page.locator("#connection")).to_have_text("connected")
+        expect(answer(page).locator(".state")).to_have_text(FINISHED)
+        expect(page.locator(".message.assistant")).to_have_count(2)
+    finally:
+        page.goto("about:blank")  # closes the page's WebSocket, which the shutdown waits for
+        loading.stop()
