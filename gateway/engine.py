@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -125,6 +125,22 @@ def _text(token_id: int, logprob: Logprob, tokenizer: Any) -> str:
     return str(tokenizer.decode([token_id]))
 
 
+class _Tracked:
+    """One engine request's outcome so far ("cancelled" until it finishes), and its meter."""
+
+    __slots__ = ("meter", "outcome")
+
+    def __init__(self, meter: StreamMeter | None) -> None:
+        self.meter = meter
+        self.outcome = "cancelled"
+
+    def step(self, new_tokens: int, cached_tokens: int, finished: bool) -> None:
+        if self.meter is not None:
+            self.meter.step(new_tokens, cached_tokens)
+        if finished:
+            self.outcome = "ok"
+
+
 def _meter(prompt_tokens: int) -> StreamMeter | None:
     make = STREAM_METER.get()
     if make is None:
@@ -216,60 +232,48 @@ class Engine:
         """The steps of one sequence (options.n must be 1), as the engine produces them."""
         request_id = f"gw-{next(self._ids)}"
         outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
-        meter = _meter(len(token_ids))
         first = True
-        outcome = "cancelled"
-        try:
-            async with aclosing(outputs):
-                async for output in outputs:
-                    step = self._step(output, output.outputs[0], first)
-                    first = False
-                    if meter is not None:
-                        meter.step(len(step.token_ids), step.cached_tokens)
-                    if step.finished:
-                        outcome = "ok"
-                    yield step
-        except (asyncio.CancelledError, GeneratorExit):
-            # vLLM aborts on close too, except when cancelled inside its add_request, before
-            # it holds the request's queue: abort by id as well (a second abort is a no-op).
-            await self._llm.abort(request_id)
-            raise
-        except GenerationError as e:
-            outcome = e.kind.value
-            raise
-        except Exception:
-            outcome = ErrorKind.ENGINE_ERROR.value
-            raise
-        finally:
-            if meter is not None:
-                meter.ended(outcome)
+        async with self._tracked(request_id, len(token_ids)) as tracked, aclosing(outputs):
+            async for output in outputs:
+                step = self._step(output, output.outputs[0], first)
+                first = False
+                tracked.step(len(step.token_ids), step.cached_tokens, step.finished)
+                yield step
 
     async def complete(self, token_ids: list[int], options: SamplingOptions) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
         params = sampling_params(options, RequestOutputKind.FINAL_ONLY)
         outputs = self._llm.generate(tokens_input(token_ids), params, request_id)
-        meter = _meter(len(token_ids))
-        outcome = "cancelled"
+        async with self._tracked(request_id, len(token_ids)) as tracked, aclosing(outputs):
+            async for output in outputs:
+                if output.finished:
+                    steps = [self._step(output, c, True) for c in output.outputs]
+                    tokens = sum(len(s.token_ids) for s in steps)
+                    tracked.step(tokens, steps[0].cached_tokens, True)
+                    return steps
+        raise _engine_failure("no output")
+
+    @asynccontextmanager
+    async def _tracked(self, request_id: str, prompt_tokens: int) -> AsyncIterator[_Tracked]:
+        """Meter one engine request, and abort it however its consumer stops listening."""
+        tracked = _Tracked(_meter(prompt_tokens))
         try:
-            async with aclosing(outputs):
-                async for output in outputs:
-                    if output.finished:
-                        steps = [self._step(output, c, True) for c in output.outputs]
-                        if meter is not None:
-                            meter.step(sum(len(s.token_ids) for s in steps), steps[0].cached_tokens)
-                        outcome = "ok"
-                        return steps
+            yield tracked
         except (asyncio.CancelledError, GeneratorExit):
+            # vLLM aborts on close too, except when cancelled inside its add_request, before
+            # it holds the request's queue: abort by id as well (a second abort is a no-op).
             await self._llm.abort(request_id)
             raise
         except GenerationError as e:
-            outcome = e.kind.value
+            tracked.outcome = e.kind.value
+            raise
+        except Exception:
+            tracked.outcome = ErrorKind.ENGINE_ERROR.value
             raise
         finally:
-            if meter is not None:
-                meter.ended(outcome)
-        raise _engine_failure("no output")
+            if tracked.meter is not None:
+                tracked.meter.ended(tracked.outcome)
 
     async def beam_search(
         self, token_ids: list[int], options: SamplingOptions, beams_returned: int = 1

@@ -262,20 +262,12 @@ class RestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     include_timing: bool = False
 
 
-class RestRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class RestRequest(Parameters, forbid_unknown_fields=True, kw_only=True):
     """The spec's REST body: the config's parameters flat beside the prompt."""
 
     prompt: str | UnsetType = UNSET
     messages: Messages | UnsetType = UNSET
     model: str | None = None
-    max_tokens: MaxNewTokens | UnsetType = UNSET
-    temperature: Temperature | UnsetType = UNSET
-    top_p: TopP | UnsetType = UNSET
-    top_k: TopK | UnsetType = UNSET
-    repetition_penalty: RepetitionPenalty | UnsetType = UNSET
-    stop: list[str] | UnsetType = UNSET
-    seed: int | UnsetType | None = UNSET
-    ignore_eos: bool | UnsetType = UNSET
     stream: bool = False
     options: RestOptions = msgspec.field(default_factory=RestOptions)
 
@@ -296,16 +288,7 @@ def rest_config(raw: bytes) -> Config:
         raise validation_error(e) from e
     except msgspec.DecodeError as e:
         raise invalid(f"Malformed JSON: {e}", "$") from e
-    parameters = Parameters(
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        repetition_penalty=body.repetition_penalty,
-        stop=body.stop,
-        seed=body.seed,
-        ignore_eos=body.ignore_eos,
-    )
+    parameters = Parameters(**{name: getattr(body, name) for name in Parameters.__struct_fields__})
     options = Options(stream=body.stream, **msgspec.structs.asdict(body.options))
     return Config(
         prompt=body.prompt,
