@@ -1,0 +1,319 @@
+"""One benchmark run: every target in turn, then the report.
+
+Order: the in-process ceiling (its engine is shut down before anything else starts), vLLM's
+OpenAI server, then the gateway: connection scale first (memory is read on a fresh
+process), the protocols in table order, and the continuation benchmark. A target that fails
+to start is reported with no figures; the run goes on with the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from tqdm import tqdm
+
+from gateway.bench import chart, goals, machine, report, targets
+from gateway.bench.clients import GATEWAY_PROTOCOLS, INPROCESS, VLLM_SERVER, Protocol
+from gateway.bench.connections import connection_scale
+from gateway.bench.continuation import continuation_bench
+from gateway.bench.options import BenchOptions
+from gateway.bench.results import (
+    BenchReport,
+    ConnectionResult,
+    ContinuationResult,
+    EngineDescription,
+    TargetResult,
+    WorkloadDescription,
+)
+from gateway.bench.runner import requests_per_step, sweep
+from gateway.bench.worker import Context
+from gateway.bench.workload import Workload
+from gateway.config import served_model_name
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
+
+_FD_MARGIN = 1024
+
+
+def _model_dir(options: BenchOptions) -> str:
+    if options.model:
+        return options.model
+    from gateway.default_model import prepare_default_model
+
+    return str(prepare_default_model(progress=lambda message: tqdm.write(message)))
+
+
+def _tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def _failed(protocol: Protocol, error: BaseException) -> TargetResult:
+    return TargetResult(
+        name=protocol.name,
+        label=protocol.label,
+        kind=protocol.kind,
+        tokens=protocol.tokens,
+        notes=f"not measured: {type(error).__name__}: {error}",
+        steps=[],
+    )
+
+
+class _Run:
+    def __init__(self, options: BenchOptions, workload: Workload, session: aiohttp.ClientSession):
+        self.options = options
+        self.workload = workload
+        self.session = session
+        self.targets: list[TargetResult] = []
+        self.continuation: ContinuationResult | None = None
+        self.connections: ConnectionResult | None = None
+        self.bar = tqdm(
+            total=self._total(), unit="req", disable=not options.progress, dynamic_ncols=True
+        )
+
+    def _total(self) -> int:
+        o = self.options
+        per_target = sum(requests_per_step(c, o.rounds, o.min_requests) for c in o.concurrency)
+        count = int(o.ceiling) + int(o.vllm_server) + (len(o.protocols) if o.gateway else 0)
+        extra = len(o.continuation_lengths) * o.continuation_repetitions
+        return per_target * count + (extra if o.gateway and o.continuation else 0)
+
+    def say(self, message: str) -> None:
+        self.bar.set_postfix_str(message)
+        if not self.options.progress:
+            return
+        tqdm.write(f"llm-gateway bench: {message}", file=sys.stderr)
+
+    def warn(self, message: str) -> None:
+        tqdm.write(f"llm-gateway bench: {message}", file=sys.stderr)
+
+    async def measure(
+        self, protocol: Protocol, context: Context, start_s: float | None = None
+    ) -> None:
+        o = self.options
+        try:
+            result = await sweep(
+                protocol,
+                context,
+                self.workload,
+                o.concurrency,
+                rounds=o.rounds,
+                minimum=o.min_requests,
+                progress=self.bar,
+                limit_s=o.request_timeout,
+            )
+        except Exception as e:
+            result = _failed(protocol, e)
+            self.warn(f"{protocol.label}: {e}")
+        result.start_s = start_s
+        self.targets.append(result)
+
+    async def guarded(self, protocols: list[Protocol], work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work`; if it fails, report the targets it had not measured, with the error."""
+        done = len(self.targets)
+        try:
+            await work()
+        except Exception as e:
+            measured = {t.name for t in self.targets[done:]}
+            self.targets += [_failed(p, e) for p in protocols if p.name not in measured]
+            self.warn(f"{', '.join(p.label for p in protocols)}: {e}")
+
+    async def ceiling(self, engine: Engine | None, model: str) -> None:
+        own = engine is None
+        began = perf_counter()
+        if engine is None:
+            self.say("starting vLLM in-process")
+            engine = await targets.start_inprocess(self.options.engine_settings(), model)
+        start_s = round(perf_counter() - began, 1) if own else None
+        try:
+            await self.measure(INPROCESS, Context(self.session, engine=engine), start_s)
+        finally:
+            if own:
+                engine.shutdown()
+
+    @asynccontextmanager
+    async def _vllm(self, model: str, out: Path) -> AsyncIterator[targets.Endpoint]:
+        o = self.options
+        name = served_model_name(o.engine_settings())
+        if o.vllm_url:
+            url = o.vllm_url.rstrip("/")
+            yield targets.Endpoint(url, model=await targets.served_model(self.session, url))
+            return
+        port = targets.free_port()
+        command = targets.vllm_server_command(o.engine_settings(), model, name, port)
+        self.say(f"starting vLLM's OpenAI server on port {port}")
+        async with targets.server(
+            command, {}, port, out / "vllm-server.log", o.start_timeout, name
+        ) as endpoint:
+            yield endpoint
+
+    async def vllm_server(self, model: str, out: Path) -> None:
+        async with self._vllm(model, out) as endpoint:
+            pids = () if endpoint.pid is None else (endpoint.pid,)
+            context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
+            await self.measure(VLLM_SERVER, context, endpoint.start_s)
+
+    @asynccontextmanager
+    async def _gateway(
+        self, provided: targets.Endpoint | None, out: Path
+    ) -> AsyncIterator[targets.Endpoint]:
+        o = self.options
+        if provided is not None:
+            yield provided
+            return
+        if o.gateway_url:
+            yield targets.Endpoint(o.gateway_url.rstrip("/"), o.gateway_pid)
+            return
+        port = targets.free_port()
+        env = targets.gateway_environment(o.engine_settings())
+        self.say(f"starting the gateway on port {port}")
+        command = targets.gateway_command(port)
+        async with targets.server(
+            command, env, port, out / "gateway.log", o.start_timeout
+        ) as endpoint:
+            yield endpoint
+
+    async def gateway(self, provided: targets.Endpoint | None, out: Path) -> None:
+        o = self.options
+        async with self._gateway(provided, out) as endpoint:
+            pids = () if endpoint.pid is None else (endpoint.pid,)
+            context = Context(self.session, endpoint.url, pids=pids)
+            if o.connections:
+                self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
+                try:
+                    self.connections = await connection_scale(
+                        context,
+                        self.workload,
+                        pid=endpoint.pid,
+                        idle=o.idle_connections,
+                        streams=o.streams,
+                        output_tokens=o.stream_tokens,
+                        limit_s=o.request_timeout,
+                    )
+                except Exception as e:
+                    self.warn(f"connection scale not measured: {type(e).__name__}: {e}")
+            start_s = endpoint.start_s
+            for protocol in (p for p in GATEWAY_PROTOCOLS if p.name in o.protocols):
+                await self.measure(protocol, context, start_s)
+                start_s = None  # the engine started once, for the first protocol
+            if o.continuation:
+                try:
+                    self.continuation = await continuation_bench(
+                        context,
+                        self.workload,
+                        lengths=o.continuation_lengths,
+                        repetitions=o.continuation_repetitions,
+                        generated=o.continuation_generated,
+                        new_tokens=o.continuation_new_tokens,
+                        limit_s=o.request_timeout,
+                        progress=self.bar,
+                    )
+                except Exception as e:
+                    self.warn(f"continuation not measured: {type(e).__name__}: {e}")
+
+
+def _engine_description(options: BenchOptions) -> EngineDescription:
+    settings = options.engine_settings()
+    return EngineDescription(
+        model=options.model or f"{served_model_name(settings)} (embedded)",
+        max_model_len=settings.max_model_len,
+        kv_cache_gib=settings.kv_cache_gib,
+        enforce_eager=settings.enforce_eager,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        dtype=settings.dtype,
+    )
+
+
+def _workload_description(options: BenchOptions, workload: Workload) -> WorkloadDescription:
+    return WorkloadDescription(
+        seed=options.seed,
+        prompt_tokens_min=options.prompt_tokens[0],
+        prompt_tokens_max=options.prompt_tokens[1],
+        output_tokens=options.output_tokens,
+        concurrency=list(options.concurrency),
+        requests_per_step={
+            str(c): requests_per_step(c, options.rounds, options.min_requests)
+            for c in options.concurrency
+        },
+        exact_prompt_lengths=workload.exact,
+    )
+
+
+async def run_benchmark(
+    options: BenchOptions,
+    *,
+    engine: Engine | None = None,
+    gateway: targets.Endpoint | None = None,
+    command: str = "",
+) -> tuple[BenchReport, Path]:
+    """Measure every target `options` asks for and write the report; returns it and its
+    directory. `engine` (the in-process target) and `gateway` are used as they are when
+    given (the test suite's), instead of starting them."""
+    began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+    host = machine.describe()
+    out = Path(options.out_dir())
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    targets.raise_file_limit(options.idle_connections + options.streams + _FD_MARGIN)
+    needs_model = (options.ceiling and engine is None) or (
+        options.vllm_server and not options.vllm_url
+    )
+    needs_model = needs_model or (options.gateway and gateway is None and not options.gateway_url)
+    needs_model = needs_model or engine is None  # the workload needs its tokenizer
+    model = await asyncio.to_thread(_model_dir, options) if needs_model else ""
+    tokenizer = (
+        engine.tokenizer if engine is not None else await asyncio.to_thread(_tokenizer, model)
+    )
+    workload = Workload.from_tokenizer(
+        tokenizer,
+        seed=options.seed,
+        prompt_tokens=options.prompt_tokens,
+        output_tokens=options.output_tokens,
+    )
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+    ) as session:
+        run = _Run(options, workload, session)
+        try:
+            if options.ceiling:
+                await run.guarded([INPROCESS], lambda: run.ceiling(engine, model))
+            if options.vllm_server:
+                await run.guarded([VLLM_SERVER], lambda: run.vllm_server(model, out))
+            if options.gateway:
+                chosen = [p for p in GATEWAY_PROTOCOLS if p.name in options.protocols]
+                await run.guarded(chosen, lambda: run.gateway(gateway, out))
+        finally:
+            run.bar.close()
+    host.load_end = machine.load()
+    result = BenchReport(
+        command=command or shlex.join(["llm-gateway", "bench"]),
+        started_at=started_at,
+        duration_s=round(perf_counter() - began, 1),
+        quick=options.quick,
+        machine=host,
+        engine=_engine_description(options),
+        workload=_workload_description(options, workload),
+        targets=run.targets,
+        continuation=run.continuation,
+        connections=run.connections,
+        goals=goals.evaluate(run.targets, run.continuation, run.connections, options.output_tokens),
+    )
+    drawn = True
+    try:
+        chart.draw(result, out / report.CHART)
+    except Exception as e:  # a report without its chart is still worth writing
+        drawn = False
+        tqdm.write(f"llm-gateway bench: no chart: {e}", file=sys.stderr)
+    report.write(result, out, drawn)
+    return result, out

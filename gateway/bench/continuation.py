@@ -1,0 +1,133 @@
+"""Continuation by request_id against resending the history, on WS `/ws`.
+
+For each history length H and repetition:
+1. a new request_id generates `generated` tokens after a fresh prompt of H - `generated`
+   tokens: the gateway stores the H-token history under that id;
+2. continuation: the same request_id with an empty prompt. The gateway resubmits the stored
+   token ids and vLLM's prefix cache serves all of it but the last partial block;
+3. fresh: a new request_id whose prompt is the whole text so far with its first word changed,
+   so that no block of it is in the prefix cache: what the same history costs when it has to
+   be computed again (a server that forgot it, another replica, an evicted cache);
+4. resend: a new request_id with the whole text so far, verbatim. vLLM's prefix cache serves
+   it too, as far as the text tokenizes back into the same ids: shown for reference.
+Each measured request generates `new_tokens` tokens; the figure is its TTFT. The point's
+figures are medians over the repetitions; the ratio is continuation / fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Sequence
+
+from gateway.bench.clients import ws_batch
+from gateway.bench.metrics import Record
+from gateway.bench.results import ContinuationPoint, ContinuationResult
+from gateway.bench.runner import Progress
+from gateway.bench.worker import Context, Worker
+from gateway.bench.workload import Request, Workload, text_of
+
+
+def _ttft(record: Record) -> float:
+    assert record.first is not None  # finish() refuses an answer without text
+    return (record.first - record.sent) * 1000
+
+
+async def _send(worker: Worker, request: Request, limit_s: float) -> Record:
+    try:
+        async with asyncio.timeout(limit_s):
+            return await ws_batch(worker, request)
+    except Exception:
+        await worker.close()
+        raise
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+async def _point(
+    worker: Worker,
+    workload: Workload,
+    history: int,
+    *,
+    repetitions: int,
+    generated: int,
+    new_tokens: int,
+    limit_s: float,
+    progress: Progress,
+) -> ContinuationPoint:
+    continued: list[float] = []
+    fresh: list[float] = []
+    resent: list[float] = []
+    errors: list[str] = []
+    for rep in range(repetitions):
+        words = workload.words_for(f"history-{history}", rep, history - generated)
+        words = workload.salted(words, f"{workload.run}:history")
+        prompt = text_of(words)
+        key = workload.request_id("history", history, rep)
+        try:
+            first = await _send(worker, Request(key, prompt, generated, len(words)), limit_s)
+            whole = prompt + (first.text or "")
+            again = await _send(worker, Request(key, "", new_tokens, history), limit_s)
+            continued.append(_ttft(again))
+            other = text_of(workload.salted(words, f"{workload.run}:fresh:{rep}")) + (
+                first.text or ""
+            )
+            fresh_id = workload.request_id("fresh", history, rep)
+            cold = await _send(worker, Request(fresh_id, other, new_tokens, history), limit_s)
+            fresh.append(_ttft(cold))
+            resend_id = workload.request_id("resend", history, rep)
+            warm = await _send(worker, Request(resend_id, whole, new_tokens, history), limit_s)
+            resent.append(_ttft(warm))
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        progress.update(1)
+    cont, cold_ms = _median(continued), _median(fresh)
+    return ContinuationPoint(
+        history_tokens=history,
+        repetitions=repetitions,
+        continuation_ttft_ms=cont,
+        fresh_ttft_ms=cold_ms,
+        resend_ttft_ms=_median(resent),
+        ratio=round(cont / cold_ms, 3) if cont is not None and cold_ms else None,
+        errors=len(errors),
+        first_error=errors[0] if errors else None,
+    )
+
+
+async def continuation_bench(
+    context: Context,
+    workload: Workload,
+    *,
+    lengths: Sequence[int],
+    repetitions: int,
+    generated: int,
+    new_tokens: int,
+    limit_s: float,
+    progress: Progress,
+) -> ContinuationResult:
+    worker = Worker(context)
+    points: list[ContinuationPoint] = []
+    try:
+        for history in lengths:
+            progress.set_postfix_str(f"continuation at {history} tokens")
+            point = await _point(
+                worker,
+                workload,
+                history,
+                repetitions=repetitions,
+                generated=generated,
+                new_tokens=new_tokens,
+                limit_s=limit_s,
+                progress=progress,
+            )
+            points.append(point)
+    finally:
+        await worker.close()
+    return ContinuationResult(
+        protocol="WS /ws",
+        generated_tokens=generated,
+        new_tokens=new_tokens,
+        points=points,
+    )

@@ -1,0 +1,118 @@
+"""Per-request timings as the client sees them, and the figures of a sweep step.
+
+A protocol client records, for each message that carries text, the time it arrived and, when
+the protocol says, how many tokens it carries. Everything else is computed after the step,
+so the measuring loop does one `perf_counter()` and one list append per message.
+
+- TTFT: from just before the request is sent to the first message with non-empty text.
+- Inter-token latency: the gaps between consecutive text messages. A message that carries k
+  tokens (and says so) gives k samples of gap / k. When a protocol does not say how many
+  tokens a message carries, each gap is divided by the request's mean tokens per message
+  after the first (exactly 1 in the usual case of one token per engine step and message).
+- End-to-end latency: from sending to the end of the answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from time import perf_counter
+
+import msgspec
+
+from gateway.bench.results import StepResult
+
+
+class BenchError(Exception):
+    """A request that failed: an error event or status, a cut stream, a timeout."""
+
+
+class Record(msgspec.Struct):
+    sent: float
+    first: float | None = None
+    end: float = 0.0
+    arrivals: list[float] = msgspec.field(default_factory=list)
+    counts: list[int] = msgspec.field(default_factory=list)  # 0: the protocol does not say
+    tokens: int = 0
+    error: str | None = None
+    text: str | None = None  # the generated text, for protocols that hand it over whole
+
+    def arrive(self, tokens: int = 0) -> None:
+        now = perf_counter()
+        if self.first is None:
+            self.first = now
+        self.arrivals.append(now)
+        self.counts.append(tokens)
+
+    def finish(self, tokens: int) -> Record:
+        self.end = perf_counter()
+        self.tokens = tokens
+        if self.first is None:
+            raise BenchError(f"the answer carried no text ({tokens} tokens)")
+        return self
+
+
+def start() -> Record:
+    return Record(perf_counter())
+
+
+def failed(sent: float, error: str) -> Record:
+    return Record(sent, end=perf_counter(), error=error)
+
+
+def itl_samples(record: Record) -> list[float]:
+    """Inter-token latencies of one request, in seconds (see the module docstring)."""
+    times, counts = record.arrivals, record.counts
+    if len(times) < 2:
+        return []
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    if all(counts[1:]):
+        out: list[float] = []
+        for gap, k in zip(gaps, counts[1:], strict=True):
+            out.extend([gap / k] * k)
+        return out
+    per_message = max(1.0, (record.tokens - (counts[0] or 1)) / len(gaps))
+    return [gap / per_message for gap in gaps]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def summarize(
+    records: Sequence[Record], *, concurrency: int, wall_s: float, expected_tokens: int
+) -> StepResult:
+    ok = [r for r in records if r.error is None]
+    errors = [r.error for r in records if r.error is not None]
+    tokens = sum(r.tokens for r in ok)
+    ttft = [r.first - r.sent for r in ok if r.first is not None]
+    itl = [sample for r in ok for sample in itl_samples(r)]
+    e2e = [r.end - r.sent for r in ok]
+    return StepResult(
+        concurrency=concurrency,
+        requests=len(records),
+        errors=len(errors),
+        tokens=tokens,
+        expected_tokens=expected_tokens,
+        wall_s=round(wall_s, 3),
+        tokens_per_s=round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
+        ttft_p50_ms=_ms(percentile(ttft, 50)),
+        ttft_p99_ms=_ms(percentile(ttft, 99)),
+        itl_p50_ms=_ms(percentile(itl, 50)),
+        itl_p99_ms=_ms(percentile(itl, 99)),
+        e2e_p50_ms=_ms(percentile(e2e, 50)),
+        e2e_p99_ms=_ms(percentile(e2e, 99)),
+        first_error=errors[0] if errors else None,
+    )

@@ -1,0 +1,210 @@
+"""The engines under test: in-process vLLM, vLLM's OpenAI server and the gateway.
+
+Servers run as subprocesses on free loopback ports, each in its own process group (vLLM
+starts an engine-core child), with their output in a log file next to the report. The bench
+waits for `/health` to answer 200, measures, and stops the group before the next target
+starts, so two engines never share the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import socket
+import sys
+from asyncio.subprocess import Process
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+
+from gateway.config import EngineSettings
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
+
+GIB = 1 << 30
+_STOP_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server to measure; `pid` (for memory figures) is known when the bench started it."""
+
+    url: str
+    pid: int | None = None
+    start_s: float | None = None
+    model: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_file_limit(needed: int) -> int:
+    """Raise RLIMIT_NOFILE's soft limit towards `needed` (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return int(soft)
+
+
+async def start_inprocess(settings: EngineSettings, model: str) -> Engine:
+    from gateway.engine import Engine  # imports vLLM: only when this target runs
+
+    return await Engine.start(settings, model)
+
+
+class _Model(msgspec.Struct):
+    id: str
+
+
+class _Models(msgspec.Struct):
+    data: list[_Model]
+
+
+async def served_model(session: aiohttp.ClientSession, url: str) -> str:
+    """The first model a running OpenAI-compatible server lists under GET /v1/models."""
+    async with session.get(url + "/v1/models") as response:
+        response.raise_for_status()
+        models = msgspec.json.decode(await response.read(), type=_Models)
+    if not models.data:
+        raise RuntimeError(f"{url} serves no model")
+    return models.data[0].id
+
+
+def vllm_server_command(settings: EngineSettings, model: str, name: str, port: int) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--kv-cache-memory-bytes",
+        str(int(settings.kv_cache_gib * GIB)),
+        "--dtype",
+        settings.dtype,
+        "--seed",
+        str(settings.seed),
+        "--enable-prefix-caching"
+        if settings.enable_prefix_caching
+        else "--no-enable-prefix-caching",
+        "--uvicorn-log-level",
+        "warning",
+    ]
+    if settings.enforce_eager:
+        command.append("--enforce-eager")
+    return command
+
+
+def gateway_command(port: int) -> list[str]:
+    script = Path(sys.executable).with_name("llm-gateway")
+    head = [str(script)] if script.is_file() else [sys.executable, "-m", "gateway.cli"]
+    # No .env: the engine settings come from the bench's options, like the other targets.
+    return [*head, "serve", "--host", "127.0.0.1", "--port", str(port), "--env-file", os.devnull]
+
+
+def gateway_environment(settings: EngineSettings) -> dict[str, str]:
+    return {
+        "MODEL": settings.model,
+        "MAX_MODEL_LEN": str(settings.max_model_len),
+        "KV_CACHE_GIB": str(settings.kv_cache_gib),
+        "ENFORCE_EAGER": str(settings.enforce_eager).lower(),
+        "ENABLE_PREFIX_CACHING": str(settings.enable_prefix_caching).lower(),
+        "DTYPE": settings.dtype,
+        "SEED": str(settings.seed),
+        "LOG_LEVEL": "warning",
+    }
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+async def _wait_ready(process: Process, url: str, log: Path, limit_s: float) -> None:
+    deadline = perf_counter() + limit_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(
+                    f"{log.stem} exited with {process.returncode} before it was ready; "
+                    f"the end of {log}:\n{_tail(log)}"
+                )
+            try:
+                async with session.get(url + "/health") as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if perf_counter() > deadline:
+                raise TimeoutError(f"{log.stem} was not ready after {limit_s:.0f} s (see {log})")
+            await asyncio.sleep(0.5)
+
+
+def _signal_group(process: Process, signum: signal.Signals) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)  # the group this bench started, no other
+
+
+async def _stop(process: Process) -> None:
+    if process.returncode is not None:
+        return
+    _signal_group(process, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), _STOP_GRACE_S)
+    except TimeoutError:
+        _signal_group(process, signal.SIGKILL)
+        await process.wait()
+
+
+@asynccontextmanager
+async def server(
+    command: list[str],
+    env: dict[str, str],
+    port: int,
+    log: Path,
+    limit_s: float,
+    model: str = "",
+) -> AsyncIterator[Endpoint]:
+    """A server subprocess, ready to measure; stopped (with its children) on exit."""
+    began = perf_counter()
+    out = await asyncio.to_thread(log.open, "ab")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, engine-core child included
+        )
+    finally:
+        out.close()  # the child holds its own copy
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await _wait_ready(process, url, log, limit_s)
+        yield Endpoint(url, process.pid, round(perf_counter() - began, 1), model)
+    finally:
+        await _stop(process)

@@ -1,0 +1,104 @@
+"""What every protocol client shares: the target's context, a worker (one simulated client
+with its WebSockets), and small helpers for reading streamed HTTP bodies and WebSockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+
+from gateway.bench.metrics import BenchError
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass
+class Context:
+    """What every worker of a target shares."""
+
+    session: aiohttp.ClientSession
+    base_url: str = ""  # http://host:port of the server under test
+    model: str = ""  # the name vLLM's server serves the model under
+    engine: Engine | None = None  # the in-process target's engine
+    pids: tuple[int, ...] = ()  # the server under test, whose CPU time is not "other"
+
+
+class Worker:
+    """One simulated client: it sends its requests one after another, on one WebSocket when
+    the protocol has one (opened before the measurement starts)."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self._sockets: dict[str, aiohttp.ClientWebSocketResponse] = {}
+
+    @property
+    def engine(self) -> Engine:
+        if self.context.engine is None:
+            raise BenchError("no in-process engine")
+        return self.context.engine
+
+    def url(self, path: str) -> str:
+        return self.context.base_url + path
+
+    async def websocket(self, path: str) -> aiohttp.ClientWebSocketResponse:
+        ws = self._sockets.get(path)
+        if ws is None or ws.closed:
+            ws = await self.context.session.ws_connect(self.url(path), max_msg_size=0)
+            self._sockets[path] = ws
+        return ws
+
+    @asynccontextmanager
+    async def post(
+        self, path: str, body: object, headers: dict[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST `body` as JSON; the response, once its status is known to be 200."""
+        data = msgspec.json.encode(body)
+        session = self.context.session
+        async with session.post(self.url(path), data=data, headers=headers or JSON_HEADERS) as r:
+            await check_status(r)
+            yield r
+
+    async def close(self) -> None:
+        """Also after an error: the next request opens a fresh connection."""
+        sockets, self._sockets = list(self._sockets.values()), {}
+        for ws in sockets:
+            await ws.close()
+
+
+async def receive(ws: aiohttp.ClientWebSocketResponse) -> str | bytes:
+    message = await ws.receive()
+    if message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+        data: str | bytes = message.data
+        return data
+    raise BenchError(f"WebSocket closed ({message.type.name}, {message.extra or message.data})")
+
+
+class Lines:
+    """Splits a chunked HTTP body into lines; each `feed` is one network read."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = (self._rest + chunk).split(b"\n")
+        self._rest = lines.pop()
+        return lines
+
+
+def sse_data(line: bytes) -> bytes | None:
+    if not line.startswith(b"data:"):
+        return None
+    return line[5:].strip()
+
+
+async def check_status(response: aiohttp.ClientResponse) -> None:
+    if response.status != 200:
+        body = (await response.read())[:300].decode(errors="replace")
+        raise BenchError(f"HTTP {response.status}: {body}")

@@ -1,0 +1,93 @@
+"""`llm-gateway bench --quick` on the session's engine and server: every target answers
+without errors and the report is written. No speed figure is asserted."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gateway.bench.benchmark import run_benchmark
+from gateway.bench.metrics import Record, itl_samples, percentile
+from gateway.bench.options import PROTOCOL_NAMES, QUICK, parse
+from gateway.bench.report import CHART, JSON, MARKDOWN
+from gateway.bench.results import BenchReport
+from gateway.bench.targets import Endpoint
+from gateway.engine import Engine
+from serving import LoopThread, RunningServer
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_bench_measures_every_target_and_writes_the_report(
+    loop_thread: LoopThread, engine: Engine, server: RunningServer, tmp_path: Path
+) -> None:
+    options = msgspec.structs.replace(QUICK, vllm_server=False, out=str(tmp_path), progress=False)
+    gateway = Endpoint(server.http, os.getpid())  # the test server runs in this process
+    report, out = loop_thread.run(run_benchmark(options, engine=engine, gateway=gateway), 120)
+
+    assert out == tmp_path
+    assert [t.name for t in report.targets] == ["ceiling", *PROTOCOL_NAMES]
+    for target in report.targets:
+        assert [s.concurrency for s in target.steps] == list(QUICK.concurrency), target.notes
+        assert target.warmup_errors == 0, target.name
+        for step in target.steps:
+            assert step.errors == 0, (target.name, step.concurrency, step.first_error)
+            assert step.tokens > 0 and step.tokens_per_s > 0, target.name
+            assert step.ttft_p50_ms is not None and step.e2e_p99_ms is not None, target.name
+            assert step.other_cpu_pct is not None, target.name
+            assert step.frontend_cpu_ms_per_token is not None, target.name
+            if target.name != "tgi":  # TGI has no ignore_eos: it may stop at EOS
+                assert step.tokens == step.expected_tokens, target.name
+
+    assert report.continuation is not None
+    for point in report.continuation.points:
+        assert point.errors == 0, point.first_error
+        assert point.ratio is not None and point.resend_ttft_ms is not None
+    connections = report.connections
+    assert connections is not None
+    assert connections.idle_errors == 0 and connections.stream_errors == 0, connections
+    assert connections.idle_open == QUICK.idle_connections
+    assert connections.stream_tokens == QUICK.streams * QUICK.stream_tokens
+    assert connections.kb_per_idle_connection is not None
+    assert {g.passed for g in report.goals} == {None}  # quick mode measures no target
+
+    written = msgspec.json.decode((tmp_path / JSON).read_bytes(), type=BenchReport)
+    assert written == report
+    text = (tmp_path / MARKDOWN).read_text()
+    assert text.startswith("# llm-gateway bench (quick mode)")
+    for heading in ("## Targets", "## Throughput and latency", "## Continuation by request_id"):
+        assert heading in text
+    rows = [line for line in text.splitlines() if line.startswith("| WS /ws |")]
+    assert len(rows) == 2 * len(QUICK.concurrency) + 1  # figures, ratios, how measured
+    assert all(row.count("|") == rows[0].count("|") for row in rows[: len(QUICK.concurrency)])
+    png = (tmp_path / CHART).read_bytes()
+    assert png.startswith(PNG_MAGIC) and png[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width > 500 and height > 300
+
+
+def test_inter_token_latency_spreads_messages_over_their_tokens() -> None:
+    # Counts known: a message carrying 2 tokens after 0.2 s gives two samples of 0.1 s.
+    known = Record(0.0, first=1.0, end=1.5, arrivals=[1.0, 1.1, 1.3], counts=[1, 1, 2], tokens=4)
+    assert itl_samples(known) == pytest.approx([0.1, 0.1, 0.1])
+    # Counts unknown: 5 tokens after the first over 2 gaps, 2.5 tokens per message.
+    unknown = Record(0.0, first=1.0, end=2.0, arrivals=[1.0, 1.5, 2.0], counts=[0, 0, 0], tokens=6)
+    assert itl_samples(unknown) == pytest.approx([0.2, 0.2])
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    assert percentile([], 50) is None
+
+
+def test_command_line_options() -> None:
+    quick = parse(["--quick", "--concurrency", "2,3", "--no-vllm-server"])
+    assert quick.quick and quick.concurrency == (2, 3) and not quick.vllm_server
+    assert quick.output_tokens == QUICK.output_tokens
+    full = parse(["--prompt-tokens", "100-200", "--protocols", "ws,tgi"])
+    assert full.prompt_tokens == (100, 200) and full.protocols == ("ws", "tgi")
+    assert full.concurrency == (1, 8, 32, 64) and full.output_tokens == 64
+    with pytest.raises(SystemExit):
+        parse(["--protocols", "carrier-pigeon"])
