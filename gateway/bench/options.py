@@ -95,6 +95,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected an integer: {text!r}") from e
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
+    return value
+
+
 def _span(text: str) -> tuple[int, int]:
     low, _, high = text.partition("-")
     values = _ints(low + ("," + high if high else ""))
@@ -118,10 +128,10 @@ def parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--quick", action="store_true", help="a few seconds of measuring (the test suite's)")
     add("--concurrency", type=_ints, help="comma-separated sweep (default 1,8,32,64)")
-    add("--output-tokens", type=int, help="tokens generated per request (default 64)")
+    add("--output-tokens", type=_positive, help="tokens generated per request (default 64)")
     add("--prompt-tokens", type=_span, help="prompt length N or range N-M (default 128)")
-    add("--rounds", type=int, help="requests per step = rounds x concurrency (default 2)")
-    add("--min-requests", type=int, help="at least this many requests per step (default 8)")
+    add("--rounds", type=_positive, help="requests per step = rounds x concurrency (default 2)")
+    add("--min-requests", type=_positive, help="at least this many requests per step (default 8)")
     add("--seed", type=int, help="workload seed (default 0)")
     add(
         "--protocols",
@@ -147,18 +157,20 @@ def parser() -> argparse.ArgumentParser:
     add("--gateway-pid", type=int, help="the running gateway's pid, for memory per connection")
     add("--vllm-url", help="measure this running vLLM OpenAI server")
     add("--model", help="model directory or hub id (default: the embedded SmolLM2)")
-    add("--max-model-len", type=int, help="default 2048")
+    add("--max-model-len", type=_positive, help="default 2048")
     add("--kv-cache-gib", type=float, help="default 2")
     add(
-        "--enforce-eager", action="store_true", default=None, help="no torch.compile: starts faster"
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        help="no torch.compile: engines start faster (default: off; on with --quick)",
     )
     add("--no-continuation", dest="continuation", action="store_false", default=None)
     add("--continuation-lengths", type=_ints, help="history tokens (default 512,1024,1536)")
-    add("--continuation-repetitions", type=int, help="default 3")
+    add("--continuation-repetitions", type=_positive, help="default 3")
     add("--no-connections", dest="connections", action="store_false", default=None)
-    add("--idle-connections", type=int, help="idle WebSockets held at once (default 1000)")
-    add("--streams", type=int, help="concurrent short streams (default 256)")
-    add("--stream-tokens", type=int, help="tokens per stream (default 16)")
+    add("--idle-connections", type=_positive, help="idle WebSockets held at once (default 1000)")
+    add("--streams", type=_positive, help="concurrent short streams (default 256)")
+    add("--stream-tokens", type=_positive, help="tokens per stream (default 16)")
     add("--out", help="output directory (default bench-results/<UTC time>)")
     add("--no-progress", dest="progress", action="store_false", default=None)
     add("--start-timeout", type=float, help="seconds a server may take to be ready (default 900)")
