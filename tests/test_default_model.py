@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,11 +136,9 @@ def test_second_call_reuses_copy_without_importing_torch(prepared: Prepared) -> 
         print("torch" in sys.modules, "transformers" in sys.modules)
         """
     )
-    start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
-    assert time.monotonic() - start < 15
     assert result.stdout.splitlines() == [
         f"reusing complete copy at {prepared.model_dir}",
         str(prepared.model_dir),
