@@ -40,8 +40,7 @@ def test_quick_bench_measures_every_target_and_writes_the_report(
             assert step.ttft_p50_ms is not None and step.e2e_p99_ms is not None, target.name
             assert step.other_cpu_pct is not None, target.name
             assert step.frontend_cpu_ms_per_token is not None, target.name
-            if target.name != "tgi":  # TGI has no ignore_eos: it may stop at EOS
-                assert step.tokens == step.expected_tokens, target.name
+            assert step.tokens == step.expected_tokens, target.name
 
     assert report.continuation is not None
     for point in report.continuation.points:

@@ -22,7 +22,7 @@ from gateway.bench.worker import (
     Lines,
     Worker,
     receive,
-    sse_data,
+    sse_reads,
 )
 from gateway.bench.workload import Request
 from protocols.generation import SamplingOptions
@@ -80,13 +80,12 @@ async def vllm_completions(worker: Worker, request: Request) -> Record:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    record, lines, tokens = start(), Lines(), None
+    record, tokens = start(), None
     async with worker.post("/v1/completions", body) as r:
-        async for data in r.content.iter_any():
+        async for payloads in sse_reads(r):
             text = False
-            for line in lines.feed(data):
-                payload = sse_data(line)
-                if not payload or payload == b"[DONE]":
+            for payload in payloads:
+                if payload == b"[DONE]":
                     continue
                 chunk = _CHUNK.decode(payload)
                 if chunk.error is not None:
@@ -200,14 +199,11 @@ async def control_ws(worker: Worker, request: Request) -> Record:
 async def v1_generate(worker: Worker, request: Request) -> Record:
     """POST `/v1/generate` with `stream: true`: the control messages as server-sent events."""
     body = {"prompt": request.prompt, "stream": True, **_control_parameters(request)}
-    record, lines = start(), Lines()
+    record = start()
     async with worker.post("/v1/generate", body) as r:
-        async for data in r.content.iter_any():
+        async for payloads in sse_reads(r):
             text = False
-            for line in lines.feed(data):
-                payload = sse_data(line)
-                if not payload:
-                    continue
+            for payload in payloads:
                 message = _CONTROL.decode(payload)
                 if message.type == "token":
                     text = text or bool(message.token)
@@ -314,17 +310,16 @@ _TGI_EVENT = msgspec.json.Decoder(_TgiEvent)
 
 
 async def tgi_stream(worker: Worker, request: Request) -> Record:
-    """POST `/generate_stream` (TGI): one SSE event per token. TGI has no ignore_eos, so the
-    tokens are those the stream carried, which may be fewer than asked."""
-    body = {"inputs": request.prompt, "parameters": {"max_new_tokens": request.max_new_tokens}}
-    record, lines, tokens, pending = start(), Lines(), 0, 0
+    """POST `/generate_stream` (TGI): one SSE event per token. TGI has no ignore_eos; the
+    gateway's `ignore_eos_token` extension (the one vLLM's own benchmark client sends) fixes
+    the length, and the tokens are counted from the stream."""
+    parameters = {"max_new_tokens": request.max_new_tokens, "ignore_eos_token": True}
+    body = {"inputs": request.prompt, "parameters": parameters}
+    record, tokens, pending = start(), 0, 0
     async with worker.post("/generate_stream", body) as r:
-        async for data in r.content.iter_any():
+        async for payloads in sse_reads(r):
             text = False
-            for line in lines.feed(data):
-                payload = sse_data(line)
-                if not payload:
-                    continue
+            for payload in payloads:
                 event = _TGI_EVENT.decode(payload)
                 if event.error is not None:
                     raise BenchError(f"TGI error event: {event.error}")
@@ -427,6 +422,6 @@ GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
         tgi_stream,
         "gateway",
         "counted",
-        notes="TGI has no ignore_eos: tokens counted from the stream, may stop early at EOS",
+        notes="parameters.ignore_eos_token (a gateway extension); tokens counted from the stream",
     ),
 )

@@ -98,6 +98,14 @@ def sse_data(line: bytes) -> bytes | None:
     return line[5:].strip()
 
 
+async def sse_reads(response: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
+    """The non-empty SSE `data:` payloads of each network read, one list per read (what
+    arrived together is timed together)."""
+    lines = Lines()
+    async for chunk in response.content.iter_any():
+        yield [payload for line in lines.feed(chunk) if (payload := sse_data(line))]
+
+
 async def check_status(response: aiohttp.ClientResponse) -> None:
     if response.status != 200:
         body = (await response.read())[:300].decode(errors="replace")
