@@ -106,6 +106,8 @@ def _engine_failure(reason: str | None) -> GenerationError:
 def _token_info(token_id: int, position: Mapping[int, Logprob] | None, tokenizer: Any) -> TokenInfo:
     position = position or {}
     chosen = position.get(token_id)
+    if chosen is not None and len(position) == 1:  # logprobs=0, the LMI/TGI stream's case
+        return TokenInfo(token_id, _text(token_id, chosen, tokenizer), chosen.logprob)
     others = sorted(
         (
             TopToken(tid, _text(tid, lp, tokenizer), lp.logprob)

@@ -10,11 +10,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gateway.bench import goals
 from gateway.bench.benchmark import run_benchmark
 from gateway.bench.metrics import Record, itl_samples, percentile
 from gateway.bench.options import PROTOCOL_NAMES, QUICK, parse
 from gateway.bench.report import CHART, JSON, MARKDOWN
-from gateway.bench.results import BenchReport
+from gateway.bench.results import BenchReport, StepResult, TargetResult
 from gateway.bench.targets import Endpoint
 from gateway.engine import Engine
 from serving import LoopThread, RunningServer
@@ -30,7 +31,7 @@ def test_quick_bench_measures_every_target_and_writes_the_report(
     report, out = loop_thread.run(run_benchmark(options, engine=engine, gateway=gateway), 120)
 
     assert out == tmp_path
-    assert [t.name for t in report.targets] == ["ceiling", *PROTOCOL_NAMES]
+    assert [t.name for t in report.targets] == ["ceiling", "ceiling-logprobs", *PROTOCOL_NAMES]
     for target in report.targets:
         assert [s.concurrency for s in target.steps] == list(QUICK.concurrency), target.notes
         assert target.warmup_errors == 0, target.name
@@ -90,3 +91,57 @@ def test_command_line_options() -> None:
     assert full.concurrency == (1, 8, 32, 64) and full.output_tokens == 64
     with pytest.raises(SystemExit):
         parse(["--protocols", "carrier-pigeon"])
+
+
+def _target(
+    name: str, kind: str, tok_s: float, ttft: float, logprobs: bool = False
+) -> TargetResult:
+    step = StepResult(
+        concurrency=32,
+        requests=64,
+        errors=0,
+        tokens=4096,
+        expected_tokens=4096,
+        wall_s=4096 / tok_s,
+        tokens_per_s=tok_s,
+        ttft_p50_ms=ttft,
+        ttft_p99_ms=ttft,
+        itl_p50_ms=50.0,
+        itl_p99_ms=80.0,
+        e2e_p50_ms=4000.0,
+        e2e_p99_ms=5000.0,
+    )
+    return TargetResult(
+        name=name,
+        label=name,
+        kind=kind,  # type: ignore[arg-type]
+        tokens="counted",
+        notes="",
+        steps=[step],
+        logprobs=logprobs,
+    )
+
+
+def test_protocol_goals_compare_with_the_ceiling_and_vllm_at_32() -> None:
+    references = [
+        _target("ceiling", "ceiling", 440.0, 800.0),
+        _target("ceiling-logprobs", "ceiling-logprobs", 400.0, 820.0),
+        _target("vllm-server", "vllm-server", 420.0, 820.0),
+    ]
+    protocols = [
+        _target("fast", "gateway", 430.0, 810.0),  # 0.98 x ceiling, above vLLM, earlier TTFT
+        _target("late", "gateway", 430.0, 830.0),  # TTFT above vLLM's server's
+        _target("slow", "gateway", 410.0, 700.0),  # 0.93 x ceiling
+        _target("lmi", "gateway", 404.0, 700.0, logprobs=True),
+    ]
+    judged = goals.evaluate([*references, *protocols], None, None, 64)
+    by_name = {g.name.removesuffix(" throughput and TTFT"): g for g in judged}
+    assert [by_name[n].passed for n in ("fast", "late", "slow", "lmi")] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert "1.01 x the ceiling with logprobs=0" in by_name["lmi"].measured
+    assert "logprobs=0" not in by_name["slow"].measured
+    assert goals.evaluate([*references, *protocols], None, None, 8)[0].passed is None

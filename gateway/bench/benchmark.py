@@ -1,6 +1,7 @@
 """One benchmark run: every target in turn, then the report.
 
-Order: the in-process ceiling (its engine is shut down before anything else starts), vLLM's
+Order: the in-process ceiling, plain and with logprobs=0 (its engine is shut down before
+anything else starts), vLLM's
 OpenAI server, then the gateway: connection scale first (memory is read on a fresh
 process), the protocols in table order, and the continuation benchmark. A target that fails
 to start is reported with no figures; the run goes on with the next.
@@ -22,7 +23,13 @@ import aiohttp
 from tqdm import tqdm
 
 from gateway.bench import chart, goals, machine, report, targets
-from gateway.bench.clients import GATEWAY_PROTOCOLS, INPROCESS, VLLM_SERVER, Protocol
+from gateway.bench.clients import (
+    GATEWAY_PROTOCOLS,
+    INPROCESS,
+    INPROCESS_LOGPROBS,
+    VLLM_SERVER,
+    Protocol,
+)
 from gateway.bench.connections import connection_scale
 from gateway.bench.continuation import continuation_bench
 from gateway.bench.options import BenchOptions
@@ -67,6 +74,7 @@ def _failed(protocol: Protocol, error: BaseException) -> TargetResult:
         tokens=protocol.tokens,
         notes=f"not measured: {type(error).__name__}: {error}",
         steps=[],
+        logprobs=protocol.logprobs,
     )
 
 
@@ -85,7 +93,7 @@ class _Run:
     def _total(self) -> int:
         o = self.options
         per_target = sum(requests_per_step(c, o.rounds, o.min_requests) for c in o.concurrency)
-        count = int(o.ceiling) + int(o.vllm_server) + (len(o.protocols) if o.gateway else 0)
+        count = 2 * int(o.ceiling) + int(o.vllm_server) + (len(o.protocols) if o.gateway else 0)
         extra = len(o.continuation_lengths) * o.continuation_repetitions
         return per_target * count + (extra if o.gateway and o.continuation else 0)
 
@@ -137,7 +145,9 @@ class _Run:
             engine = await targets.start_inprocess(self.options.engine_settings(), model)
         start_s = round(perf_counter() - began, 1) if own else None
         try:
-            await self.measure(INPROCESS, Context(self.session, engine=engine), start_s)
+            context = Context(self.session, engine=engine)
+            await self.measure(INPROCESS, context, start_s)
+            await self.measure(INPROCESS_LOGPROBS, context)
         finally:
             if own:
                 engine.shutdown()
@@ -287,7 +297,8 @@ async def run_benchmark(
         run = _Run(options, workload, session)
         try:
             if options.ceiling:
-                await run.guarded([INPROCESS], lambda: run.ceiling(engine, model))
+                ceilings = [INPROCESS, INPROCESS_LOGPROBS]
+                await run.guarded(ceilings, lambda: run.ceiling(engine, model))
             if options.vllm_server:
                 await run.guarded([VLLM_SERVER], lambda: run.vllm_server(model, out))
             if options.gateway:

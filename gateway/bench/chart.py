@@ -7,9 +7,10 @@ from typing import Any
 
 from gateway.bench.results import BenchReport
 
-# The two references are drawn dashed and on top, so the protocols' lines never hide them.
+# The references are drawn dashed or dotted and on top, so the protocols' lines never hide them.
 _STYLE: dict[str, dict[str, Any]] = {
     "ceiling": {"color": "black", "linestyle": "--", "linewidth": 2.0, "zorder": 5},
+    "ceiling-logprobs": {"color": "black", "linestyle": ":", "linewidth": 1.5, "zorder": 5},
     "vllm-server": {"color": "grey", "linestyle": "--", "linewidth": 2.0, "zorder": 4},
 }
 

@@ -34,9 +34,21 @@ _ENCODE = msgspec.json.encode
 
 
 async def inprocess(worker: Worker, request: Request) -> Record:
+    return await _inprocess(worker, request, logprobs=None)
+
+
+async def inprocess_logprobs(worker: Worker, request: Request) -> Record:
+    """The same, with the sampled token's log-probability computed for every token."""
+    return await _inprocess(worker, request, logprobs=0)
+
+
+async def _inprocess(worker: Worker, request: Request, logprobs: int | None) -> Record:
     engine = worker.engine
     options = SamplingOptions(
-        max_new_tokens=request.max_new_tokens, do_sample=False, ignore_eos=True
+        max_new_tokens=request.max_new_tokens,
+        do_sample=False,
+        ignore_eos=True,
+        logprobs=logprobs,
     )
     record = start()
     tokens = pending = 0
@@ -346,6 +358,8 @@ class Protocol:
     tokens: TokenSource
     websocket: str | None = None  # a worker opens this path before the measurement
     notes: str = ""
+    # Every token on the wire carries its log-probability, which the engine must compute.
+    logprobs: bool = False
 
 
 INPROCESS = Protocol(
@@ -355,6 +369,15 @@ INPROCESS = Protocol(
     "ceiling",
     "counted",
     notes="AsyncLLM through gateway.engine.Engine, RequestOutputKind.DELTA; exact token counts",
+)
+INPROCESS_LOGPROBS = Protocol(
+    "ceiling-logprobs",
+    "vLLM in-process, logprobs=0",
+    inprocess_logprobs,
+    "ceiling-logprobs",
+    "counted",
+    notes="as the ceiling, with logprobs=0: the reference for protocols that send every "
+    "token's log-probability",
 )
 VLLM_SERVER = Protocol(
     "vllm-server",
@@ -415,6 +438,7 @@ GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
         "gateway",
         "counted",
         notes="parameters.ignore_eos_token; one line per token, exact counts",
+        logprobs=True,
     ),
     Protocol(
         "tgi",
@@ -423,5 +447,6 @@ GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
         "gateway",
         "counted",
         notes="parameters.ignore_eos_token (a gateway extension); tokens counted from the stream",
+        logprobs=True,
     ),
 )

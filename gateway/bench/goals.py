@@ -35,7 +35,11 @@ def _pct(step: StepResult) -> str:
 
 
 def _protocol_goal(
-    target: TargetResult, ceiling: StepResult | None, server: StepResult | None, output: int
+    target: TargetResult,
+    ceiling: StepResult | None,
+    server: StepResult | None,
+    output: int,
+    logprobs_ceiling: StepResult | None = None,
 ) -> Goal:
     requirement = (
         f"at concurrency {CONCURRENCY}: tok/s >= {CEILING_SHARE} x ceiling and > vLLM server, "
@@ -72,6 +76,10 @@ def _protocol_goal(
         if server.tokens_per_s
         else "vLLM server produced nothing"
     )
+    if target.logprobs and logprobs_ceiling is not None and logprobs_ceiling.tokens_per_s:
+        # Not part of the goal: what the same engine work (per-token logprobs) reaches in-process
+        share_lp = step.tokens_per_s / logprobs_ceiling.tokens_per_s
+        measured += f"; {share_lp:.2f} x the ceiling with logprobs=0"
     return Goal(name=name, requirement=requirement, measured=measured, passed=passed)
 
 
@@ -139,8 +147,11 @@ def evaluate(
     by_kind = {t.kind: t for t in targets if t.kind != "gateway"}
     ceiling = _step(by_kind.get("ceiling"), CONCURRENCY)
     server = _step(by_kind.get("vllm-server"), CONCURRENCY)
+    with_logprobs = _step(by_kind.get("ceiling-logprobs"), CONCURRENCY)
     goals = [
-        _protocol_goal(t, ceiling, server, output_tokens) for t in targets if t.kind == "gateway"
+        _protocol_goal(t, ceiling, server, output_tokens, with_logprobs)
+        for t in targets
+        if t.kind == "gateway"
     ]
     goals.append(_continuation_goal(continuation))
     goals.extend(_connection_goals(connections))

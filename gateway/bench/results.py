@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-TargetKind = Literal["ceiling", "vllm-server", "gateway"]
+TargetKind = Literal["ceiling", "ceiling-logprobs", "vllm-server", "gateway"]
 TokenSource = Literal["counted", "reported", "requested"]
 
 
@@ -40,6 +40,7 @@ class TargetResult(msgspec.Struct, kw_only=True):
     steps: list[StepResult]
     warmup_errors: int = 0
     start_s: float | None = None  # engine / server start-up, when the bench started it
+    logprobs: bool = False  # every token on the wire carries its log-probability
 
 
 class ContinuationPoint(msgspec.Struct, kw_only=True):

@@ -130,4 +130,5 @@ async def sweep(
         notes=protocol.notes,
         steps=steps,
         warmup_errors=sum(1 for r in warm_records if r.error is not None),
+        logprobs=protocol.logprobs,
     )
