@@ -127,6 +127,7 @@ def test_protocol_goals_compare_with_the_ceiling_and_vllm_at_32() -> None:
         _target("ceiling", "ceiling", 440.0, 800.0),
         _target("ceiling-logprobs", "ceiling-logprobs", 400.0, 820.0),
         _target("vllm-server", "vllm-server", 420.0, 820.0),
+        _target("vllm-server-logprobs", "vllm-server-logprobs", 380.0, 850.0),
     ]
     protocols = [
         _target("fast", "gateway", 430.0, 810.0),  # 0.98 x ceiling, above vLLM, earlier TTFT
@@ -143,5 +144,6 @@ def test_protocol_goals_compare_with_the_ceiling_and_vllm_at_32() -> None:
         False,
     ]
     assert "1.01 x the ceiling with logprobs=0" in by_name["lmi"].measured
+    assert "1.06 x vLLM with logprobs=0, TTFT p50 700.0 vs 850.0 ms" in by_name["lmi"].measured
     assert "logprobs=0" not in by_name["slow"].measured
     assert goals.evaluate([*references, *protocols], None, None, 8)[0].passed is None

@@ -1,10 +1,10 @@
 """One benchmark run: every target in turn, then the report.
 
-Order: the in-process ceiling, plain and with logprobs=0 (its engine is shut down before
-anything else starts), vLLM's
-OpenAI server, then the gateway: connection scale first (memory is read on a fresh
-process), the protocols in table order, and the continuation benchmark. A target that fails
-to start is reported with no figures; the run goes on with the next.
+Order: the in-process ceiling, plain and then with logprobs=0 (its engine is shut down before
+anything else starts), vLLM's OpenAI server (likewise plain, then with logprobs=0), then the
+gateway: connection scale first (memory is read on a fresh process), the protocols in table
+order, and the continuation benchmark. A target that fails to start is reported with no
+figures; the run goes on with the next.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gateway.bench.clients import (
     INPROCESS,
     INPROCESS_LOGPROBS,
     VLLM_SERVER,
+    VLLM_SERVER_LOGPROBS,
     Protocol,
 )
 from gateway.bench.connections import connection_scale
@@ -93,7 +94,7 @@ class _Run:
     def _total(self) -> int:
         o = self.options
         per_target = sum(requests_per_step(c, o.rounds, o.min_requests) for c in o.concurrency)
-        count = 2 * int(o.ceiling) + int(o.vllm_server) + (len(o.protocols) if o.gateway else 0)
+        count = 2 * int(o.ceiling) + 2 * int(o.vllm_server) + (len(o.protocols) if o.gateway else 0)
         extra = len(o.continuation_lengths) * o.continuation_repetitions
         return per_target * count + (extra if o.gateway and o.continuation else 0)
 
@@ -173,6 +174,7 @@ class _Run:
             pids = () if endpoint.pid is None else (endpoint.pid,)
             context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
             await self.measure(VLLM_SERVER, context, endpoint.start_s)
+            await self.measure(VLLM_SERVER_LOGPROBS, context)
 
     @asynccontextmanager
     async def _gateway(
@@ -300,7 +302,8 @@ async def run_benchmark(
                 ceilings = [INPROCESS, INPROCESS_LOGPROBS]
                 await run.guarded(ceilings, lambda: run.ceiling(engine, model))
             if options.vllm_server:
-                await run.guarded([VLLM_SERVER], lambda: run.vllm_server(model, out))
+                servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS]
+                await run.guarded(servers, lambda: run.vllm_server(model, out))
             if options.gateway:
                 chosen = [p for p in GATEWAY_PROTOCOLS if p.name in options.protocols]
                 await run.guarded(chosen, lambda: run.gateway(gateway, out))

@@ -12,6 +12,7 @@ _STYLE: dict[str, dict[str, Any]] = {
     "ceiling": {"color": "black", "linestyle": "--", "linewidth": 2.0, "zorder": 5},
     "ceiling-logprobs": {"color": "black", "linestyle": ":", "linewidth": 1.5, "zorder": 5},
     "vllm-server": {"color": "grey", "linestyle": "--", "linewidth": 2.0, "zorder": 4},
+    "vllm-server-logprobs": {"color": "grey", "linestyle": ":", "linewidth": 1.5, "zorder": 4},
 }
 
 

@@ -83,7 +83,16 @@ _CHUNK = msgspec.json.Decoder(_Chunk)
 
 
 async def vllm_completions(worker: Worker, request: Request) -> Record:
-    body = {
+    return await _completions(worker, request, logprobs=None)
+
+
+async def vllm_completions_logprobs(worker: Worker, request: Request) -> Record:
+    """The same, with the sampled token's log-probability for every token."""
+    return await _completions(worker, request, logprobs=0)
+
+
+async def _completions(worker: Worker, request: Request, logprobs: int | None) -> Record:
+    body: dict[str, Any] = {
         "model": worker.context.model,
         "prompt": request.prompt,
         "max_tokens": request.max_new_tokens,
@@ -92,6 +101,8 @@ async def vllm_completions(worker: Worker, request: Request) -> Record:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     record, tokens = start(), None
     async with worker.post("/v1/completions", body) as r:
         async for payloads in sse_reads(r):
@@ -386,6 +397,14 @@ VLLM_SERVER = Protocol(
     "vllm-server",
     "reported",
     notes="streaming /v1/completions, ignore_eos; tokens from usage (stream_options)",
+)
+VLLM_SERVER_LOGPROBS = Protocol(
+    "vllm-server-logprobs",
+    "vLLM OpenAI server, logprobs=0",
+    vllm_completions_logprobs,
+    "vllm-server-logprobs",
+    "reported",
+    notes="as vLLM's server, with logprobs: 0 (each token's log-probability)",
 )
 GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
     Protocol(

@@ -6,7 +6,9 @@ from typing import Literal
 
 import msgspec
 
-TargetKind = Literal["ceiling", "ceiling-logprobs", "vllm-server", "gateway"]
+TargetKind = Literal[
+    "ceiling", "ceiling-logprobs", "vllm-server", "vllm-server-logprobs", "gateway"
+]
 TokenSource = Literal["counted", "reported", "requested"]
 
 
