@@ -21,7 +21,7 @@ from gateway.engine import Engine, EngineStep
 from gateway.generation import GenerationService, check_context, prompt_tokens
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import TokenInfo
-from protocols.lmi import Generated, Generation, GenerationPlan, Piece
+from protocols.generation_plan import Generated, Generation, GenerationPlan, Piece
 
 log = logging.getLogger(__name__)
 _SPECIAL: weakref.WeakKeyDictionary[Engine, frozenset[int]] = weakref.WeakKeyDictionary()

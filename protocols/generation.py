@@ -26,6 +26,7 @@ MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Count = Annotated[int, Meta(ge=1)]
 LogprobCount = Annotated[int, Meta(ge=0, le=20)]
+NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):

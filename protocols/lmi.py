@@ -1,8 +1,8 @@
 """LMI `/invocations` (lmi-invocations.md): request decoding and answer encoding, no I/O.
 
-A request becomes a `GenerationPlan` (what to ask the engine, shared with the TGI routes) and
-an output form; the engine's work comes back as `Piece`s (streamed) or one `Generation`, which
-`LmiEncoder` turns into the spec's JSON documents, jsonlines or server-sent events.
+A request becomes a `GenerationPlan` (protocols/generation_plan.py, shared with the TGI routes)
+and an output form; the engine's work comes back as `Piece`s (streamed) or one `Generation`,
+which `LmiEncoder` turns into the spec's JSON documents, jsonlines or server-sent events.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from protocols.generation import (
     LogprobCount,
     MaxNewTokens,
     MinP,
+    NonEmpty,
     NumBeams,
     Penalty,
     RepetitionPenalty,
@@ -27,75 +28,22 @@ from protocols.generation import (
     TokenInfo,
     TopK,
     TopP,
-    TopToken,
+)
+from protocols.generation_plan import (
+    Generation,
+    GenerationPlan,
+    Piece,
+    top_tokens,
 )
 from protocols.sse import sse_event
 
 Output = Literal["json", "jsonlines", "sse"]
-NonEmpty = Annotated[str, Meta(min_length=1)]
-Positive = Annotated[int, Meta(ge=1)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # what the engine can carry
 MEDIA_TYPES: dict[Output, str] = {
     "json": "application/json",
     "jsonlines": "application/jsonlines",
     "sse": "text/event-stream",
 }
-
-
-# --- The neutral plan and results, shared with protocols/tgi.py ------------------------------
-
-
-class GenerationPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """What to ask the engine for one prompt: `sequences` generated, the best `returned` kept."""
-
-    options: SamplingOptions
-    sequences: int = 1
-    returned: int = 1
-    beam: bool = False
-    truncate: int | None = None  # keep only the last `truncate` prompt tokens
-    top_n: int = 0  # best alternatives reported per generated token
-    prefill: bool = False  # report the prompt's tokens with their log-probabilities
-    rank_by_mean: bool = False  # rank sequences by mean (TGI) rather than total log-probability
-
-
-class Generated(msgspec.Struct):
-    """One finished sequence; `finish_reason` is length, eos_token or stop_sequence."""
-
-    text: str
-    generated_tokens: int
-    finish_reason: str
-    tokens: list[TokenInfo] | None = None
-
-
-class Generation(msgspec.Struct):
-    """A finished prompt: its sequences, best first; `special` holds the special token ids."""
-
-    sequences: list[Generated]
-    input_length: int
-    special: frozenset[int]
-    prefill: list[TokenInfo] | None = None
-
-
-class Piece(msgspec.Struct):
-    """What one engine step added to a streamed prompt; the prompt's last piece has `final`."""
-
-    text: str
-    tokens: list[TokenInfo]
-    special: frozenset[int]
-    final: Generation | None = None
-
-
-def named(error: GenerationError) -> str:
-    """The error's message, naming its field when the message does not already."""
-    if error.field and " - at `" not in error.message:
-        return f"{error.message} - at `{error.field}`"
-    return error.message
-
-
-def top_tokens(token: TokenInfo, k: int) -> list[TopToken]:
-    """The `k` most likely tokens at this position, the chosen one included if among them."""
-    chosen = TopToken(token.token_id, token.text, token.logprob)
-    return sorted((chosen, *token.alternatives), key=lambda t: -t.logprob)[:k]
 
 
 # --- Request ------------------------------------------------------------------------------------
@@ -131,7 +79,7 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     typical_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
-    truncate: Positive | None = None
+    truncate: Count | None = None
 
 
 class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -17,18 +17,17 @@ from protocols.errors import ErrorKind, GenerationError, invalid, validation_err
 from protocols.generation import (
     Count,
     MaxNewTokens,
+    NonEmpty,
     Penalty,
     RepetitionPenalty,
     SamplingOptions,
     TokenInfo,
 )
-from protocols.lmi import (
+from protocols.generation_plan import (
     Generated,
     Generation,
     GenerationPlan,
-    NonEmpty,
     Piece,
-    Positive,
     named,
     top_tokens,
 )
@@ -52,7 +51,7 @@ class TgiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_new_tokens: MaxNewTokens | None = None
     return_full_text: bool | None = None
     stop: Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
-    truncate: Positive | None = None
+    truncate: Count | None = None
     watermark: bool | None = None
     details: bool | None = None
     decoder_input_details: bool | None = None

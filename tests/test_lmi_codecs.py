@@ -12,13 +12,11 @@ from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untype
 from protocols.errors import GenerationError, invalid
 from protocols.eventstream import model_error, model_stream_error, payload_part
 from protocols.generation import TokenInfo, TopToken
+from protocols.generation_plan import Generated, Generation, Piece
 from protocols.lmi import (
-    Generated,
-    Generation,
     InvalidPayload,
     LmiEncoder,
     LmiRequest,
-    Piece,
     decode_lmi,
     output_form,
     payload_error,

@@ -20,13 +20,12 @@ from gateway.app import gateway_of
 from gateway.lmi_generation import PromptFailed, generate, generate_many, stream, stream_many
 from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.errors import ErrorKind, GenerationError
+from protocols.generation_plan import Piece, named
 from protocols.lmi import (
     InvalidPayload,
     LmiEncoder,
     LmiRequest,
-    Piece,
     decode_lmi,
-    named,
     payload_error,
 )
 

@@ -20,7 +20,7 @@ from gateway.lmi_generation import generate, stream
 from gateway.routes.lmi import CLIENT_GONE, JSON, to_response
 from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.errors import GenerationError
-from protocols.lmi import Piece
+from protocols.generation_plan import Piece
 from protocols.tgi import (
     Info,
     TgiEncoder,
