@@ -10,8 +10,9 @@ dropped. A dropped key is unknown again: its next request starts afresh from its
 from __future__ import annotations
 
 import time
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -19,9 +20,14 @@ Key = tuple[str, ...]
 
 
 class History(msgspec.Struct):
-    token_ids: list[int]
+    # 4 bytes per token: a list would hold a pointer and an int object, about 36 bytes each
+    token_ids: array[int]
     text: str
     ended_at_eos: bool = False
+
+
+def token_array(token_ids: Iterable[int]) -> array[int]:
+    return array("i", token_ids)
 
 
 class ContinuationStore:

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from gateway.admission import Admission
-from gateway.continuation import ContinuationStore, History, Key
+from gateway.continuation import ContinuationStore, History, Key, token_array
 from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
 from gateway.metrics import STREAM_METER, GatewayMetrics
@@ -140,7 +140,7 @@ class GenerationService:
             async with self.engine_slot(payload.protocol) as engine:
                 history = payload.known.get(item.request_id)
                 if history is None:
-                    history = History(prompt_tokens(engine, item.prompt), item.prompt)
+                    history = History(token_array(prompt_tokens(engine, item.prompt)), item.prompt)
                 check_context(engine, len(history.token_ids))
                 payload.queue.put_nowait(Started(index))
                 finished, new_ids = await _generate(engine, index, history, payload)
@@ -151,7 +151,7 @@ class GenerationService:
             message = f"Generation failed: {type(e).__name__}: {e}"
             return _failed(index, GenerationError(ErrorKind.ENGINE_ERROR, message))
         payload.histories[item.request_id] = History(
-            history.token_ids + new_ids, finished.full_text, finished.is_eos
+            history.token_ids + token_array(new_ids), finished.full_text, finished.is_eos
         )
         if payload.key is not None:
             self.store.put(payload.key, payload.histories)
@@ -172,14 +172,14 @@ async def _generate(
         # The sequence is over: continuing it generates nothing (docs/PROTOCOLS.md).
         queue.put_nowait(Initialized(index, history.text))
     elif options.num_beams > 1:
-        [best] = await engine.beam_search(history.token_ids, options)
+        [best] = await engine.beam_search(history.token_ids.tolist(), options)
         queue.put_nowait(Initialized(index, history.text))
         pieces.append(best.text)
         new_ids.extend(best.token_ids)
         is_eos, reason = best.is_eos, best.finish_reason or reason
     else:
         initialized = False
-        async for step in engine.stream(history.token_ids, options):
+        async for step in engine.stream(history.token_ids.tolist(), options):
             if not initialized:
                 initialized = True
                 queue.put_nowait(Initialized(index, history.text))

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.admission import Admission
-from gateway.continuation import ContinuationStore, History
+from gateway.continuation import ContinuationStore, History, token_array
 from protocols.errors import ErrorKind, GenerationError
 
 
@@ -46,10 +46,10 @@ def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:
 def test_store_evicts_the_least_recently_used_and_the_idle() -> None:
     now = [0.0]
     store = ContinuationStore(max_entries=2, idle_seconds=10, clock=lambda: now[0])
-    store.put(("a",), {"a": History([1], "a")})
-    store.put(("b",), {"b": History([2], "b")})
+    store.put(("a",), {"a": History(token_array([1]), "a")})
+    store.put(("b",), {"b": History(token_array([2]), "b")})
     assert store.get(("a",)) is not None  # a is now the most recently used
-    store.put(("c",), {"c": History([3], "c")})
+    store.put(("c",), {"c": History(token_array([3]), "c")})
     assert store.get(("b",)) is None and store.get(("a",)) is not None
     now[0] = 11.0
     assert store.get(("c",)) is None and len(store) == 0
@@ -58,5 +58,5 @@ def test_store_evicts_the_least_recently_used_and_the_idle() -> None:
 
 def test_a_store_of_size_zero_keeps_nothing() -> None:
     store = ContinuationStore(max_entries=0, idle_seconds=10)
-    store.put(("a",), {"a": History([1], "a")})
+    store.put(("a",), {"a": History(token_array([1]), "a")})
     assert store.get(("a",)) is None

@@ -14,7 +14,8 @@ PROMPT = CHAT.format("Name three colours.")
 
 
 def one(request_id: str, **fields: object) -> dict[str, object]:
-    return {"request_id": request_id, "prompt": PROMPT, **fields}
+    # The session's server is shared: an id another test file used would continue its history.
+    return {"request_id": f"generate-one-{request_id}", "prompt": PROMPT, **fields}
 
 
 def test_generate_one_streams_text_per_token(server: RunningServer) -> None:
