@@ -11,7 +11,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -106,3 +107,20 @@ def shared_loader(
         return engine
 
     return load
+
+
+@contextmanager
+def loading_server(
+    loop: LoopThread, engine: Engine
+) -> Iterator[tuple[RunningServer, Callable[[], None]]]:
+    """A server whose engine stays loading until the `finish_loading()` it yields is called."""
+    gate = asyncio.Event()
+
+    async def wait() -> None:
+        await gate.wait()
+
+    server = start_server(loop, gateway_settings(), shared_loader(engine, wait))
+    try:
+        yield server, lambda: loop.call(gate.set)
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.bench import goals
 from gateway.bench.benchmark import run_benchmark
-from gateway.bench.metrics import Record, itl_samples, percentile
+from gateway.bench.metrics import Record, itl_samples, percentile, start
 from gateway.bench.options import PROTOCOL_NAMES, QUICK, parse
 from gateway.bench.report import CHART, JSON, MARKDOWN
 from gateway.bench.results import BenchReport, StepResult, TargetResult
@@ -77,6 +77,12 @@ def test_inter_token_latency_spreads_messages_over_their_tokens() -> None:
     # Counts unknown: 5 tokens after the first over 2 gaps, 2.5 tokens per message.
     unknown = Record(0.0, first=1.0, end=2.0, arrivals=[1.0, 1.5, 2.0], counts=[0, 0, 0], tokens=6)
     assert itl_samples(unknown) == pytest.approx([0.2, 0.2])
+    # Counted reads: tokens that came without text go with the next text, or the last one.
+    counted = start()
+    for tokens, text in ((1, False), (1, True), (2, True), (1, False)):
+        counted.counted(tokens, text)
+    counted.finish_counted()
+    assert counted.counts == [2, 3] and counted.tokens == 5
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     assert percentile([], 50) is None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -14,7 +13,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from clients import CHAT, frames_until_done, greedy, payload
 from gateway.engine import Engine
-from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from serving import LoopThread, RunningServer, gateway_settings, loading_server, start_server
 
 LONG = greedy(1500, ignore_eos=True)
 PROMPT = CHAT.format("Write a very long essay about rivers.")
@@ -37,13 +36,7 @@ def unfinished(server: RunningServer) -> int:
 def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
     loop_thread: LoopThread, engine: Engine
 ) -> None:
-    gate = asyncio.Event()
-
-    async def open_gate() -> None:
-        await gate.wait()
-
-    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
-    try:
+    with loading_server(loop_thread, engine) as (loading, finish_loading):
         for path in ("/health", "/ping"):
             response = httpx.get(loading.http + path)
             assert response.status_code == 503 and response.json()["status"] == "loading"
@@ -52,13 +45,11 @@ def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
             assert json.loads(ws.recv(timeout=10)) == [{"type": "ACCEPTED", "request_id": "early"}]
             with pytest.raises(TimeoutError):
                 ws.recv(timeout=1)
-            loop_thread.call(gate.set)
+            finish_loading()
             frames = frames_until_done(ws, {"early"})
         assert frames[0] == [{"type": "STARTED", "request_id": "early"}]
         assert frames[-1][0]["type"] == "COMPLETE"
         assert httpx.get(loading.http + "/ping").status_code == 200
-    finally:
-        loading.stop()
 
 
 def test_an_engine_that_fails_to_start_is_reported(loop_thread: LoopThread) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -16,7 +15,7 @@ import pytest
 
 from clients import CHAT
 from gateway.engine import Engine
-from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from serving import LoopThread, RunningServer, loading_server
 
 PROMPT = CHAT.format("Name three colours.")
 SHORT = CHAT.format("What is 2+2? Answer with a number only.")  # greedy: "2 + 2 = 4", then EOS
@@ -351,20 +350,12 @@ def test_ping_is_503_while_loading_then_answers_past_a_full_queue(
     make_server: Callable[..., RunningServer],
     idle_engine: Callable[..., None],
 ) -> None:
-    gate = asyncio.Event()
-
-    async def open_gate() -> None:
-        await gate.wait()
-
-    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
-    try:
+    with loading_server(loop_thread, engine) as (loading, finish_loading):
         assert httpx.get(loading.http + "/ping").status_code == 503
-        loop_thread.call(gate.set)
+        finish_loading()
         deadline = time.monotonic() + 10
         while httpx.get(loading.http + "/ping").status_code != 200:
             assert time.monotonic() < deadline
-    finally:
-        loading.stop()
     busy = make_server(MAX_RUNNING_REQUESTS="2")
     admission = busy.gateway.service.admission
 

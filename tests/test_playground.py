@@ -6,7 +6,6 @@ the notices that show the server's acknowledgements. Screenshots go to `test-art
 
 from __future__ import annotations
 
-import asyncio
 import re
 import tempfile
 import time
@@ -25,7 +24,7 @@ from playwright.sync_api import (
 )
 
 from gateway.engine import Engine
-from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from serving import LoopThread, RunningServer, loading_server
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by deploy/install-browser.sh
 CHROMIUM_ARGS = [
@@ -215,38 +214,32 @@ def test_chat_streams_and_is_steered_from_the_page(
 def test_loading_status_while_the_engine_starts(
     loop_thread: LoopThread, engine: Engine, page: Page
 ) -> None:
-    gate = asyncio.Event()
+    with loading_server(loop_thread, engine) as (loading, finish_loading):
+        try:
+            page.set_viewport_size(PHONE)
+            page.goto(loading.http + "/ui")
+            banner = page.locator("#loading")
+            expect(banner).to_be_visible()
+            expect(banner).to_contain_text("Loading the model")
+            expect(page.locator("#loading-detail")).to_have_text(
+                re.compile(r"^\d+% · about \d+ s left")
+            )
+            page.get_by_label("Max tokens").fill("5")
+            send(page, "Hello!")
+            expect(answer(page).locator(".state")).to_have_text("waiting for the model…")
+            screenshot(page, "playground-loading.png")
+            finish_loading()
+            expect(banner).to_be_hidden()
+            expect(answer(page).locator(".state")).to_have_text(FINISHED)
+            expect(answer(page).locator(".stats")).to_have_text(STATS)
 
-    async def open_gate() -> None:
-        await gate.wait()
-
-    loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
-    try:
-        page.set_viewport_size(PHONE)
-        page.goto(loading.http + "/ui")
-        banner = page.locator("#loading")
-        expect(banner).to_be_visible()
-        expect(banner).to_contain_text("Loading the model")
-        expect(page.locator("#loading-detail")).to_have_text(
-            re.compile(r"^\d+% · about \d+ s left")
-        )
-        page.get_by_label("Max tokens").fill("5")
-        send(page, "Hello!")
-        expect(answer(page).locator(".state")).to_have_text("waiting for the model…")
-        screenshot(page, "playground-loading.png")
-        loop_thread.call(gate.set)
-        expect(banner).to_be_hidden()
-        expect(answer(page).locator(".state")).to_have_text(FINISHED)
-        expect(answer(page).locator(".stats")).to_have_text(STATS)
-
-        # A dropped connection is shown, and the next message opens a new one.
-        page.evaluate("socket.close()")
-        expect(page.locator("#connection")).to_have_text("disconnected · reconnects on send")
-        expect(answer(page).get_by_role("button", name="Good answer")).to_be_hidden()
-        send(page, "Thanks!")
-        expect(page.locator("#connection")).to_have_text("connected")
-        expect(answer(page).locator(".state")).to_have_text(FINISHED)
-        expect(page.locator(".message.assistant")).to_have_count(2)
-    finally:
-        page.goto("about:blank")  # closes the page's WebSocket, which the shutdown waits for
-        loading.stop()
+            # A dropped connection is shown, and the next message opens a new one.
+            page.evaluate("socket.close()")
+            expect(page.locator("#connection")).to_have_text("disconnected · reconnects on send")
+            expect(answer(page).get_by_role("button", name="Good answer")).to_be_hidden()
+            send(page, "Thanks!")
+            expect(page.locator("#connection")).to_have_text("connected")
+            expect(answer(page).locator(".state")).to_have_text(FINISHED)
+            expect(page.locator(".message.assistant")).to_have_count(2)
+        finally:
+            page.goto("about:blank")  # closes the page's WebSocket, which the shutdown waits for

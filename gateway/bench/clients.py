@@ -1,9 +1,10 @@
 """One async client function per protocol, and the table of protocols the bench measures.
 
 Adding a protocol is one function `(worker, request) -> Record` and one `Protocol` entry in
-`GATEWAY_PROTOCOLS`. A function sends one request, calls `record.arrive(k)` for each message
-that carries text (k: the tokens it carries when the protocol says, else 0), and returns
-`record.finish(tokens)`; it raises on any error. Replies are decoded with msgspec into small
+`GATEWAY_PROTOCOLS`. A function sends one request, calls `record.arrive()` for each message
+that carries text and returns `record.finish(tokens)`; or, when the protocol says how many
+tokens each read carries, calls `record.counted(k, text)` per read and returns
+`record.finish_counted()`. It raises on any error. Replies are decoded with msgspec into small
 Structs naming only the fields the bench reads.
 """
 
@@ -51,15 +52,11 @@ async def _inprocess(worker: Worker, request: Request, logprobs: int | None) -> 
         logprobs=logprobs,
     )
     record = start()
-    tokens = pending = 0
     async for step in engine.stream(engine.encode(request.prompt), options):
-        pending += len(step.token_ids)
-        if step.text:
-            record.arrive(pending)
-            tokens, pending = tokens + pending, 0
-    if pending and record.counts:
-        record.counts[-1] += pending
-    return record.finish(tokens + pending)
+        if logprobs is not None and step.token_ids and step.tokens is None:
+            raise BenchError("logprobs were asked for and the engine returned none")
+        record.counted(len(step.token_ids), bool(step.text))
+    return record.finish_counted()
 
 
 # --- vLLM's OpenAI server: streaming /v1/completions ----------------------------------------
@@ -71,6 +68,7 @@ class _Usage(msgspec.Struct):
 
 class _Choice(msgspec.Struct):
     text: str = ""
+    logprobs: Any = None
 
 
 class _Chunk(msgspec.Struct):
@@ -114,6 +112,10 @@ async def _completions(worker: Worker, request: Request, logprobs: int | None) -
                 if chunk.error is not None:
                     raise BenchError(f"vLLM error: {chunk.error}")
                 text = text or any(c.text for c in chunk.choices)
+                if logprobs is not None and any(
+                    c.text and c.logprobs is None for c in chunk.choices
+                ):
+                    raise BenchError("logprobs were asked for and vLLM returned none")
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             if text:
@@ -304,10 +306,10 @@ async def invocations(worker: Worker, request: Request) -> Record:
         "stream": True,
     }
     headers = {**JSON_HEADERS, "Accept": "application/jsonlines"}
-    record, lines, tokens, pending = start(), Lines(), 0, 0
+    record, lines = start(), Lines()
     async with worker.post("/invocations", body, headers) as r:
         async for data in r.content.iter_any():
-            text = False
+            text, tokens = False, 0
             for line in lines.feed(data):
                 if not line.strip():
                     continue
@@ -316,12 +318,10 @@ async def invocations(worker: Worker, request: Request) -> Record:
                 if failed or parsed.error is not None or (parsed.token and parsed.token.id < 0):
                     raise BenchError(f"LMI error line: {line[:300]!r}")
                 if parsed.token is not None:
-                    pending += 1
+                    tokens += 1
                     text = text or bool(parsed.token.text)
-            if text:
-                record.arrive(pending)
-                tokens, pending = tokens + pending, 0
-    return record.finish(tokens + pending)
+            record.counted(tokens, text)
+    return record.finish_counted()
 
 
 class _TgiEvent(msgspec.Struct):
@@ -338,21 +338,19 @@ async def tgi_stream(worker: Worker, request: Request) -> Record:
     the length, and the tokens are counted from the stream."""
     parameters = {"max_new_tokens": request.max_new_tokens, "ignore_eos_token": True}
     body = {"inputs": request.prompt, "parameters": parameters}
-    record, tokens, pending = start(), 0, 0
+    record = start()
     async with worker.post("/generate_stream", body) as r:
         async for payloads in sse_reads(r):
-            text = False
+            text, tokens = False, 0
             for payload in payloads:
                 event = _TGI_EVENT.decode(payload)
                 if event.error is not None:
                     raise BenchError(f"TGI error event: {event.error}")
                 if event.token is not None:
-                    pending += 1
+                    tokens += 1
                     text = text or bool(event.token.text)
-            if text:
-                record.arrive(pending)
-                tokens, pending = tokens + pending, 0
-    return record.finish(tokens + pending)
+            record.counted(tokens, text)
+    return record.finish_counted()
 
 
 # --- The table ------------------------------------------------------------------------------

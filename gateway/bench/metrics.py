@@ -37,6 +37,7 @@ class Record(msgspec.Struct):
     tokens: int = 0
     error: str | None = None
     text: str | None = None  # the generated text, for protocols that hand it over whole
+    waiting: int = 0  # counted tokens that came in reads without text (see `counted`)
 
     def arrive(self, tokens: int = 0) -> None:
         now = perf_counter()
@@ -44,6 +45,22 @@ class Record(msgspec.Struct):
             self.first = now
         self.arrivals.append(now)
         self.counts.append(tokens)
+
+    def counted(self, tokens: int, text: bool) -> None:
+        """One read of a protocol that says how many tokens it carries: `tokens` came, with
+        text or not. Tokens that came without text are carried by the next read with text."""
+        self.waiting += tokens
+        if text:
+            self.arrive(self.waiting)
+            self.waiting = 0
+
+    def finish_counted(self) -> Record:
+        """`finish` with the tokens given to `counted`; the last text message takes any left."""
+        total = sum(self.counts) + self.waiting
+        if self.waiting and self.counts:
+            self.counts[-1] += self.waiting
+        self.waiting = 0
+        return self.finish(total)
 
     def finish(self, tokens: int) -> Record:
         self.end = perf_counter()
