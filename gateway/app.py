@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import cast
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import HTTPConnection
 
 from gateway.admission import Admission
 from gateway.config import Settings, served_model_name
@@ -19,27 +16,10 @@ from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
 from gateway.feedback import FeedbackStore, feedback_path
 from gateway.generation import GenerationService
+from gateway.routes import ROUTES
+from gateway.state import Gateway
 
 EngineLoader = Callable[[], Awaitable[Engine]]
-
-
-@dataclass(frozen=True)
-class Gateway:
-    """What every route needs, handed to it through the lifespan state."""
-
-    settings: Settings
-    holder: EngineHolder
-    service: GenerationService
-    feedback: FeedbackStore
-
-
-def gateway_of(connection: HTTPConnection) -> Gateway:
-    return cast(Gateway, connection.state.gateway)
-
-
-def gateway_of_app(app: Starlette) -> Gateway:
-    """The running app's gateway, for introspection outside a request (tests, metrics)."""
-    return cast(Gateway, app.state.gateway)
 
 
 def default_loader(settings: Settings) -> EngineLoader:
@@ -61,8 +41,6 @@ def create_app(
     settings: Settings, load: EngineLoader | None = None, *, owns_engine: bool = True
 ) -> Starlette:
     """`load` defaults to building the configured engine; tests pass a shared one."""
-    from gateway.routes import ROUTES
-
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Gateway]]:
         # Start-up as measured on 2 cores (docs/BENCHMARKS.md): the status messages' estimate.

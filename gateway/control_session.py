@@ -17,7 +17,7 @@ from typing import Literal
 
 import msgspec
 
-from gateway.app import Gateway
+from gateway.state import Gateway
 from gateway.config import served_model_name
 from gateway.engine import EngineStep
 from gateway.generation import check_context, prompt_tokens

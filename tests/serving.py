@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.app import EngineLoader, Gateway, create_app, gateway_of_app
+from gateway.app import EngineLoader, create_app
+from gateway.state import Gateway, gateway_of_app
 from gateway.config import Settings, load_settings
 from gateway.engine import Engine
 

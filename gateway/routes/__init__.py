@@ -10,7 +10,7 @@ from gateway.routes import (
     metrics,
     rest_generate,
     sagemaker,
-    start_events,
+    ws_events,
     tgi,
     ui,
 )
@@ -21,7 +21,7 @@ ROUTES: list[BaseRoute] = [
     *batch_ws.routes,
     *rest_generate.routes,
     *control.routes,
-    *start_events.routes,
+    *ws_events.routes,
     *lmi.routes,
     *sagemaker.routes,
     *tgi.routes,

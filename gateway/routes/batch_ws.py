@@ -12,7 +12,7 @@ from contextlib import aclosing
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.app import Gateway, gateway_of
+from gateway.state import Gateway, gateway_of
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
 from protocols.batch_events import (
     ErrorEvent,

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.app import gateway_of
+from gateway.state import gateway_of
 from gateway.control_session import ControlSession
 from gateway.engine_holder import EngineHolder
 from gateway.routes.http_errors import status_of

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.app import gateway_of
+from gateway.state import gateway_of
 from gateway.lmi_generation import PromptFailed, generate, generate_many, stream, stream_many
 from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.errors import ErrorKind, GenerationError

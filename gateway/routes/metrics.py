@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.app import gateway_of
+from gateway.state import gateway_of
 
 
 async def metrics(request: Request) -> Response:

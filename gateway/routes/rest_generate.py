@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.app import gateway_of
+from gateway.state import gateway_of
 from gateway.routes.http_errors import status_of
 from gateway.routes.streaming import CLIENT_GONE_STATUS, ClosingStream, until_disconnect
 from protocols.errors import GenerationError

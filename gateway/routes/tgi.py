@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.app import gateway_of
+from gateway.state import gateway_of
 from gateway.lmi_generation import generate, stream
 from gateway.routes.lmi import CLIENT_GONE, JSON, to_response
 from gateway.routes.streaming import ClosingStream, until_disconnect

@@ -10,7 +10,7 @@ from typing import Any
 from websockets.sync.client import ClientConnection, connect
 
 from clients import CHAT
-from protocols.start_events import Complete, Progress, Start, decode_frame
+from protocols.ws_events import Complete, Progress, Start, decode_frame
 from serving import RunningServer
 
 PROMPT = CHAT.format("Write a poem about the moon.")

@@ -13,10 +13,10 @@ from contextlib import aclosing
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.app import Gateway, gateway_of
+from gateway.state import Gateway, gateway_of
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
 from protocols.generation import Delta, Failed, Finished, PromptItem
-from protocols.start_events import (
+from protocols.ws_events import (
     Accepted,
     Complete,
     Progress,
@@ -28,7 +28,7 @@ from protocols.start_events import (
 log = logging.getLogger(__name__)
 
 
-async def start_events(websocket: WebSocket) -> None:
+async def ws_events(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
     connections = gateway.service.metrics.connections.labels("ws_events")
     await serve_payloads(
@@ -67,4 +67,4 @@ async def _run(accepted: Accepted, gateway: Gateway, outbox: Outbox) -> None:
         outbox.put_nowait(encode_frame([error_event(event_id, f"Internal error: {e}")]))
 
 
-routes = [WebSocketRoute("/ws/events", start_events)]
+routes = [WebSocketRoute("/ws/events", ws_events)]

@@ -1,0 +1,33 @@
+"""What routes need of the running app: the `Gateway`, handed over in the lifespan state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection
+
+from gateway.config import Settings
+from gateway.engine_holder import EngineHolder
+from gateway.feedback import FeedbackStore
+from gateway.generation import GenerationService
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """What every route needs, handed to it through the lifespan state."""
+
+    settings: Settings
+    holder: EngineHolder
+    service: GenerationService
+    feedback: FeedbackStore
+
+
+def gateway_of(connection: HTTPConnection) -> Gateway:
+    return cast(Gateway, connection.state.gateway)
+
+
+def gateway_of_app(app: Starlette) -> Gateway:
+    """The running app's gateway, for introspection outside a request (tests, metrics)."""
+    return cast(Gateway, app.state.gateway)

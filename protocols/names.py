@@ -1,0 +1,17 @@
+"""One name per protocol: routes, metric labels and the bench all use these."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Protocol(enum.StrEnum):
+    WS = "ws"  # WS /ws, batch-events-ws.md
+    API_GENERATE_ONE = "api_generate_one"  # POST /api/generate-one, rest-generate.md
+    API_GENERATE_BATCH = "api_generate_batch"  # POST /api/generate-batch, rest-generate.md
+    WS_EVENTS = "ws_events"  # WS /ws/events, start-progress-ws.md
+    CONTROL = "control"  # WS /generate, control-ws.md
+    V1_GENERATE = "v1_generate"  # POST /v1/generate, control-ws.md's REST form
+    LMI = "lmi"  # POST /invocations and /predictions/{model}, lmi-invocations.md
+    SAGEMAKER = "sagemaker"  # the SageMaker runtime paths boto3 calls (LMI schema)
+    TGI = "tgi"  # TGI's POST /, /generate, /generate_stream
