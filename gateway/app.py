@@ -10,12 +10,14 @@ import msgspec
 from starlette.applications import Starlette
 
 from gateway.admission import Admission
+from gateway.batch import BatchRunner
 from gateway.config import Settings, served_model_name
 from gateway.continuation import ContinuationStore
 from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
 from gateway.feedback import FeedbackStore, feedback_path
 from gateway.generation import GenerationService
+from gateway.metrics import GatewayMetrics
 from gateway.routes import ROUTES
 from gateway.state import Gateway
 
@@ -41,18 +43,21 @@ def create_app(
     settings: Settings, load: EngineLoader | None = None, *, owns_engine: bool = True
 ) -> Starlette:
     """`load` defaults to building the configured engine; tests pass a shared one."""
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Gateway]]:
         # Start-up as measured on 2 cores (docs/BENCHMARKS.md): the status messages' estimate.
         expected = 30.0 if settings.engine.enforce_eager else 120.0
-        holder = EngineHolder(load or default_loader(settings), expected)
+        metrics = GatewayMetrics()
+        holder = EngineHolder(load or default_loader(settings), expected, metrics.describe_engine)
         holder.start()
         admission = Admission(settings.max_running_requests, settings.max_waiting_requests)
         store = ContinuationStore(
             settings.continuation_max_entries, settings.continuation_idle_seconds
         )
+        service = GenerationService(holder, admission, metrics)
         feedback = FeedbackStore(feedback_path(settings))
-        gateway = Gateway(settings, holder, GenerationService(holder, admission, store), feedback)
+        gateway = Gateway(settings, holder, service, BatchRunner(service, store), feedback)
         app.state.gateway = gateway
         try:
             yield {"gateway": gateway}

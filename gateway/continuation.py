@@ -10,24 +10,12 @@ dropped. A dropped key is unknown again: its next request starts afresh from its
 from __future__ import annotations
 
 import time
-from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-import msgspec
+from protocols.generation import History
 
 Key = tuple[str, ...]
-
-
-class History(msgspec.Struct):
-    # 4 bytes per token: a list would hold a pointer and an int object, about 36 bytes each
-    token_ids: array[int]
-    text: str
-    ended_at_eos: bool = False
-
-
-def token_array(token_ids: Iterable[int]) -> array[int]:
-    return array("i", token_ids)
 
 
 class ContinuationStore:

@@ -13,14 +13,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import aclosing
 from typing import Literal
 
 import msgspec
 
-from gateway.state import Gateway
 from gateway.config import served_model_name
-from gateway.engine import EngineStep
-from gateway.generation import check_context, prompt_tokens
+from gateway.state import Gateway
 from protocols.control import (
     CANCELLED,
     LOGPROB_ALTERNATIVES,
@@ -42,8 +41,20 @@ from protocols.control import (
     check_prompt,
     error_message,
 )
-from protocols.errors import ErrorKind, GenerationError, invalid
-from protocols.generation import SamplingOptions, TokenInfo
+from protocols.errors import GenerationError, invalid
+from protocols.generation import (
+    Delta,
+    Failed,
+    Finished,
+    GenerationRequest,
+    History,
+    Initialized,
+    Queued,
+    SamplingOptions,
+    TokenInfo,
+    token_array,
+)
+from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
 State = Literal["new", "generating", "paused", "done"]
@@ -79,7 +90,10 @@ class _Generation:
 
 class ControlSession:
     def __init__(
-        self, gateway: Gateway, send: Callable[[ServerMessage], None], protocol: str = "control"
+        self,
+        gateway: Gateway,
+        send: Callable[[ServerMessage], None],
+        protocol: Protocol = Protocol.CONTROL,
     ) -> None:
         self.gateway = gateway
         self.protocol = protocol
@@ -143,14 +157,7 @@ class ControlSession:
         self._gen = gen
         self._last_request_id = gen.request_id
         self.state = "generating"
-        self._task = asyncio.create_task(self._begin(gen))
-
-    def _continue(self, gen: _Generation) -> None:
-        """Generate on from the history (from the start if it was never tokenized)."""
-        self.state = "generating"
-        self._task = asyncio.create_task(
-            self._drive(gen) if gen.prompt_length else self._begin(gen)
-        )
+        self._task = asyncio.create_task(self._drive(gen))
 
     async def _stop(self) -> None:
         if self.state not in ("generating", "paused") or self._gen is None:
@@ -178,9 +185,7 @@ class ControlSession:
         gen = self._gen
         self.state = "generating"
         self.send(self._status("resumed", gen, f"resuming after {gen.completion_tokens} tokens"))
-        self._task = asyncio.create_task(
-            self._drive(gen) if gen.prompt_length else self._begin(gen)
-        )
+        self._task = asyncio.create_task(self._drive(gen))
 
     async def _modify(self, control: Control) -> None:
         if control.parameters is None:
@@ -198,9 +203,7 @@ class ControlSession:
         self.send(self._status("modified", gen, "parameters changed; the rest follows them"))
         if running:
             self.state = "generating"
-            self._task = asyncio.create_task(
-                self._drive(gen) if gen.prompt_length else self._begin(gen)
-            )
+            self._task = asyncio.create_task(self._drive(gen))
 
     async def _regenerate(self) -> None:
         if self._config is None:
@@ -222,73 +225,76 @@ class ControlSession:
 
     # --- the generation task ------------------------------------------------------------------
 
-    async def _begin(self, gen: _Generation) -> None:
-        """Tokenize, announce the generation with `init`, then generate."""
-        try:
-            engine = await self.gateway.holder.wait()
-            config = gen.config
-            prompt = (
-                config.prompt
-                if isinstance(config.prompt, str)
-                else engine.render_chat([msgspec.structs.asdict(m) for m in config.messages or ()])
+    def _request(self, gen: _Generation) -> GenerationRequest:
+        """The config's prompt the first time; then the history so far, for what remains."""
+        config = gen.config
+        if not gen.prompt_length:
+            messages = None
+            if not isinstance(config.prompt, str):
+                messages = tuple(msgspec.structs.asdict(m) for m in config.messages or ())
+            prompt = config.prompt if isinstance(config.prompt, str) else ""
+            return GenerationRequest(
+                options=gen.options, prompt=prompt, messages=messages, prompt_field="$.prompt"
             )
-            if config.options.echo_prompt:
-                gen.text = prompt
-            gen.token_ids = prompt_tokens(engine, prompt)
-            gen.prompt_length = len(gen.token_ids)
-            check_context(engine, gen.prompt_length)
-        except GenerationError as e:
-            self._fail(gen, _rooted(e))
-            return
-        info = ModelInfo(max_tokens=engine.max_model_len)
-        self.send(Init(gen.request_id, self.model, info))
-        await self._drive(gen)
+        remaining = max(gen.options.max_new_tokens - gen.completion_tokens, 1)
+        options = msgspec.structs.replace(
+            gen.options,
+            max_new_tokens=remaining,
+            min_tokens=min(gen.options.min_tokens, remaining),
+        )
+        history = History(token_array(gen.token_ids), "")
+        return GenerationRequest(options=options, history=history, prompt_field="$.prompt")
 
     async def _drive(self, gen: _Generation) -> None:
-        try:
-            async with self.gateway.service.engine_slot(self.protocol) as engine:
-                check_context(engine, len(gen.token_ids))
-                remaining = gen.options.max_new_tokens - gen.completion_tokens
-                if remaining > 0:
-                    options = msgspec.structs.replace(
-                        gen.options,
-                        max_new_tokens=remaining,
-                        min_tokens=min(gen.options.min_tokens, remaining),
-                    )
-                    async for step in engine.stream(gen.token_ids, options):
-                        self._on_step(gen, step)
-        except GenerationError as e:
-            self._fail(gen, _rooted(e))
+        """Generate (on): `init` the first time the prompt reaches the engine, then tokens."""
+        if gen.prompt_length and gen.completion_tokens >= gen.options.max_new_tokens:
+            self._complete(gen, gen.finish_reason or "length")
             return
-        except Exception as e:
-            log.exception("generation %s failed", gen.request_id)
-            self._fail(gen, GenerationError(ErrorKind.ENGINE_ERROR, f"{type(e).__name__}: {e}"))
-            return
+        events = self.gateway.service.generate(self._request(gen), self.protocol)
+        async with aclosing(events):
+            async for event in events:
+                match event:
+                    case Queued(token_ids=token_ids) if not gen.prompt_length:
+                        gen.token_ids = list(token_ids)
+                        gen.prompt_length = len(gen.token_ids)
+                        info = ModelInfo(max_tokens=self._max_model_len())
+                        self.send(Init(gen.request_id, self.model, info))
+                    case Initialized(prompt_text=text) if gen.config.options.echo_prompt:
+                        if not gen.text:
+                            gen.text = text
+                    case Delta():
+                        self._on_delta(gen, event)
+                    case Finished(finish_reason=reason):
+                        gen.finish_reason = reason
+                    case Failed():
+                        self._fail(gen, _rooted(event.error()))
+                        return
         self._complete(gen, gen.finish_reason or "length")
 
-    def _on_step(self, gen: _Generation, step: EngineStep) -> None:
-        gen.token_ids.extend(step.token_ids)
-        gen.pending_ids.extend(step.token_ids)
-        if step.tokens:
-            gen.last_info = step.tokens[-1]
-        if step.finished:
-            gen.finish_reason = step.finish_reason
-        if not step.text:
+    def _max_model_len(self) -> int:
+        engine = self.gateway.holder.engine
+        return engine.max_model_len if engine is not None else 0
+
+    def _on_delta(self, gen: _Generation, delta: Delta) -> None:
+        gen.token_ids.extend(delta.token_ids)
+        gen.pending_ids.extend(delta.token_ids)
+        if delta.tokens:
+            gen.last_info = delta.tokens[-1]
+        if not delta.text:
             return
         now = time.perf_counter()
-        gen.text += step.text
+        gen.text += delta.text
         if gen.first_token_at is None:
             gen.first_token_at = now
         if gen.config.options.stream:
-            self.send(self._token(gen, step, now))
+            self.send(self._token(gen, delta, now))
         gen.last_token_at = now
         gen.pending_ids.clear()
 
-    def _token(self, gen: _Generation, step: EngineStep, now: float) -> Token:
+    def _token(self, gen: _Generation, delta: Delta, now: float) -> Token:
         options = gen.config.options
-        message = Token(
-            step.text, gen.text, step.finish_reason if step.finished else None, step.finished
-        )
+        last = delta.finish_reason is not None
+        message = Token(delta.text, gen.text, delta.finish_reason, last)
         if options.include_token_ids and gen.pending_ids:
             message.token_id = gen.pending_ids[-1]
             if len(gen.pending_ids) > 1:

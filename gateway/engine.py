@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
@@ -24,7 +25,8 @@ from vllm.sampling_params import BeamSearchParams, RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config import EngineSettings
-from gateway.metrics import STREAM_METER, StreamMeter
+from gateway.cpu_defaults import cpu_flags, engine_environment, reported_flags, resolve_dtype
+from gateway.metrics import StreamMeter
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions, TokenInfo, TopToken
 
@@ -37,7 +39,7 @@ class EngineStep(msgspec.Struct):
     """What one engine output adds to one sequence of a request.
 
     `tokens` is set when logprobs were asked for; `prompt_tokens` on the first step when
-    prompt logprobs were (its first entry is None: the first token has no logprob).
+    prompt logprobs were (the first token's log-probability is NaN: it has none).
     """
 
     text: str
@@ -47,7 +49,7 @@ class EngineStep(msgspec.Struct):
     finish_reason: str | None
     cached_tokens: int
     tokens: list[TokenInfo] | None = None
-    prompt_tokens: list[TokenInfo | None] | None = None
+    prompt_tokens: list[TokenInfo] | None = None
     stop_reason: int | str | None = None
 
 
@@ -103,26 +105,8 @@ def _engine_failure(reason: str | None) -> GenerationError:
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
 
 
-def _token_info(token_id: int, position: Mapping[int, Logprob] | None, tokenizer: Any) -> TokenInfo:
-    position = position or {}
-    chosen = position.get(token_id)
-    if chosen is not None and len(position) == 1:  # logprobs=0, the LMI/TGI stream's case
-        return TokenInfo(token_id, _text(token_id, chosen, tokenizer), chosen.logprob)
-    others = sorted(
-        (
-            TopToken(tid, _text(tid, lp, tokenizer), lp.logprob)
-            for tid, lp in position.items()
-            if tid != token_id
-        ),
-        key=lambda t: -t.logprob,
-    )
-    if chosen is None:  # cannot happen for sampled tokens; keep the token, unknown logprob
-        return TokenInfo(token_id, tokenizer.decode([token_id]), float("nan"), tuple(others))
-    return TokenInfo(token_id, _text(token_id, chosen, tokenizer), chosen.logprob, tuple(others))
-
-
-def _text(token_id: int, logprob: Logprob, tokenizer: Any) -> str:
-    if logprob.decoded_token is not None:
+def _text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
     return str(tokenizer.decode([token_id]))
 
@@ -143,15 +127,6 @@ class _Tracked:
             self.outcome = "ok"
 
 
-def _meter(prompt_tokens: int) -> StreamMeter | None:
-    make = STREAM_METER.get()
-    if make is None:
-        return None
-    meter = make()
-    meter.started(prompt_tokens)
-    return meter
-
-
 class _BeamSearcher(BeamSearchOnlineMixin):
     def __init__(self, llm: AsyncLLM) -> None:
         self.engine_client = llm
@@ -161,26 +136,40 @@ class _BeamSearcher(BeamSearchOnlineMixin):
 class Engine:
     """One vLLM engine, shared by every protocol."""
 
-    def __init__(self, llm: AsyncLLM, max_model_len: int) -> None:
-        self._llm = llm
+    def __init__(self, llm: AsyncLLM, max_model_len: int, dtype_reason: str = "") -> None:
+        self.llm = llm
         self._ids = itertools.count()
         self._beams = _BeamSearcher(llm)
         self.tokenizer: Any = llm.get_tokenizer()
+        self._special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
         self.max_model_len = max_model_len
+        self.dtype = str(llm.model_config.dtype).removeprefix("torch.")
+        self.dtype_reason = dtype_reason
         name = llm.model_config.served_model_name
         self.model_name: str = name if isinstance(name, str) else str(name[0]) if name else ""
 
     @classmethod
     async def start(cls, settings: EngineSettings, model: str) -> Engine:
-        """Build the engine in a worker thread, so the event loop keeps serving meanwhile."""
-        args = engine_args(settings, model)
+        """Build the engine in a worker thread, so the event loop keeps serving meanwhile.
+
+        On the CPU backend the dtype and thread settings follow the CPU (gateway/cpu_defaults.py).
+        """
+        from vllm.platforms import current_platform
+
+        device = str(current_platform.device_type)
+        flags = cpu_flags()
+        dtype, reason = resolve_dtype(settings.dtype, device, flags)
+        if device == "cpu":
+            os.environ.update(engine_environment(os.environ))
+        log.info("engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags))
+        args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
-        return cls(llm, llm.model_config.max_model_len)
+        return cls(llm, llm.model_config.max_model_len, reason)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The conversation as a prompt, in the model's own chat template."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise GenerationError(
@@ -189,18 +178,39 @@ class Engine:
                 "messages",
             )
         return str(
-            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True
+            )
         )
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids)))
 
     def unfinished_requests(self) -> int:
-        return int(self._llm.get_num_unfinished_requests())
+        return int(self.llm.get_num_unfinished_requests())
 
     @property
     def healthy(self) -> bool:
-        return not self._llm.errored
+        return not self.llm.errored
+
+    def _token(self, token_id: int, position: Mapping[int, Logprob] | None) -> TokenInfo:
+        """A token with its log-probability (NaN where the engine gave none) and alternatives."""
+        position = position or {}
+        chosen = position.get(token_id)
+        special = token_id in self._special
+        text = _text(token_id, chosen, self.tokenizer)
+        logprob = chosen.logprob if chosen is not None else float("nan")
+        if len(position) <= (chosen is not None):  # logprobs=0, the LMI/TGI stream's case
+            return TokenInfo(token_id, text, logprob, special=special)
+        others = sorted(
+            (
+                TopToken(tid, _text(tid, lp, self.tokenizer), lp.logprob, tid in self._special)
+                for tid, lp in position.items()
+                if tid != token_id
+            ),
+            key=lambda t: -t.logprob,
+        )
+        return TokenInfo(token_id, text, logprob, tuple(others), special)
 
     def _step(self, output: RequestOutput, completion: CompletionOutput, first: bool) -> EngineStep:
         reason = completion.finish_reason
@@ -217,37 +227,40 @@ class Engine:
         )
         if completion.logprobs is not None:
             step.tokens = [
-                _token_info(tid, position, self.tokenizer)
+                self._token(tid, position)
                 for tid, position in zip(completion.token_ids, completion.logprobs, strict=False)
             ]
         if first and output.prompt_logprobs is not None:
+            positions = list(output.prompt_logprobs)
             prompt_ids = output.prompt_token_ids or []
             step.prompt_tokens = [
-                None if position is None else _token_info(tid, position, self.tokenizer)
-                for tid, position in zip(prompt_ids, output.prompt_logprobs, strict=False)
+                self._token(tid, positions[i] if i < len(positions) else None)
+                for i, tid in enumerate(prompt_ids)
             ]
         return step
 
     async def stream(
-        self, token_ids: list[int], options: SamplingOptions
+        self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
     ) -> AsyncGenerator[EngineStep, None]:
         """The steps of one sequence (options.n must be 1), as the engine produces them."""
         request_id = f"gw-{next(self._ids)}"
-        outputs = self._llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
+        outputs = self.llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
         first = True
-        async with self._tracked(request_id, len(token_ids)) as tracked, aclosing(outputs):
+        async with self._tracked(request_id, len(token_ids), meter) as tracked, aclosing(outputs):
             async for output in outputs:
                 step = self._step(output, output.outputs[0], first)
                 first = False
                 tracked.step(len(step.token_ids), step.cached_tokens, step.finished)
                 yield step
 
-    async def complete(self, token_ids: list[int], options: SamplingOptions) -> list[EngineStep]:
+    async def complete(
+        self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
+    ) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
         params = sampling_params(options, RequestOutputKind.FINAL_ONLY)
-        outputs = self._llm.generate(tokens_input(token_ids), params, request_id)
-        async with self._tracked(request_id, len(token_ids)) as tracked, aclosing(outputs):
+        outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
+        async with self._tracked(request_id, len(token_ids), meter) as tracked, aclosing(outputs):
             async for output in outputs:
                 if output.finished:
                     steps = [self._step(output, c, True) for c in output.outputs]
@@ -257,15 +270,19 @@ class Engine:
         raise _engine_failure("no output")
 
     @asynccontextmanager
-    async def _tracked(self, request_id: str, prompt_tokens: int) -> AsyncIterator[_Tracked]:
+    async def _tracked(
+        self, request_id: str, prompt_tokens: int, meter: StreamMeter | None
+    ) -> AsyncIterator[_Tracked]:
         """Meter one engine request, and abort it however its consumer stops listening."""
-        tracked = _Tracked(_meter(prompt_tokens))
+        if meter is not None:
+            meter.started(prompt_tokens)
+        tracked = _Tracked(meter)
         try:
             yield tracked
         except (asyncio.CancelledError, GeneratorExit):
             # vLLM aborts on close too, except when cancelled inside its add_request, before
             # it holds the request's queue: abort by id as well (a second abort is a no-op).
-            await self._llm.abort(request_id)
+            await self.llm.abort(request_id)
             raise
         except GenerationError as e:
             tracked.outcome = e.kind.value
@@ -274,13 +291,16 @@ class Engine:
             tracked.outcome = ErrorKind.ENGINE_ERROR.value
             raise
         finally:
-            if tracked.meter is not None:
-                tracked.meter.ended(tracked.outcome)
+            if meter is not None:
+                meter.ended(tracked.outcome)
 
     async def beam_search(
-        self, token_ids: list[int], options: SamplingOptions, beams_returned: int = 1
+        self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
     ) -> list[EngineStep]:
-        """vLLM's beam search, run to the end: the best `beams_returned` beams, best first."""
+        """vLLM's beam search, run to the end: the best `options.n` beams, best first.
+
+        Beam search reports no log-probabilities: each token's is NaN.
+        """
         room = self.max_model_len - len(token_ids)
         params = BeamSearchParams(
             beam_width=options.num_beams,
@@ -293,11 +313,12 @@ class Engine:
         )
         request_id = f"gw-beam-{next(self._ids)}"
         outputs = self._beams.beam_search(tokens_input(token_ids), request_id, params)
-        async with aclosing(outputs):
+        async with self._tracked(request_id, len(token_ids), meter) as tracked, aclosing(outputs):
             async for output in outputs:
-                beams = output.outputs[:beams_returned]
+                beams = output.outputs[: options.n]
                 if not beams or beams[0].finish_reason in _FAILED:
                     raise _engine_failure(beams[0].finish_reason if beams else "no beam")
+                tracked.step(sum(len(b.token_ids) for b in beams), 0, True)
                 return [
                     EngineStep(
                         b.text,
@@ -306,6 +327,7 @@ class Engine:
                         _is_eos(b.finish_reason, b.stop_reason),
                         b.finish_reason,
                         0,
+                        [self._token(t, None) for t in b.token_ids],
                         stop_reason=b.stop_reason,
                     )
                     for b in beams
@@ -313,4 +335,4 @@ class Engine:
         raise _engine_failure("no output")
 
     def shutdown(self) -> None:
-        self._llm.shutdown()
+        self.llm.shutdown()

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.cpu_defaults import cpu_flags, reported_flags
 from gateway.engine import Engine
 from protocols.errors import ErrorKind, GenerationError
 
@@ -17,9 +18,14 @@ class EngineHolder:
     """Starts the engine in the background; requests made meanwhile wait for it."""
 
     def __init__(
-        self, load: Callable[[], Awaitable[Engine]], expected_seconds: float = 30.0
+        self,
+        load: Callable[[], Awaitable[Engine]],
+        expected_seconds: float = 30.0,
+        describe: Callable[[str, str, list[str]], None] | None = None,
     ) -> None:
+        """`describe(dtype, reason, cpu_flags)` is told about the engine once it is ready."""
         self._load = load
+        self._describe = describe
         self.expected_seconds = expected_seconds
         self._started = time.monotonic()
         self._ready = asyncio.Event()
@@ -52,6 +58,9 @@ class EngineHolder:
         try:
             self.engine = await self._load()
             self.status = "ready"
+            if self._describe is not None:
+                engine = self.engine
+                self._describe(engine.dtype, engine.dtype_reason, reported_flags(cpu_flags()))
         except Exception as e:  # surfaced through /health and to every waiting request
             log.exception("the engine failed to start")
             self.error = f"{type(e).__name__}: {e}"

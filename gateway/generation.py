@@ -1,9 +1,12 @@
-"""The generation service: one entry point that every protocol calls.
+"""The one engine path: every protocol's prompts go through `GenerationService.generate`.
 
-`run` takes a payload's prompts and yields, per engine step, the list of neutral events that
-step produced for them. It applies admission, continuation by request_id, the in-flight
-request_id check and the context-length check, and on exit (finished, failed, or the caller
-stopped listening) it cancels what still runs, which aborts those engine requests.
+`generate` takes one `GenerationRequest` and yields its events. It applies, once for every
+protocol: the in-flight request_id check, the ready engine, tokenizing (off the event loop for
+long prompts) or chat rendering, truncation, the context check, continuation from a history,
+admission, metrics, the error mapping (every failure is a `Failed` event), and abort on
+cancel (closing the generator closes the engine stream, which aborts the engine request).
+Batches of prompts and continuation keys (gateway/batch.py) and the control session's actions
+(gateway/control_session.py) are layers on top of it.
 """
 
 from __future__ import annotations
@@ -11,217 +14,215 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Sequence
+
+import msgspec
 
 from gateway.admission import Admission
-from gateway.continuation import ContinuationStore, History, Key, token_array
-from gateway.engine import Engine
+from gateway.engine import Engine, EngineStep
 from gateway.engine_holder import EngineHolder
-from gateway.metrics import STREAM_METER, GatewayMetrics
+from gateway.metrics import GatewayMetrics, StreamMeter
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import (
     Delta,
     Event,
     Failed,
     Finished,
+    GeneratedSequence,
+    GenerationRequest,
+    History,
     Initialized,
-    PromptItem,
-    SamplingOptions,
+    Queued,
     Started,
+    TokenInfo,
+    token_array,
 )
+from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
-
-
-TERMINAL = (Finished, Failed)
-
-
-class _Payload:
-    """One call of `run`: where its events go and its continuation entry."""
-
-    def __init__(
-        self,
-        key: Key | None,
-        known: dict[str, History] | None,
-        options: SamplingOptions,
-        stream: bool,
-        protocol: str,
-    ) -> None:
-        self.key = key
-        self.protocol = protocol
-        self.known = known or {}
-        self.histories = dict(self.known)
-        self.options = options
-        self.stream = stream
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+# Tokenizing costs about a microsecond a character: past this, do it in a worker thread.
+_TOKENIZE_INLINE_CHARS = 4096
 
 
 class GenerationService:
     def __init__(
-        self,
-        holder: EngineHolder,
-        admission: Admission,
-        store: ContinuationStore,
-        metrics: GatewayMetrics | None = None,
+        self, holder: EngineHolder, admission: Admission, metrics: GatewayMetrics | None = None
     ) -> None:
         self.holder = holder
         self.admission = admission
-        self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_admission(lambda: admission.waiting, lambda: admission.running)
         self._in_flight: set[str] = set()
 
-    @asynccontextmanager
-    async def engine_slot(self, protocol: str = "other") -> AsyncIterator[Engine]:
-        """An admission slot, then the ready engine: every generation goes through this.
+    async def generate(
+        self, request: GenerationRequest, protocol: Protocol
+    ) -> AsyncGenerator[Event, None]:
+        """Queued, Started, Initialized, Deltas (when streamed), then one Finished or Failed.
 
-        Engine requests made inside are counted in the metrics under `protocol`.
+        The prompt is checked before it queues for admission; a request that fails before it
+        starts yields only its Failed.
         """
-        async with self.admission.slot():
+        request_id = request.request_id
+        if request_id is not None:
+            if request_id in self._in_flight:
+                yield _failed(request.index, _duplicate(request_id))
+                return
+            self._in_flight.add(request_id)
+        try:
             engine = await self.holder.wait()
-            previous = STREAM_METER.get()
-            STREAM_METER.set(self.metrics.meter(protocol))
-            try:
-                yield engine
-            finally:
-                # set, not reset: a generator holding the slot may be closed from another
-                # task's context, where the original token is not valid
-                STREAM_METER.set(previous)
-
-    async def run(
-        self,
-        items: Sequence[PromptItem],
-        options: SamplingOptions,
-        *,
-        stream: bool,
-        protocol: str,
-        continuation: bool = True,
-    ) -> AsyncGenerator[list[Event], None]:
-        """`continuation=False`: the prompts start afresh and leave no history behind."""
-        key = tuple(item.request_id for item in items) if continuation else None
-        known = self.store.get(key) if key else None
-        if key is not None:
-            hits = sum(item.request_id in (known or {}) for item in items)
-            self.metrics.continuation.labels("hit").inc(hits)
-            self.metrics.continuation.labels("miss").inc(len(items) - hits)
-        payload = _Payload(key, known, options, stream, protocol)
-        tasks: list[asyncio.Task[None]] = []
-        for index, item in enumerate(items):
-            if item.request_id in self._in_flight:
-                payload.queue.put_nowait(_failed(index, _duplicate(item.request_id)))
-                continue
-            self._in_flight.add(item.request_id)
-            tasks.append(asyncio.create_task(self._run_one(payload, index, item)))
-        remaining = len(items)
-        try:
-            while remaining:
-                step = [await payload.queue.get()]
-                while not payload.queue.empty():
-                    step.append(payload.queue.get_nowait())
-                remaining -= sum(isinstance(e, TERMINAL) for e in step)
-                yield _merge_deltas(step)
-        finally:
-            # Each task releases its request_id and records its history itself, so nothing
-            # here depends on this cleanup running to its end (a twice-cancelled caller).
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _run_one(self, payload: _Payload, index: int, item: PromptItem) -> None:
-        try:
-            outcome = await self._attempt(payload, index, item)
-        finally:
-            self._in_flight.discard(item.request_id)
-        payload.queue.put_nowait(outcome)
-
-    async def _attempt(self, payload: _Payload, index: int, item: PromptItem) -> Finished | Failed:
-        try:
-            async with self.engine_slot(payload.protocol) as engine:
-                history = payload.known.get(item.request_id)
-                if history is None:
-                    history = History(token_array(prompt_tokens(engine, item.prompt)), item.prompt)
-                check_context(engine, len(history.token_ids))
-                payload.queue.put_nowait(Started(index))
-                finished, new_ids = await _generate(engine, index, history, payload)
+            history = await _history(engine, request)
+            yield Queued(request.index, history.token_ids)
+            async with self.admission.slot():
+                yield Started(request.index)
+                meter = self.metrics.meter(protocol)
+                async for event in _engine_events(engine, request, history, meter):
+                    yield event
         except GenerationError as e:
-            return _failed(index, e)
+            yield _failed(request.index, e)
         except Exception as e:
-            log.exception("generation failed for request_id %r", item.request_id)
-            message = f"Generation failed: {type(e).__name__}: {e}"
-            return _failed(index, GenerationError(ErrorKind.ENGINE_ERROR, message))
-        payload.histories[item.request_id] = History(
-            history.token_ids + token_array(new_ids), finished.full_text, finished.is_eos
+            log.exception("generation failed (%s, request_id %r)", protocol, request_id)
+            error = GenerationError(ErrorKind.ENGINE_ERROR, f"Generation failed: {e}")
+            yield _failed(request.index, error)
+        finally:
+            if request_id is not None:
+                self._in_flight.discard(request_id)
+
+
+async def _history(engine: Engine, request: GenerationRequest) -> History:
+    """The sequence to submit: the request's history, or its prompt tokenized, within context."""
+    history = request.history
+    if history is None:
+        prompt = request.prompt
+        if request.messages is not None:
+            prompt = engine.render_chat(request.messages)
+        if not prompt:
+            raise invalid(
+                "The prompt must not be empty (a known request_id may continue with an empty "
+                "prompt)",
+                request.prompt_field,
+            )
+        if len(prompt) > _TOKENIZE_INLINE_CHARS:
+            ids = await asyncio.to_thread(engine.encode, prompt)
+        else:
+            ids = engine.encode(prompt)
+        if request.truncate is not None:
+            ids = ids[-request.truncate :]
+        history = History(token_array(ids), prompt)
+    length = len(history.token_ids)
+    if length >= engine.max_model_len:
+        raise GenerationError(
+            ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+            f"The prompt is {length} tokens; this model's context is {engine.max_model_len} "
+            "tokens, which must also hold the new tokens",
+            request.prompt_field,
         )
-        if payload.key is not None:
-            self.store.put(payload.key, payload.histories)
-        return finished
+    return history
 
 
-async def _generate(
-    engine: Engine, index: int, history: History, payload: _Payload
-) -> tuple[Finished, list[int]]:
-    options, queue = payload.options, payload.queue
+async def _engine_events(
+    engine: Engine, request: GenerationRequest, history: History, meter: StreamMeter
+) -> AsyncGenerator[Event, None]:
+    options, index = request.options, request.index
     started = time.perf_counter()
-    pieces: list[str] = []
-    new_ids: list[int] = []
-    is_eos = history.ended_at_eos
-    reason = "stop" if is_eos else "length"
-    cached = 0
+    token_ids = history.token_ids.tolist()
     if history.ended_at_eos:
         # The sequence is over: continuing it generates nothing (docs/PROTOCOLS.md).
-        queue.put_nowait(Initialized(index, history.text))
-    elif options.num_beams > 1:
-        [best] = await engine.beam_search(history.token_ids.tolist(), options)
-        queue.put_nowait(Initialized(index, history.text))
-        pieces.append(best.text)
-        new_ids.extend(best.token_ids)
-        is_eos, reason = best.is_eos, best.finish_reason or reason
-    else:
-        initialized = False
-        async for step in engine.stream(history.token_ids.tolist(), options):
-            if not initialized:
-                initialized = True
-                queue.put_nowait(Initialized(index, history.text))
-                cached = step.cached_tokens
-            pieces.append(step.text)
-            new_ids.extend(step.token_ids)
-            if payload.stream and step.text:
-                queue.put_nowait(Delta(index, step.text))
-            if step.finished:
-                is_eos, reason = step.is_eos, step.finish_reason or reason
-    new_text = "".join(pieces)
-    finished = Finished(
-        index=index,
-        new_text=new_text,
-        full_text=history.text + new_text,
+        yield Initialized(index, history.text)
+        yield _finished(request, history, [], "stop", None, started, 0, len(token_ids))
+        return
+    if options.num_beams > 1 or options.n > 1 or not request.stream:
+        if options.num_beams > 1:
+            steps = await engine.beam_search(token_ids, options, meter)
+        else:
+            steps = await engine.complete(token_ids, options, meter)
+        yield Initialized(index, history.text)
+        best = steps[0]
+        finished = _finished(
+            request,
+            history,
+            best.token_ids,
+            best.finish_reason,
+            best.stop_reason,
+            started,
+            best.cached_tokens,
+            len(token_ids),
+            text=best.text,
+        )
+        finished.tokens = best.tokens
+        finished.prefill = best.prompt_tokens
+        if len(steps) > 1:
+            finished.sequences = [_sequence(s) for s in steps]
+        yield finished
+        return
+    new_ids: list[int] = []
+    pieces: list[str] = []
+    last: EngineStep | None = None
+    prefill: list[TokenInfo] | None = None
+    cached = 0
+    async for step in engine.stream(token_ids, options, meter):
+        if last is None:
+            prefill, cached = step.prompt_tokens, step.cached_tokens
+            yield Initialized(index, history.text)
+        last = step
+        new_ids.extend(step.token_ids)
+        pieces.append(step.text)
+        if step.text or step.token_ids:
+            reason = (step.finish_reason or "length") if step.finished else None
+            yield Delta(index, step.text, list(step.token_ids), step.tokens, reason)
+    if last is None or not last.finished:
+        raise GenerationError(ErrorKind.ENGINE_ERROR, "The engine ended the request unfinished")
+    finished = _finished(
+        request,
+        history,
+        new_ids,
+        last.finish_reason,
+        last.stop_reason,
+        started,
+        cached,
+        len(token_ids),
+        text="".join(pieces),
+    )
+    finished.prefill = prefill
+    yield finished
+
+
+def _finished(
+    request: GenerationRequest,
+    history: History,
+    new_ids: Sequence[int],
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    started: float,
+    cached: int,
+    prompt_tokens: int,
+    text: str = "",
+) -> Finished:
+    reason = finish_reason or "length"
+    is_eos = history.ended_at_eos or (reason == "stop" and not isinstance(stop_reason, str))
+    after = History(history.token_ids + token_array(new_ids), history.text + text, is_eos)
+    return Finished(
+        index=request.index,
+        new_text=text,
+        full_text=after.text,
         new_tokens=len(new_ids),
         is_eos=is_eos,
         finish_reason=reason,
         execution_time=time.perf_counter() - started,
         cached_prompt_tokens=cached,
+        prompt_tokens=prompt_tokens,
+        stop_reason=stop_reason,
+        history=after,
     )
-    return finished, new_ids
 
 
-def prompt_tokens(engine: Engine, prompt: str) -> list[int]:
-    if not prompt:
-        raise invalid(
-            "The prompt must not be empty (a known request_id may continue with an empty prompt)",
-            "prompt",
-        )
-    return engine.encode(prompt)
-
-
-def check_context(engine: Engine, prompt_length: int) -> None:
-    """Refuse a prompt that leaves no room for a new token in the model's context."""
-    if prompt_length >= engine.max_model_len:
-        raise GenerationError(
-            ErrorKind.CONTEXT_LENGTH_EXCEEDED,
-            f"The prompt is {prompt_length} tokens; this model's context is "
-            f"{engine.max_model_len} tokens, which must also hold the new tokens",
-            "prompt",
-        )
+def _sequence(step: EngineStep) -> GeneratedSequence:
+    return GeneratedSequence(
+        step.text,
+        len(step.token_ids),
+        step.finish_reason or "length",
+        step.stop_reason,
+        step.tokens,
+    )
 
 
 def _duplicate(request_id: str) -> GenerationError:
@@ -236,18 +237,5 @@ def _failed(index: int, error: GenerationError) -> Failed:
     return Failed(index, error.kind, error.message, error.field)
 
 
-def _merge_deltas(step: list[Event]) -> list[Event]:
-    """Keep one Delta per prompt in a step, so no frame holds two updates of one prompt."""
-    if len(step) == 1:
-        return step
-    merged: list[Event] = []
-    deltas: dict[int, Delta] = {}
-    for event in step:
-        if isinstance(event, Delta):
-            previous = deltas.get(event.index)
-            if previous is not None:
-                previous.text += event.text
-                continue
-            deltas[event.index] = event
-        merged.append(event)
-    return merged
+def with_history(request: GenerationRequest, history: History | None) -> GenerationRequest:
+    return request if history is None else msgspec.structs.replace(request, history=history)

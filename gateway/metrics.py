@@ -1,17 +1,14 @@
 """Prometheus metrics, one registry per app, served at GET /metrics.
 
-Engine requests report through `STREAM_METER`, a context variable that
-`GenerationService.engine_slot(protocol)` sets: whatever streams inside the slot is counted
-under that protocol, without each protocol wiring it up.
+The generation service hands each engine request a `StreamMeter` for its protocol.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
@@ -52,11 +49,6 @@ class StreamMeter:
         metrics.requests.labels(self._protocol, outcome).inc()
         metrics.e2e.labels(self._protocol).observe(time.perf_counter() - self._start)
         metrics.generated_tokens.labels(self._protocol).inc(self._tokens)
-
-
-STREAM_METER: ContextVar[Callable[[], StreamMeter] | None] = ContextVar(
-    "stream_meter", default=None
-)
 
 
 class GatewayMetrics:
@@ -122,8 +114,17 @@ class GatewayMetrics:
             "gateway_running_requests", "Requests admitted to the engine", registry=r
         )
 
-    def meter(self, protocol: str) -> Callable[[], StreamMeter]:
-        return lambda: StreamMeter(self, protocol)
+        self.engine = Info(
+            "gateway_engine",
+            "The engine's dtype, why it was chosen, and the CPU's flags",
+            registry=r,
+        )
+
+    def meter(self, protocol: str) -> StreamMeter:
+        return StreamMeter(self, protocol)
+
+    def describe_engine(self, dtype: str, reason: str, cpu_flags: list[str]) -> None:
+        self.engine.info({"dtype": dtype, "dtype_reason": reason, "cpu_flags": " ".join(cpu_flags)})
 
     def watch_admission(self, waiting: Callable[[], float], running: Callable[[], float]) -> None:
         self.queue_depth.set_function(waiting)

@@ -8,6 +8,7 @@ from typing import cast
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
+from gateway.batch import BatchRunner
 from gateway.config import Settings
 from gateway.engine_holder import EngineHolder
 from gateway.feedback import FeedbackStore
@@ -21,6 +22,7 @@ class Gateway:
     settings: Settings
     holder: EngineHolder
     service: GenerationService
+    batches: BatchRunner
     feedback: FeedbackStore
 
 

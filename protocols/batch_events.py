@@ -80,7 +80,7 @@ def to_frames(
     for event in events:
         request_id = items[event.index].request_id
         match event:
-            case Delta(text=text):
+            case Delta(text=text) if text:
                 progress.append(Progress(request_id, text))
             case Started():
                 started.append(StartedEvent(request_id))

@@ -13,8 +13,7 @@ import msgspec
 from protocols.errors import GenerationError, invalid, validation_error
 from protocols.generation import PromptItem, SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
-
-_JSON_DECODER = msgspec.json.Decoder()
+from protocols.json_body import decode_json_object
 
 
 class Rejected(msgspec.Struct, frozen=True):
@@ -45,16 +44,6 @@ class _Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class _PromptEntry(msgspec.Struct, forbid_unknown_fields=True):
     request_id: str
     prompt: str
-
-
-def decode_json_object(raw: bytes | str) -> dict[str, Any]:
-    try:
-        doc = _JSON_DECODER.decode(raw)
-    except msgspec.DecodeError as e:
-        raise invalid(f"Malformed JSON: {e}", "$") from e
-    if not isinstance(doc, dict):
-        raise invalid(f"Expected `object`, got `{type(doc).__name__}` - at `$`", "$")
-    return doc
 
 
 def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[int], list[Rejected]]:

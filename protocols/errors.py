@@ -36,6 +36,13 @@ def invalid(message: str, field: str | None = None) -> GenerationError:
     return GenerationError(ErrorKind.INVALID_REQUEST, message, field)
 
 
+def named(error: GenerationError) -> str:
+    """The error's message, naming its field when the message does not already."""
+    if error.field and " - at `" not in error.message:
+        return f"{error.message} - at `{error.field}`"
+    return error.message
+
+
 def split_validation_message(message: str) -> tuple[str, str]:
     """msgspec's "Expected `int` - at `$.a.b`" as ("Expected `int`", "$.a.b")."""
     head, _, tail = message.partition(" - at `")

@@ -1,18 +1,22 @@
 """The neutral vocabulary between wire protocols and the engine.
 
-A protocol decodes its payload into `PromptItem`s and one `SamplingOptions`; the gateway
-answers with a stream of event lists. Each list holds what happened in one engine step, at
-most one event of each type per prompt, in the order a client should see them.
+A protocol decodes its payload into `GenerationRequest`s; the gateway answers each with
+events: Started, Initialized, Deltas (when streamed), then one Finished or Failed. A batch of
+prompts gets lists of events, each what one engine step produced, at most one event of each
+type per prompt, in the order a client should see them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from protocols.errors import ErrorKind
+from protocols.errors import ErrorKind, GenerationError
 
 # Constraints shared by the neutral options and every wire schema that sets them.
 MaxNewTokens = Annotated[int, Meta(ge=1)]
@@ -61,20 +65,72 @@ class TopToken(msgspec.Struct, frozen=True):
     token_id: int
     text: str
     logprob: float
+    special: bool = False
 
 
 class TokenInfo(msgspec.Struct, frozen=True):
-    """One token with the engine's log-probability, and its best alternatives when asked."""
+    """One token with the engine's log-probability (NaN: none), and its best alternatives."""
 
     token_id: int
     text: str
     logprob: float
     alternatives: tuple[TopToken, ...] = ()
+    special: bool = False
+
+
+class History(msgspec.Struct):
+    """A sequence so far (prompt plus everything generated), to continue from."""
+
+    # 4 bytes per token: a list would hold a pointer and an int object, about 36 bytes each
+    token_ids: array[int]
+    text: str
+    ended_at_eos: bool = False
+
+
+def token_array(token_ids: Iterable[int]) -> array[int]:
+    return array("i", token_ids)
 
 
 class PromptItem(msgspec.Struct, frozen=True):
     request_id: str
     prompt: str
+
+
+class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One prompt, as any protocol asks for it.
+
+    The prompt is `history` (continued, its `prompt` ignored), else `messages` rendered with the
+    model's chat template, else `prompt`. `request_id`, when set, may not run twice at once.
+    `stream`: report each step as a Delta; else only the end. `truncate` keeps the last
+    tokens of the prompt. `prompt_field` is where errors about the prompt point.
+    """
+
+    options: SamplingOptions
+    prompt: str = ""
+    messages: tuple[dict[str, Any], ...] | None = None
+    history: History | None = None
+    request_id: str | None = None
+    index: int = 0
+    stream: bool = True
+    truncate: int | None = None
+    prompt_field: str = "prompt"
+
+
+class GeneratedSequence(msgspec.Struct):
+    """One finished sequence of a request that asked for several (`n`, beams)."""
+
+    text: str
+    generated_tokens: int
+    finish_reason: str  # vLLM's: stop or length
+    stop_reason: int | str | None = None
+    tokens: list[TokenInfo] | None = None
+
+
+class Queued(msgspec.Struct, frozen=True):
+    """The prompt passed its checks as `token_ids` and waits for admission to the engine."""
+
+    index: int
+    token_ids: Sequence[int] = ()
 
 
 class Started(msgspec.Struct, frozen=True):
@@ -91,21 +147,35 @@ class Initialized(msgspec.Struct, frozen=True):
 
 
 class Delta(msgspec.Struct):
-    """New text since the last event of this prompt (several engine outputs may be merged)."""
+    """What the engine added since this prompt's last event (several steps may be merged)."""
 
     index: int
     text: str
+    token_ids: list[int]
+    tokens: list[TokenInfo] | None = None  # with log-probabilities, when asked for
+    # Set on the prompt's last Delta (vLLM's: stop or length); its Finished follows at once.
+    finish_reason: str | None = None
 
 
-class Finished(msgspec.Struct, frozen=True):
+class Finished(msgspec.Struct):
+    """The prompt's end. `sequences` holds every sequence (best first for beams) when several
+    were asked for; `tokens` the sequence's tokens when not streamed and log-probabilities
+    were asked for; `prefill` the prompt's tokens when prompt log-probabilities were."""
+
     index: int
     new_text: str
     full_text: str
     new_tokens: int
     is_eos: bool
-    finish_reason: str
+    finish_reason: str  # vLLM's: stop or length
     execution_time: float
     cached_prompt_tokens: int
+    prompt_tokens: int = 0
+    stop_reason: int | str | None = None
+    history: History | None = None
+    sequences: list[GeneratedSequence] = []
+    tokens: list[TokenInfo] | None = None
+    prefill: list[TokenInfo] | None = None
 
 
 class Failed(msgspec.Struct, frozen=True):
@@ -116,5 +186,59 @@ class Failed(msgspec.Struct, frozen=True):
     message: str
     field: str | None = None
 
+    def error(self) -> GenerationError:
+        return GenerationError(self.kind, self.message, self.field)
 
-Event = Started | Initialized | Delta | Finished | Failed
+
+Event = Queued | Started | Initialized | Delta | Finished | Failed
+TERMINAL = (Finished, Failed)
+StopCause = Literal["length", "eos_token", "stop_sequence"]
+
+
+def stop_cause(
+    finish_reason: str | None, stop_reason: int | str | None, stop_token_ids: Sequence[int]
+) -> StopCause:
+    """Why a sequence ended, in the LMI / TGI words: length, eos_token or stop_sequence."""
+    if finish_reason != "stop":
+        return "length"
+    if isinstance(stop_reason, str) or (
+        isinstance(stop_reason, int) and stop_reason in stop_token_ids
+    ):
+        return "stop_sequence"
+    return "eos_token"
+
+
+def all_sequences(finished: Finished) -> list[GeneratedSequence]:
+    """Every sequence of a finished prompt: `sequences`, or the one it generated."""
+    if finished.sequences:
+        return finished.sequences
+    return [
+        GeneratedSequence(
+            finished.new_text,
+            finished.new_tokens,
+            finished.finish_reason,
+            finished.stop_reason,
+            finished.tokens,
+        )
+    ]
+
+
+def best_sequences(
+    finished: Finished, keep: int, *, by_mean: bool = False
+) -> list[GeneratedSequence]:
+    """The best `keep` sequences, best first, by total (or mean) token log-probability.
+
+    Beams come ranked by the engine and carry no log-probabilities: their order is kept.
+    """
+
+    def score(sequence: GeneratedSequence) -> float:
+        known = [t.logprob for t in sequence.tokens or () if not math.isnan(t.logprob)]
+        return sum(known) / max(len(known), 1) if by_mean else sum(known)
+
+    return sorted(all_sequences(finished), key=score, reverse=True)[:keep]
+
+
+def top_tokens(token: TokenInfo, k: int) -> list[TopToken]:
+    """The `k` most likely tokens at this position, the chosen one included if among them."""
+    chosen = TopToken(token.token_id, token.text, token.logprob, token.special)
+    return sorted((chosen, *token.alternatives), key=lambda t: -t.logprob)[:k]

@@ -1,21 +1,21 @@
 """LMI `/invocations` (lmi-invocations.md): request decoding and answer encoding, no I/O.
 
-A request becomes a `GenerationPlan` (protocols/generation_plan.py, shared with the TGI routes)
-and an output form; the engine's work comes back as `Piece`s (streamed) or one `Generation`,
-which `LmiEncoder` turns into the spec's JSON documents, jsonlines or server-sent events.
+A request becomes `SamplingOptions` and an output form; the engine's work comes back as
+neutral events (protocols/generation.py), which `LmiEncoder` turns into the spec's JSON
+documents, jsonlines or server-sent events.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, assert_never
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from protocols.batch_payload import decode_json_object
-from protocols.errors import GenerationError, invalid, validation_error
+from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
 from protocols.generation import (
     Count,
+    Finished,
     LogprobCount,
     MaxNewTokens,
     MinP,
@@ -28,13 +28,12 @@ from protocols.generation import (
     TokenInfo,
     TopK,
     TopP,
-)
-from protocols.generation_plan import (
-    Generation,
-    GenerationPlan,
-    Piece,
+    TopToken,
+    best_sequences,
+    stop_cause,
     top_tokens,
 )
+from protocols.json_body import decode_json_object
 from protocols.sse import sse_event
 
 Output = Literal["json", "jsonlines", "sse"]
@@ -89,10 +88,16 @@ class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`options.n` sequences are generated per prompt (beams, or best_of); the best
+    `returned` are answered; `top_n` alternatives are reported per token."""
+
     inputs: list[str]
     dynamic: bool  # `inputs` was a list: the dynamic batch schema
     output: Output
-    plan: GenerationPlan
+    options: SamplingOptions
+    returned: int = 1
+    top_n: int = 0
+    truncate: int | None = None
     details: bool
     return_full_text: bool
     tgi_compat: bool
@@ -157,7 +162,9 @@ def decode_lmi(
         details = p.details if p.details is not None else tgi_compat
         if dynamic and streaming and p.details:
             raise _refuse("details", "details are not available when streaming a dynamic batch")
-        plan = lmi_plan(p, streaming=streaming, details=details, max_new_tokens=max_new_tokens)
+        options, returned = lmi_options(
+            p, streaming=streaming, details=details, max_new_tokens=max_new_tokens
+        )
     except msgspec.ValidationError as e:
         raise InvalidPayload(validation_error(e), dynamic) from e
     except GenerationError as e:
@@ -167,7 +174,10 @@ def decode_lmi(
         inputs=inputs,
         dynamic=dynamic,
         output=output,
-        plan=plan,
+        options=options,
+        returned=returned,
+        top_n=(p.logprobs or 0) if (p.num_beams or 1) == 1 else 0,
+        truncate=p.truncate,
         details=details,
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,
@@ -205,9 +215,10 @@ def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:
                 raise _refuse(name, f"{name} cannot be used with beam search (num_beams > 1)")
 
 
-def lmi_plan(
+def lmi_options(
     p: LmiParameters, *, streaming: bool, details: bool, max_new_tokens: int
-) -> GenerationPlan:
+) -> tuple[SamplingOptions, int]:
+    """What to ask of the engine, and how many of its sequences to answer with."""
     _check_combinations(p, streaming=streaming)
     n, beams = p.n or 1, p.num_beams or 1
     best_of = p.best_of or n
@@ -233,23 +244,14 @@ def lmi_plan(
         stop_token_ids=tuple(p.stop_token_ids or ()),
         include_stop_str_in_output=bool(p.include_stop_str_in_output),
         logprobs=top_n if want_tokens and beams == 1 else None,
-        prompt_logprobs=(p.prompt_logprobs or 0) if prefill else None,
+        prompt_logprobs=(p.prompt_logprobs or 0) if prefill and beams == 1 else None,
         skip_special_tokens=p.skip_special_tokens is not False,
         spaces_between_special_tokens=p.spaces_between_special_tokens is not False,
+        n=beams if beams > 1 else best_of,
     )
     if beams > 1:
-        returned = n if n > 1 else beams
-        return GenerationPlan(
-            options=options, sequences=beams, returned=returned, beam=True, truncate=p.truncate
-        )
-    return GenerationPlan(
-        options=options,
-        sequences=best_of,
-        returned=n if n > 1 else best_of,  # n > 1: the best n; else every best_of sequence
-        truncate=p.truncate,
-        top_n=top_n,
-        prefill=prefill,
-    )
+        return options, n if n > 1 else beams
+    return options, n if n > 1 else best_of  # n > 1: the best n; else every best_of sequence
 
 
 # --- Answers ------------------------------------------------------------------------------------
@@ -327,6 +329,24 @@ class HandlerFailure(msgspec.Struct):
 _ENCODER = msgspec.json.Encoder()
 
 
+def lmi_status(kind: ErrorKind) -> int:
+    """The status of a failure before any output: the spec's 424, or overload and loading."""
+    match kind:
+        case (
+            ErrorKind.INVALID_REQUEST
+            | ErrorKind.CONTEXT_LENGTH_EXCEEDED
+            | ErrorKind.DUPLICATE_REQUEST_ID
+            | ErrorKind.ENGINE_ERROR
+        ):
+            return 424
+        case ErrorKind.RATE_LIMITED:
+            return 429
+        case ErrorKind.ENGINE_UNAVAILABLE:
+            return 503
+        case _:
+            assert_never(kind)
+
+
 def payload_error(message: str, code: int, *, dynamic: bool) -> bytes:
     """The spec's error bodies: {"error", "code"}, or the dynamic batch handler failure."""
     if dynamic:
@@ -341,48 +361,46 @@ class LmiEncoder:
         self.request = request
         self.media_type = MEDIA_TYPES[request.output]
         self._compat = request.tgi_compat
-        self._top_n = request.plan.top_n
+        self._top_n = request.top_n
+        self._stop_ids = request.options.stop_token_ids
 
     def frame(self, data: bytes) -> bytes:
         return sse_event(data) if self.request.output == "sse" else data + b"\n"
 
-    def token(self, info: TokenInfo, special: frozenset[int], top_n: int = 0) -> Token:
-        special_token = info.token_id in special
+    def token(self, info: TokenInfo | TopToken, top_n: int = 0) -> Token:
         top: list[Any] | UnsetType = UNSET
-        if top_n:
-            top = [
-                self.token(TokenInfo(t.token_id, t.text, t.logprob), special)
-                for t in top_tokens(info, top_n)
-            ]
+        if top_n and isinstance(info, TokenInfo):
+            top = [self.token(t) for t in top_tokens(info, top_n)]
         if self._compat:
-            return CompatToken(info.token_id, info.text, info.logprob, special_token, top)
-        return LmiToken(info.token_id, info.text, info.logprob, special_token, top)
+            return CompatToken(info.token_id, info.text, info.logprob, info.special, top)
+        return LmiToken(info.token_id, info.text, info.logprob, info.special, top)
 
-    def _tokens(self, infos: list[TokenInfo] | None, special: frozenset[int]) -> list[Any]:
-        return [self.token(t, special, self._top_n) for t in infos or ()]
+    def _tokens(self, infos: list[TokenInfo] | None) -> list[Any]:
+        return [self.token(t, self._top_n) for t in infos or ()]
 
-    def answer(self, prompt: str, generation: Generation) -> Answer:
-        request, special = self.request, generation.special
+    def answer(self, prompt: str, finished: Finished) -> Answer:
+        request = self.request
         head = prompt if request.return_full_text else ""
-        best, *others = generation.sequences
+        best, *others = best_sequences(finished, request.returned)
         if not request.details:
             return Answer(head + best.text)
         prefill: list[Any] | UnsetType = UNSET
-        if generation.prefill is not None:
-            prefill = [self.token(t, special) for t in generation.prefill]
+        if finished.prefill is not None:
+            prefill = [self.token(t) for t in finished.prefill]
+        stops = self._stop_ids
         details = Details(
-            best.finish_reason,
+            stop_cause(best.finish_reason, best.stop_reason, stops),
             best.generated_tokens,
             prompt,
-            self._tokens(best.tokens, special),
+            self._tokens(best.tokens),
             prefill,
         )
         if others:
             details.best_of_sequences = [
                 BestOfSequence(
-                    s.finish_reason,
+                    stop_cause(s.finish_reason, s.stop_reason, stops),
                     s.generated_tokens,
-                    self._tokens(s.tokens, special),
+                    self._tokens(s.tokens),
                     head + s.text,
                     prefill,
                 )
@@ -396,21 +414,19 @@ class LmiEncoder:
             return _ENCODER.encode(answers)
         return _ENCODER.encode(answers[0])
 
-    def lines(self, prompt: str, piece: Piece) -> bytes:
+    def lines(self, prompt: str, tokens: list[TokenInfo], final: Finished | None) -> bytes:
         """One line per token; the prompt's last line adds generated_text (and details)."""
-        tokens = [self.token(t, piece.special, self._top_n) for t in piece.tokens]
-        final = piece.final
-        lines = [Line(token) for token in tokens]
+        lines = [Line(self.token(t, self._top_n)) for t in tokens]
         if final is not None:
             if not lines:
                 lines.append(Line())
-            best = final.sequences[0]
             last = lines[-1]
-            last.generated_text = (prompt if self.request.return_full_text else "") + best.text
+            last.generated_text = (prompt if self.request.return_full_text else "") + final.new_text
             if self.request.details:
-                last.details = Details(best.finish_reason, best.generated_tokens, prompt)
+                reason = stop_cause(final.finish_reason, final.stop_reason, self._stop_ids)
+                last.details = Details(reason, final.new_tokens, prompt)
                 if final.prefill is not None:
-                    last.details.prefill = [self.token(t, final.special) for t in final.prefill]
+                    last.details.prefill = [self.token(t) for t in final.prefill]
         return b"".join(self.frame(_ENCODER.encode(line)) for line in lines)
 
     def outputs(self, texts: list[str]) -> bytes:

@@ -7,15 +7,11 @@ from collections.abc import Sequence
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from protocols.batch_payload import (
-    BatchRequest,
-    Rejected,
-    decode_batch,
-    decode_json_object,
-)
+from protocols.batch_payload import BatchRequest, Rejected, decode_batch
 from protocols.errors import GenerationError, validation_error
 from protocols.generation import Failed, Finished, PromptItem, SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
+from protocols.json_body import decode_json_object
 
 
 class _OnePayload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

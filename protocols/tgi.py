@@ -7,30 +7,28 @@ adding `generated_text` (and `details`), no `[DONE]`. Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, assert_never
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from protocols.batch_payload import decode_json_object
-from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
+from protocols.errors import ErrorKind, GenerationError, invalid, named, validation_error
 from protocols.generation import (
     Count,
+    Finished,
+    GeneratedSequence,
     MaxNewTokens,
     NonEmpty,
     Penalty,
     RepetitionPenalty,
     SamplingOptions,
     TokenInfo,
-)
-from protocols.generation_plan import (
-    Generated,
-    Generation,
-    GenerationPlan,
-    Piece,
-    named,
+    TopToken,
+    best_sequences,
+    stop_cause,
     top_tokens,
 )
+from protocols.json_body import decode_json_object
 from protocols.sse import sse_event
 
 # TGI's launcher defaults, enforced and reported by /info.
@@ -70,8 +68,13 @@ class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class TgiCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`options.n` is best_of: that many sequences, all answered, best first by mean
+    log-probability; `top_n` alternatives per token."""
+
     inputs: str
-    plan: GenerationPlan
+    options: SamplingOptions
+    top_n: int = 0
+    truncate: int | None = None
     stream: bool
     details: bool
     return_full_text: bool
@@ -135,20 +138,14 @@ def decode_tgi(
         ignore_eos=bool(p.ignore_eos_token),
         logprobs=top_n if want_tokens else None,
         prompt_logprobs=0 if prefill else None,
-    )
-    plan = GenerationPlan(
-        options=options,
-        sequences=best_of,
-        returned=best_of,
-        truncate=p.truncate,
-        top_n=top_n,
-        prefill=prefill,
-        rank_by_mean=True,
+        n=best_of,
     )
     full_text = full_text_default if p.return_full_text is None else p.return_full_text
     return TgiCall(
         inputs=payload.inputs,
-        plan=plan,
+        options=options,
+        top_n=top_n,
+        truncate=p.truncate,
         stream=streaming,
         details=details,
         return_full_text=full_text,
@@ -220,6 +217,7 @@ class ErrorResponse(msgspec.Struct):
 class Info(msgspec.Struct, kw_only=True):
     model_id: str
     model_sha: str | None = None
+    model_dtype: str | None = None  # as TGI writes it: torch.bfloat16, torch.float32
     model_pipeline_tag: str | None = "text-generation"
     max_concurrent_requests: int
     max_best_of: int = MAX_BEST_OF
@@ -236,18 +234,28 @@ class Info(msgspec.Struct, kw_only=True):
 
 
 _ENCODER = msgspec.json.Encoder()
-_ERRORS: dict[ErrorKind, tuple[int, str, str]] = {
-    ErrorKind.INVALID_REQUEST: (422, "validation", "Input validation error: "),
-    ErrorKind.CONTEXT_LENGTH_EXCEEDED: (422, "validation", "Input validation error: "),
-    ErrorKind.RATE_LIMITED: (429, "overloaded", "Model is overloaded: "),
-    ErrorKind.ENGINE_ERROR: (424, "generation", "Request failed during generation: "),
-    ErrorKind.ENGINE_UNAVAILABLE: (503, "unhealthy", ""),
-}
+
+
+def _status(kind: ErrorKind) -> tuple[int, str, str]:
+    """(status, error_type, message prefix) as TGI's router answers each kind."""
+    match kind:
+        case ErrorKind.INVALID_REQUEST | ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+            return 422, "validation", "Input validation error: "
+        case ErrorKind.DUPLICATE_REQUEST_ID:
+            return 422, "validation", "Input validation error: "
+        case ErrorKind.RATE_LIMITED:
+            return 429, "overloaded", "Model is overloaded: "
+        case ErrorKind.ENGINE_ERROR:
+            return 424, "generation", "Request failed during generation: "
+        case ErrorKind.ENGINE_UNAVAILABLE:
+            return 503, "unhealthy", ""
+        case _:
+            assert_never(kind)
 
 
 def error_of(error: GenerationError) -> tuple[int, ErrorResponse]:
     """TGI's status and body for a failure: 422 validation, 424 generation, 429 overloaded."""
-    status, error_type, prefix = _ERRORS.get(error.kind, (500, "generation", ""))
+    status, error_type, prefix = _status(error.kind)
     return status, ErrorResponse(prefix + named(error), error_type)
 
 
@@ -261,43 +269,44 @@ class TgiEncoder:
     def __init__(self, call: TgiCall) -> None:
         self.call = call
         self._index = 0
-        self._top_n = call.plan.top_n
+        self._top_n = call.top_n
 
     @staticmethod
-    def token(info: TokenInfo, special: frozenset[int]) -> Token:
-        return Token(info.token_id, info.text, info.logprob, info.token_id in special)
+    def token(info: TokenInfo | TopToken) -> Token:
+        return Token(info.token_id, info.text, info.logprob, info.special)
 
-    def _tops(self, info: TokenInfo, special: frozenset[int]) -> list[Token]:
-        return [
-            Token(t.token_id, t.text, t.logprob, t.token_id in special)
-            for t in top_tokens(info, self._top_n)
-        ]
+    def _tops(self, info: TokenInfo) -> list[Token]:
+        return [self.token(t) for t in top_tokens(info, self._top_n)]
 
     def _text(self, text: str) -> str:
         return self.call.inputs + text if self.call.return_full_text else text
 
-    def response(self, generation: Generation) -> GenerateResponse:
-        best, *others = generation.sequences
+    def _reason(self, sequence: GeneratedSequence | Finished) -> str:
+        return stop_cause(
+            sequence.finish_reason, sequence.stop_reason, self.call.options.stop_token_ids
+        )
+
+    def response(self, finished: Finished) -> GenerateResponse:
+        best, *others = best_sequences(finished, self.call.options.n, by_mean=True)
         if not self.call.details:
             return GenerateResponse(self._text(best.text))
-        special = generation.special
-        prefill = [PrefillToken(t.token_id, t.text, t.logprob) for t in generation.prefill or ()]
+        prefill = [PrefillToken(t.token_id, t.text, t.logprob) for t in finished.prefill or ()]
         seed = self.call.seed
 
-        def tokens(of: Generated) -> list[Token]:
-            return [self.token(t, special) for t in of.tokens or ()]
+        def tokens(of: GeneratedSequence) -> list[Token]:
+            return [self.token(t) for t in of.tokens or ()]
 
-        def tops(of: Generated) -> list[list[Token]] | UnsetType:
-            return [self._tops(t, special) for t in of.tokens or ()] if self._top_n else UNSET
+        def tops(of: GeneratedSequence) -> list[list[Token]] | UnsetType:
+            return [self._tops(t) for t in of.tokens or ()] if self._top_n else UNSET
 
         details = Details(
-            best.finish_reason, best.generated_tokens, seed, prefill, tokens(best), tops(best)
+            self._reason(best), best.generated_tokens, seed, prefill, tokens(best), tops(best)
         )
         if others:
             details.best_of_sequences = [
                 BestOfSequence(
                     self._text(s.text),
-                    s.finish_reason,
+                    self._reason(s),
                     s.generated_tokens,
                     seed,
                     prefill,
@@ -308,29 +317,25 @@ class TgiEncoder:
             ]
         return GenerateResponse(self._text(best.text), details)
 
-    def document(self, generation: Generation, *, listed: bool) -> bytes:
+    def document(self, finished: Finished, *, listed: bool) -> bytes:
         """The answer; POST `/` wraps it in a one-element list, as TGI does."""
-        answer = self.response(generation)
+        answer = self.response(finished)
         return _ENCODER.encode([answer] if listed else answer)
 
-    def events(self, piece: Piece) -> bytes:
+    def events(self, tokens: list[TokenInfo], final: Finished | None) -> bytes:
+        """One event per token; the prompt's last adds generated_text (and details)."""
         out: list[bytes] = []
-        last = len(piece.tokens) - 1
-        for i, info in enumerate(piece.tokens):
+        last = len(tokens) - 1
+        for i, info in enumerate(tokens):
             self._index += 1
-            event = StreamResponse(self._index, self.token(info, piece.special))
+            event = StreamResponse(self._index, self.token(info))
             if self._top_n:
-                event.top_tokens = self._tops(info, piece.special)
-            final = piece.final
+                event.top_tokens = self._tops(info)
             if final is not None and i == last:
-                best = final.sequences[0]
-                event.generated_text = self._text(best.text)
+                event.generated_text = self._text(final.new_text)
                 if self.call.details:
                     event.details = StreamDetails(
-                        best.finish_reason,
-                        best.generated_tokens,
-                        self.call.seed,
-                        final.input_length,
+                        self._reason(final), final.new_tokens, self.call.seed, final.prompt_tokens
                     )
             out.append(sse_event(_ENCODER.encode(event)))
         return b"".join(out)

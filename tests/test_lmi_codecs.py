@@ -11,8 +11,7 @@ from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untype
 
 from protocols.errors import GenerationError, invalid
 from protocols.eventstream import model_error, model_stream_error, payload_part
-from protocols.generation import TokenInfo, TopToken
-from protocols.generation_plan import Generated, Generation, Piece
+from protocols.generation import Finished, GeneratedSequence, TokenInfo, TopToken
 from protocols.lmi import (
     InvalidPayload,
     LmiEncoder,
@@ -24,7 +23,6 @@ from protocols.lmi import (
 from protocols.tgi import TgiEncoder, decode_tgi, error_body, error_event
 
 PROMPT = "What is Deep Learning?"
-SPECIAL = frozenset({2})
 
 
 def lmi(body: dict[str, Any], formatter: str = "", tgi_compat: bool = False) -> LmiRequest:
@@ -43,21 +41,32 @@ def tokens() -> list[TokenInfo]:
     return [TokenInfo(10, "Deep", -0.25), TokenInfo(11, " Learning", -1.5, alternatives)]
 
 
-def generation(**extra: Any) -> Generation:
-    done = Generated("Deep Learning", 2, "length", tokens())
-    return Generation([done], 5, SPECIAL, **extra)
+def finished(**extra: Any) -> Finished:
+    return Finished(
+        index=0,
+        new_text="Deep Learning",
+        full_text=PROMPT + "Deep Learning",
+        new_tokens=2,
+        is_eos=False,
+        finish_reason="length",
+        execution_time=0.1,
+        cached_prompt_tokens=0,
+        prompt_tokens=5,
+        tokens=tokens(),
+        **extra,
+    )
 
 
 def test_rolling_and_dynamic_schemas_and_lmi_defaults() -> None:
     rolling = lmi({"inputs": PROMPT})
     assert (rolling.inputs, rolling.dynamic, rolling.output) == ([PROMPT], False, "json")
-    options = rolling.plan.options
+    options = rolling.options
     assert options.max_new_tokens == 30 and not options.do_sample and options.top_k == 0
     assert options.logprobs is None  # nothing shows token log-probabilities
     assert not rolling.details and not rolling.return_full_text
     dynamic = lmi({"inputs": [PROMPT, "Hi"], "parameters": {"max_new_tokens": 5}})
     assert dynamic.dynamic and dynamic.inputs == [PROMPT, "Hi"]
-    assert dynamic.plan.options.max_new_tokens == 5
+    assert dynamic.options.max_new_tokens == 5
     assert lmi({"inputs": PROMPT}, tgi_compat=True).details  # DJL: details default on in TGI mode
 
 
@@ -87,7 +96,7 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
         "early_stopping": False,
     }
     request = lmi({"inputs": PROMPT, "parameters": params})
-    o, plan = request.plan.options, request.plan
+    o = request.options
     assert (o.do_sample, o.seed, o.temperature, o.top_k, o.top_p) == (True, 7, 0.5, 5, 0.9)
     assert (o.repetition_penalty, o.min_p, o.presence_penalty, o.frequency_penalty) == (
         1.2,
@@ -97,15 +106,15 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
     )
     assert (o.max_new_tokens, o.stop, o.stop_token_ids) == (12, ("\n\n",), (2,))
     assert o.include_stop_str_in_output and o.ignore_eos
-    assert (o.logprobs, o.prompt_logprobs, plan.top_n, plan.prefill) == (3, 1, 3, True)
+    assert (o.logprobs, o.prompt_logprobs, request.top_n) == (3, 1, 3)
     assert not o.skip_special_tokens and not o.spaces_between_special_tokens
-    assert plan.truncate == 100
+    assert request.truncate == 100
 
 
 def test_sequences_returned_for_n_best_of_and_beams() -> None:
     def plan(**params: Any) -> tuple[int, int, bool]:
-        p = lmi({"inputs": PROMPT, "parameters": {"do_sample": True, **params}}).plan
-        return p.sequences, p.returned, p.beam
+        p = lmi({"inputs": PROMPT, "parameters": {"do_sample": True, **params}})
+        return p.options.n, p.returned, p.options.num_beams > 1
 
     assert plan(n=3) == (3, 3, False)
     assert plan(best_of=4, n=2) == (4, 2, False)  # the best n of best_of
@@ -207,9 +216,9 @@ def test_json_answer_with_details_prefill_and_alternatives() -> None:
             "parameters": {"details": True, "decoder_input_details": True, "logprobs": 1},
         }
     )
-    prefill = [TokenInfo(2, "<s>", math.nan), TokenInfo(9, "What", -3.0)]
+    prefill = [TokenInfo(2, "<s>", math.nan, special=True), TokenInfo(9, "What", -3.0)]
     encoder = LmiEncoder(request)
-    doc = json.loads(encoder.document([encoder.answer(PROMPT, generation(prefill=prefill))]))
+    doc = json.loads(encoder.document([encoder.answer(PROMPT, finished(prefill=prefill))]))
     assert doc["generated_text"] == "Deep Learning"
     details = doc["details"]
     assert (details["finish_reason"], details["generated_tokens"], details["inputs"]) == (
@@ -243,21 +252,19 @@ def test_stream_lines_end_with_generated_text_and_details() -> None:
     )
     encoder = LmiEncoder(request)
     assert encoder.media_type == "application/jsonlines"
-    body = encoder.lines(PROMPT, Piece("Deep Learning", tokens(), SPECIAL, generation()))
+    body = encoder.lines(PROMPT, tokens(), finished())
     first, last = (json.loads(line) for line in body.decode().splitlines())
     assert first == {"token": {"id": 10, "text": "Deep", "log_prob": -0.25}}
     assert last["generated_text"] == PROMPT + "Deep Learning"
     assert last["details"] == {"finish_reason": "length", "generated_tokens": 2, "inputs": PROMPT}
-    sse = LmiEncoder(lmi({"inputs": PROMPT}, "sse")).lines(
-        PROMPT, Piece("Deep", tokens()[:1], SPECIAL)
-    )
+    sse = LmiEncoder(lmi({"inputs": PROMPT}, "sse")).lines(PROMPT, tokens()[:1], None)
     assert sse == b'data: {"token":{"id":10,"text":"Deep","log_prob":-0.25}}\n\n'
 
 
 def test_tgi_compat_mode_renames_and_wraps() -> None:
     request = lmi({"inputs": PROMPT}, tgi_compat=True)
     encoder = LmiEncoder(request)
-    doc = json.loads(encoder.document([encoder.answer(PROMPT, generation())]))
+    doc = json.loads(encoder.document([encoder.answer(PROMPT, finished())]))
     assert isinstance(doc, list) and doc[0]["generated_text"] == "Deep Learning"
     assert doc[0]["details"]["tokens"][0] == {
         "id": 10,
@@ -279,12 +286,12 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
         body = json.dumps({"inputs": PROMPT, "parameters": params})
         return decode_tgi(body, stream=stream, full_text_default=False, max_new_tokens=20)
 
-    assert not call().plan.options.do_sample
-    assert call(temperature=0.5).plan.options.do_sample
-    assert not call(temperature=1.0).plan.options.do_sample
-    assert call(top_k=3).plan.options.do_sample
+    assert not call().options.do_sample
+    assert call(temperature=0.5).options.do_sample
+    assert not call(temperature=1.0).options.do_sample
+    assert call(top_k=3).options.do_sample
     sampled = call(best_of=2, do_sample=True, details=True)
-    assert (sampled.plan.sequences, sampled.plan.rank_by_mean) == (2, True)
+    assert sampled.options.n == 2
     assert call(decoder_input_details=True).details
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"temperature": 0}, "temperature"),
@@ -314,7 +321,7 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
 def test_tgi_answers_and_stream_events() -> None:
     body = json.dumps({"inputs": PROMPT, "parameters": {"details": True, "top_n_tokens": 1}})
     call = decode_tgi(body, stream=False, full_text_default=True, max_new_tokens=20)
-    doc = json.loads(TgiEncoder(call).document(generation(), listed=True))
+    doc = json.loads(TgiEncoder(call).document(finished(), listed=True))
     answer = doc[0]
     assert answer["generated_text"] == PROMPT + "Deep Learning"
     details = answer["details"]
@@ -335,8 +342,8 @@ def test_tgi_answers_and_stream_events() -> None:
         max_new_tokens=20,
     )
     encoder = TgiEncoder(stream_call)
-    raw = encoder.events(Piece("Deep", tokens()[:1], SPECIAL))
-    raw += encoder.events(Piece(" Learning", tokens()[1:], SPECIAL, generation()))
+    raw = encoder.events(tokens()[:1], None)
+    raw += encoder.events(tokens()[1:], finished())
     events = [json.loads(e.removeprefix("data: ")) for e in raw.decode().split("\n\n") if e]
     assert [e["index"] for e in events] == [1, 2]
     assert events[0]["generated_text"] is None and events[0]["details"] is None
@@ -347,6 +354,20 @@ def test_tgi_answers_and_stream_events() -> None:
         "seed": None,
         "input_length": 5,
     }
+
+
+def test_best_of_ranks_by_total_log_probability_in_lmi_and_by_mean_in_tgi() -> None:
+    short = GeneratedSequence("A", 1, "stop", None, [TokenInfo(5, "A", -1.0)])
+    long = GeneratedSequence("B C", 2, "length", None, [TokenInfo(6, "B", -0.6)] * 2)
+    both = finished(sequences=[short, long])  # total: A -1.0 > B C -1.2; mean: B C -0.6 first
+    params = {"do_sample": True, "best_of": 2, "details": True}
+    lmi_doc = LmiEncoder(lmi({"inputs": PROMPT, "parameters": params})).answer(PROMPT, both)
+    assert lmi_doc.generated_text == "A"
+    body = json.dumps({"inputs": PROMPT, "parameters": params})
+    call = decode_tgi(body, stream=False, full_text_default=False, max_new_tokens=20)
+    tgi_doc = json.loads(TgiEncoder(call).document(both, listed=False))
+    assert tgi_doc["generated_text"] == "B C"
+    assert [s["generated_text"] for s in tgi_doc["details"]["best_of_sequences"]] == ["A"]
 
 
 def test_tgi_error_shapes() -> None:

@@ -105,8 +105,8 @@ def test_frames_group_one_step_by_phase_with_one_event_per_prompt() -> None:
     step: list[Event] = [
         Started(1),
         Initialized(1, "pb"),
-        Delta(0, "x"),
-        Delta(1, "y"),
+        Delta(0, "x", [7]),
+        Delta(1, "y", [8]),
         Finished(0, "x", "pax", 1, False, "length", 0.12345, 0),
         Failed(1, ErrorKind.ENGINE_ERROR, "boom"),
     ]

@@ -10,9 +10,9 @@ from gateway.routes import (
     metrics,
     rest_generate,
     sagemaker,
-    ws_events,
     tgi,
     ui,
+    ws_events,
 )
 
 ROUTES: list[BaseRoute] = [

@@ -12,8 +12,8 @@ from contextlib import aclosing
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.state import Gateway, gateway_of
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
+from gateway.state import Gateway, gateway_of
 from protocols.batch_events import (
     ErrorEvent,
     accepted_frame,
@@ -24,13 +24,14 @@ from protocols.batch_events import (
 from protocols.batch_payload import decode_batch
 from protocols.errors import GenerationError
 from protocols.generation import Failed, Finished
+from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
 
 
 async def batch_events(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
-    connections = gateway.service.metrics.connections.labels("ws")
+    connections = gateway.service.metrics.connections.labels(Protocol.WS)
     await serve_payloads(
         websocket, lambda raw, outbox: _serve_payload(raw, gateway, outbox), connections
     )
@@ -49,7 +50,9 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
     if not batch.items:
         return
     unfinished = {item.request_id for item in batch.items}
-    steps = gateway.service.run(batch.items, batch.options, stream=batch.stream, protocol="ws")
+    steps = gateway.batches.run_prompts(
+        batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS
+    )
     try:
         async with aclosing(steps):
             async for step in steps:

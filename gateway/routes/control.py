@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import suppress
 
 import msgspec
@@ -19,12 +19,12 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.state import gateway_of
 from gateway.control_session import ControlSession
 from gateway.engine_holder import EngineHolder
 from gateway.routes.http_errors import status_of
-from gateway.routes.streaming import CLIENT_GONE_STATUS, ClosingStream, until_disconnect
+from gateway.routes.streaming import chained, client_gone, stream_answer, until_disconnect
 from gateway.routes.websocket_payloads import write_frames
+from gateway.state import gateway_of
 from protocols.control import (
     Completion,
     Config,
@@ -40,6 +40,7 @@ from protocols.control import (
     rest_response,
 )
 from protocols.errors import ErrorKind, GenerationError, invalid
+from protocols.names import Protocol
 from protocols.sse import sse_event
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ async def control_ws(websocket: WebSocket) -> None:
     session = ControlSession(gateway, lambda message: outbox.put_nowait(encode(message)))
     writer = asyncio.create_task(write_frames(websocket, outbox))
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
-    connections = gateway.service.metrics.connections.labels("control")
+    connections = gateway.service.metrics.connections.labels(Protocol.CONTROL)
     connections.inc()
     try:
         while True:
@@ -97,12 +98,26 @@ async def _loading_status(holder: EngineHolder, session: ControlSession) -> None
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-async def _sse(messages: asyncio.Queue[ServerMessage]) -> AsyncIterator[bytes]:
+async def _messages(queue: asyncio.Queue[ServerMessage]) -> AsyncGenerator[ServerMessage, None]:
+    """The session's messages, up to and including its last (a completion or an error)."""
     while True:
-        message = await messages.get()
-        yield sse_event(encode(message))
+        message = await queue.get()
+        yield message
         if isinstance(message, Completion | Error):
             return
+
+
+async def _sse(
+    head: list[ServerMessage], rest: AsyncIterator[ServerMessage]
+) -> AsyncGenerator[bytes, None]:
+    async for message in chained(head, rest):
+        yield sse_event(encode(message))
+
+
+def _refusal(head: list[ServerMessage]) -> Response | None:
+    """An error before `init` (the prompt was refused) keeps its HTTP status."""
+    first = head[0]
+    return _error_response(first, kind_of(first)) if isinstance(first, Error) else None
 
 
 async def _until_answer(
@@ -117,28 +132,48 @@ async def _until_answer(
             return init, message
 
 
-async def rest_generate(request: Request) -> Response:
+async def v1_generate(request: Request) -> Response:
     gateway = gateway_of(request)
     try:
         config = rest_config(await request.body())
     except GenerationError as e:
         return _error_response(error_message(e), e.kind)
-    messages: asyncio.Queue[ServerMessage] = asyncio.Queue()
-    session = ControlSession(gateway, messages.put_nowait, protocol="v1_generate")
+    queue: asyncio.Queue[ServerMessage] = asyncio.Queue()
+    session = ControlSession(gateway, queue.put_nowait, protocol=Protocol.V1_GENERATE)
     await session.handle(config)
     if config.options.stream:
-        return ClosingStream(_sse(messages), "text/event-stream", session.close, NO_CACHE)
+        messages = _ended_by(session, _messages(queue))
+        return await stream_answer(
+            request,
+            messages,
+            ready=lambda _: True,
+            refuse=_refusal,
+            body=_sse,
+            media_type="text/event-stream",
+            headers=NO_CACHE,
+        )
     try:
-        answer = await until_disconnect(request, _until_answer(messages))
+        answer = await until_disconnect(request, _until_answer(queue))
     finally:
         await session.close()
     if answer is None:
-        return Response(status_code=CLIENT_GONE_STATUS)
+        return client_gone()
     init, last = answer
     if isinstance(last, Error):
         return _error_response(last, kind_of(last))
     body = rest_response(init.request_id if init else "", session.model, last)
     return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def _ended_by(
+    session: ControlSession, messages: AsyncGenerator[ServerMessage, None]
+) -> AsyncGenerator[ServerMessage, None]:
+    """The messages; closing this (the stream ended, or its client left) ends the session."""
+    try:
+        async for message in messages:
+            yield message
+    finally:
+        await session.close()
 
 
 def _error_response(error: Error, kind: ErrorKind) -> Response:
@@ -147,5 +182,5 @@ def _error_response(error: Error, kind: ErrorKind) -> Response:
 
 routes = [
     WebSocketRoute("/generate", control_ws),
-    Route("/v1/generate", rest_generate, methods=["POST"]),
+    Route("/v1/generate", v1_generate, methods=["POST"]),
 ]

@@ -1,18 +1,23 @@
-"""The one place that maps neutral error kinds to HTTP status codes."""
+"""The HTTP status of each neutral error kind, for the gateway's own REST routes."""
 
 from __future__ import annotations
 
-from protocols.errors import ErrorKind
+from typing import assert_never
 
-STATUS = {
-    ErrorKind.INVALID_REQUEST: 422,
-    ErrorKind.CONTEXT_LENGTH_EXCEEDED: 422,
-    ErrorKind.DUPLICATE_REQUEST_ID: 409,
-    ErrorKind.RATE_LIMITED: 429,
-    ErrorKind.ENGINE_ERROR: 500,
-    ErrorKind.ENGINE_UNAVAILABLE: 503,
-}
+from protocols.errors import ErrorKind
 
 
 def status_of(kind: ErrorKind) -> int:
-    return STATUS.get(kind, 500)
+    match kind:
+        case ErrorKind.INVALID_REQUEST | ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+            return 422
+        case ErrorKind.DUPLICATE_REQUEST_ID:
+            return 409
+        case ErrorKind.RATE_LIMITED:
+            return 429
+        case ErrorKind.ENGINE_ERROR:
+            return 500
+        case ErrorKind.ENGINE_UNAVAILABLE:
+            return 503
+        case _:
+            assert_never(kind)

@@ -9,6 +9,7 @@ response ends, its generation is closed, which aborts the engine requests.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -16,26 +17,36 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.state import gateway_of
-from gateway.lmi_generation import PromptFailed, generate, generate_many, stream, stream_many
-from gateway.routes.streaming import ClosingStream, until_disconnect
-from protocols.errors import ErrorKind, GenerationError
-from protocols.generation_plan import Piece, named
+from gateway.routes.streaming import (
+    CLIENT_GONE_STATUS,
+    ClosingStream,
+    chained,
+    closer,
+    collect,
+    open_stream,
+    until_disconnect,
+)
+from gateway.state import Gateway, gateway_of
+from protocols.errors import ErrorKind, GenerationError, named
+from protocols.generation import (
+    Delta,
+    Event,
+    Failed,
+    Finished,
+    GenerationRequest,
+    TokenInfo,
+)
 from protocols.lmi import (
     InvalidPayload,
     LmiEncoder,
     LmiRequest,
     decode_lmi,
+    lmi_status,
     payload_error,
 )
+from protocols.names import Protocol
 
 JSON = "application/json"
-_STATUS = {
-    ErrorKind.INVALID_REQUEST: 424,
-    ErrorKind.CONTEXT_LENGTH_EXCEEDED: 424,
-    ErrorKind.RATE_LIMITED: 429,
-    ErrorKind.ENGINE_UNAVAILABLE: 503,
-}
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,7 @@ class Streamed:
 
 
 Prepared = Whole | Streamed
-CLIENT_GONE = Whole(499, b"", JSON)  # never seen by anyone: the client has left
+CLIENT_GONE = Whole(CLIENT_GONE_STATUS, b"", JSON)  # never seen by anyone: the client has left
 
 
 def formatter_of(accept: str | None, configured: str) -> str:
@@ -70,8 +81,22 @@ def formatter_of(accept: str | None, configured: str) -> str:
     return configured
 
 
+def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            options=lmi.options,
+            prompt=prompt,
+            index=i,
+            stream=lmi.output != "json",
+            truncate=lmi.truncate,
+            prompt_field=f"$.inputs[{i}]" if lmi.dynamic else "$.inputs",
+        )
+        for i, prompt in enumerate(lmi.inputs)
+    ]
+
+
 async def answer(
-    request: Request, raw: bytes, accept: str | None, protocol: str = "lmi"
+    request: Request, raw: bytes, accept: str | None, protocol: Protocol = Protocol.LMI
 ) -> Prepared:
     gateway = gateway_of(request)
     settings = gateway.settings
@@ -85,8 +110,8 @@ async def answer(
     except InvalidPayload as e:
         return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
     if lmi.dynamic:
-        return await _dynamic(request, lmi, protocol)
-    return await _rolling(request, lmi, protocol)
+        return await _dynamic(request, gateway, lmi, protocol)
+    return await _rolling(request, gateway, lmi, protocol)
 
 
 def _failure(error: GenerationError, encoder: LmiEncoder, *, streaming: bool) -> Whole:
@@ -95,105 +120,119 @@ def _failure(error: GenerationError, encoder: LmiEncoder, *, streaming: bool) ->
         if streaming:
             return Whole(424, encoder.failed_line(error.message), encoder.media_type)
         return Whole(424, encoder.failed_answer(error.message), JSON)
-    status = _STATUS.get(error.kind, 500)
+    status = lmi_status(error.kind)
     return Whole(status, payload_error(named(error), status, dynamic=False), JSON)
 
 
-async def _rolling(request: Request, lmi: LmiRequest, protocol: str) -> Prepared:
-    service, encoder, prompt = gateway_of(request).service, LmiEncoder(lmi), lmi.inputs[0]
+def _has_output(event: Event) -> bool:
+    return isinstance(event, Delta | Finished | Failed)
+
+
+async def _rolling(
+    request: Request, gateway: Gateway, lmi: LmiRequest, protocol: Protocol
+) -> Prepared:
+    encoder, prompt = LmiEncoder(lmi), lmi.inputs[0]
+    events = gateway.service.generate(requests_of(lmi)[0], protocol)
     if lmi.output == "json":
-        try:
-            done = await until_disconnect(request, generate(service, prompt, lmi.plan, protocol))
-        except GenerationError as e:
-            return _failure(e, encoder, streaming=False)
-        if done is None:
+        collected = await collect(request, events)
+        if collected is None:
             return CLIENT_GONE
-        return Whole(200, encoder.document([encoder.answer(prompt, done)]), JSON)
-    pieces = stream(service, prompt, lmi.plan, protocol)
-    try:
-        first = await until_disconnect(request, anext(pieces))
-    except GenerationError as e:
-        await pieces.aclose()
-        return _failure(e, encoder, streaming=True)
-    if first is None:
-        await pieces.aclose()
+        match collected[-1]:
+            case Finished() as finished:
+                return Whole(200, encoder.document([encoder.answer(prompt, finished)]), JSON)
+            case Failed() as failed:
+                return _failure(failed.error(), encoder, streaming=False)
+        raise AssertionError("a generation ends with Finished or Failed")
+    head = await open_stream(request, events, _has_output)
+    if head is None:
         return CLIENT_GONE
-    chunks = _lines(prompt, first, pieces, encoder)
-    return Streamed(encoder.media_type, chunks, _closer(chunks, pieces))
+    if isinstance(head[-1], Failed):
+        await events.aclose()
+        return _failure(head[-1].error(), encoder, streaming=True)
+    chunks = _lines(prompt, head, events, encoder)
+    return Streamed(encoder.media_type, chunks, closer(chunks, events))
 
 
 async def _lines(
-    prompt: str, first: Piece, pieces: AsyncIterator[Piece], encoder: LmiEncoder
+    prompt: str, head: list[Event], rest: AsyncIterator[Event], encoder: LmiEncoder
 ) -> AsyncGenerator[Chunk, None]:
-    piece = first
-    try:
-        while True:
-            yield Chunk(encoder.lines(prompt, piece))
-            if piece.final is not None:
-                return
-            piece = await anext(pieces)
-    except GenerationError as e:
-        yield Chunk(encoder.failed_line(e.message), e.message)
+    last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
+    async for event in chained(head, rest):
+        match event:
+            case Delta(tokens=tokens, finish_reason=None):
+                yield Chunk(encoder.lines(prompt, tokens or [], None))
+            case Delta(tokens=tokens):
+                last = tokens or []
+            case Finished():
+                yield Chunk(encoder.lines(prompt, last, event))
+            case Failed(message=message):
+                yield Chunk(encoder.failed_line(message), message)
 
 
-def _where(failed: PromptFailed) -> str:
-    return f"{failed.error.message} - at `$.inputs[{failed.index}]`"
+def _where(failed: Failed) -> str:
+    return f"{failed.message} - at `$.inputs[{failed.index}]`"
 
 
-async def _dynamic(request: Request, lmi: LmiRequest, protocol: str) -> Prepared:
-    service, encoder = gateway_of(request).service, LmiEncoder(lmi)
+async def _all_or_first_failure(
+    steps: AsyncGenerator[list[Event], None],
+) -> list[Finished] | Failed:
+    """Every prompt's Finished in payload order, or the first failure (which stops the rest)."""
+    done: dict[int, Finished] = {}
+    async with aclosing(steps):
+        async for step in steps:
+            for event in step:
+                if isinstance(event, Failed):
+                    return event
+                if isinstance(event, Finished):
+                    done[event.index] = event
+    return [done[i] for i in sorted(done)]
+
+
+def _step_output(step: list[Event]) -> bool:
+    return any(isinstance(e, Finished | Failed) or (isinstance(e, Delta) and e.text) for e in step)
+
+
+async def _dynamic(
+    request: Request, gateway: Gateway, lmi: LmiRequest, protocol: Protocol
+) -> Prepared:
+    encoder = LmiEncoder(lmi)
+    steps = gateway.batches.run(requests_of(lmi), protocol)
     if lmi.output == "json":
-        try:
-            done = await until_disconnect(
-                request, generate_many(service, lmi.inputs, lmi.plan, protocol)
-            )
-        except PromptFailed as e:
-            return Whole(424, payload_error(_where(e), 424, dynamic=True), JSON)
-        if done is None:
+        outcome = await until_disconnect(request, _all_or_first_failure(steps))
+        if outcome is None:
             return CLIENT_GONE
-        answers = [encoder.answer(p, g) for p, g in zip(lmi.inputs, done, strict=True)]
+        if isinstance(outcome, Failed):
+            return Whole(424, payload_error(_where(outcome), 424, dynamic=True), JSON)
+        answers = [encoder.answer(p, f) for p, f in zip(lmi.inputs, outcome, strict=True)]
         return Whole(200, encoder.document(answers), JSON)
-    batches = stream_many(service, lmi.inputs, lmi.plan, protocol)
-    try:
-        first = await until_disconnect(request, anext(batches))
-    except PromptFailed as e:
-        await batches.aclose()
-        return Whole(424, payload_error(_where(e), 424, dynamic=True), JSON)
-    if first is None:
-        await batches.aclose()
+    head = await open_stream(request, steps, _step_output)
+    if head is None:
         return CLIENT_GONE
-    chunks = _outputs(first, batches, encoder, len(lmi.inputs))
-    return Streamed(encoder.media_type, chunks, _closer(chunks, batches))
+    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
+    if failed is not None:
+        await steps.aclose()
+        return Whole(424, payload_error(_where(failed), 424, dynamic=True), JSON)
+    chunks = _outputs(head, steps, encoder, len(lmi.inputs))
+    return Streamed(encoder.media_type, chunks, closer(chunks, steps))
 
 
 async def _outputs(
-    first: list[tuple[int, Piece]],
-    batches: AsyncIterator[list[tuple[int, Piece]]],
+    head: list[list[Event]],
+    rest: AsyncIterator[list[Event]],
     encoder: LmiEncoder,
     count: int,
 ) -> AsyncGenerator[Chunk, None]:
-    batch: list[tuple[int, Piece]] | None = first
-    try:
-        while batch is not None:
-            texts = [""] * count
-            for index, piece in batch:
-                texts[index] += piece.text
-            if any(texts):
-                yield Chunk(encoder.outputs(texts))
-            batch = await anext(batches, None)
-    except PromptFailed as e:
-        message = _where(e)
-        yield Chunk(encoder.frame(payload_error(message, 424, dynamic=True)), message)
-
-
-def _closer(
-    chunks: AsyncGenerator[Chunk, None], source: AsyncGenerator[object, None]
-) -> Callable[[], Awaitable[None]]:
-    async def close() -> None:
-        await chunks.aclose()
-        await source.aclose()  # also when `chunks` never started
-
-    return close
+    async for step in chained(head, rest):
+        texts = [""] * count
+        for event in step:
+            if isinstance(event, Failed):
+                message = _where(event)
+                yield Chunk(encoder.frame(payload_error(message, 424, dynamic=True)), message)
+                return
+            if isinstance(event, Delta):
+                texts[event.index] += event.text
+        if any(texts):
+            yield Chunk(encoder.outputs(texts))
 
 
 def to_response(prepared: Prepared, headers: Mapping[str, str] | None = None) -> Response:

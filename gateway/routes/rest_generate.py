@@ -1,25 +1,24 @@
 """POST `/api/generate-one` and `/api/generate-batch` (rest-generate.md).
 
-A streamed answer commits to status 200 only once its prompt reached the engine, so
+A streamed answer commits to status 200 only once its prompt produced text (or ended), so
 admission and validation errors still get a 4xx JSON body. A client that leaves, streaming
-or not, cancels the handler's work and so aborts its engine request.
+or not, cancels the work and so aborts its engine request.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
-from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.state import gateway_of
 from gateway.routes.http_errors import status_of
-from gateway.routes.streaming import CLIENT_GONE_STATUS, ClosingStream, until_disconnect
+from gateway.routes.streaming import chained, client_gone, collect, stream_answer
+from gateway.state import gateway_of
 from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished, Initialized
+from protocols.names import Protocol
 from protocols.rest_generate import (
     batch_answers,
     decode_generate_batch,
@@ -29,9 +28,7 @@ from protocols.rest_generate import (
     failure_of_one,
 )
 
-T = TypeVar("T")
-Steps = AsyncGenerator[list[Event], None]
-CLIENT_GONE = Response(status_code=CLIENT_GONE_STATUS)
+Step = list[Event]
 
 
 class GenerationAborted(Exception):
@@ -42,14 +39,17 @@ def error_response(error: GenerationError) -> Response:
     return Response(encode_error(error), status_of(error.kind), media_type="application/json")
 
 
-async def _outcomes(steps: Steps) -> dict[int, Finished | Failed]:
-    outcomes: dict[int, Finished | Failed] = {}
-    async with aclosing(steps):
-        async for step in steps:
-            for event in step:
-                if isinstance(event, Finished | Failed):
-                    outcomes[event.index] = event
-    return outcomes
+def _outcomes(steps: list[Step]) -> dict[int, Finished | Failed]:
+    return {e.index: e for step in steps for e in step if isinstance(e, Finished | Failed)}
+
+
+def _produced(step: Step) -> bool:
+    return any(isinstance(e, Finished | Failed) or (isinstance(e, Delta) and e.text) for e in step)
+
+
+def _refusal(head: list[Step]) -> Response | None:
+    failed = next((e for e in head[-1] if isinstance(e, Failed)), None) if head else None
+    return None if failed is None else error_response(failure_of_one(failed))
 
 
 async def generate_one(request: Request) -> Response:
@@ -58,40 +58,43 @@ async def generate_one(request: Request) -> Response:
         one = decode_one(await request.body(), gateway.settings.generation)
     except GenerationError as e:
         return error_response(e)
-    steps = gateway.service.run(
-        [one.item], one.options, stream=one.stream, protocol="api_generate_one"
+    steps = gateway.batches.run_prompts(
+        [one.item], one.options, stream=one.stream, protocol=Protocol.API_GENERATE_ONE
     )
     if not one.stream:
-        outcomes = await until_disconnect(request, _outcomes(steps))
-        if outcomes is None:
-            return CLIENT_GONE
-        outcome = outcomes[0]
+        collected = await collect(request, steps)
+        if collected is None:
+            return client_gone()
+        outcome = _outcomes(collected)[0]
         if isinstance(outcome, Failed):
             return error_response(failure_of_one(outcome))
         return PlainTextResponse(outcome.new_text if one.only_new_tokens else outcome.full_text)
-    first = await until_disconnect(request, anext(steps))
-    failed = next((e for e in first or () if isinstance(e, Failed)), None)
-    if first is None or failed is not None:
-        await steps.aclose()
-        return CLIENT_GONE if failed is None else error_response(failure_of_one(failed))
-    body = _stream_text(first, steps, only_new_tokens=one.only_new_tokens)
-    return ClosingStream(body, "text/plain; charset=utf-8", steps.aclose)
+
+    def body(head: list[Step], rest: AsyncIterator[Step]) -> AsyncGenerator[bytes, None]:
+        return _stream_text(head, rest, only_new_tokens=one.only_new_tokens)
+
+    return await stream_answer(
+        request,
+        steps,
+        ready=_produced,
+        refuse=_refusal,
+        body=body,
+        media_type="text/plain; charset=utf-8",
+    )
 
 
 async def _stream_text(
-    first: list[Event], steps: Steps, *, only_new_tokens: bool
-) -> AsyncIterator[str]:
-    step: list[Event] | None = first
-    while step is not None:
+    head: list[Step], rest: AsyncIterator[Step], *, only_new_tokens: bool
+) -> AsyncGenerator[bytes, None]:
+    async for step in chained(head, rest):
         for event in step:
             match event:
                 case Delta(text=text):
-                    yield text
+                    yield text.encode()
                 case Initialized(prompt_text=text) if not only_new_tokens:
-                    yield text
+                    yield text.encode()
                 case Failed(message=message):
                     raise GenerationAborted(message)
-        step = await anext(steps, None)
 
 
 async def generate_batch(request: Request) -> Response:
@@ -102,13 +105,13 @@ async def generate_batch(request: Request) -> Response:
         return error_response(e)
     if not batch.items:
         return error_response(batch.rejected[0].error)
-    steps = gateway.service.run(
-        batch.items, batch.options, stream=False, protocol="api_generate_batch"
+    steps = gateway.batches.run_prompts(
+        batch.items, batch.options, stream=False, protocol=Protocol.API_GENERATE_BATCH
     )
-    outcomes = await until_disconnect(request, _outcomes(steps))
-    if outcomes is None:
-        return CLIENT_GONE
-    answers = batch_answers(batch, outcomes)
+    collected = await collect(request, steps)
+    if collected is None:
+        return client_gone()
+    answers = batch_answers(batch, _outcomes(collected))
     return Response(encode_answers(answers), media_type="application/json")
 
 

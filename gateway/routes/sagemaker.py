@@ -27,8 +27,8 @@ from gateway.routes.lmi import (
 )
 from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.eventstream import MEDIA_TYPE, model_error, model_stream_error, payload_part
+from protocols.names import Protocol
 
-PROTOCOL = "sagemaker"
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 VARIANT = {"X-Amzn-Invoked-Production-Variant": "AllTraffic"}
 
@@ -54,7 +54,7 @@ async def _collect(chunks: AsyncIterator[Chunk]) -> bytes:
 
 async def invoke_endpoint(request: Request) -> Response:
     accept = request.headers.get("accept")
-    prepared = await answer(request, await request.body(), accept, PROTOCOL)
+    prepared = await answer(request, await request.body(), accept, Protocol.SAGEMAKER)
     if isinstance(prepared, Streamed):  # a whole answer was asked for: read the stream out
         try:
             body = await until_disconnect(request, _collect(prepared.chunks))
@@ -78,7 +78,7 @@ async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
 
 async def invoke_endpoint_with_response_stream(request: Request) -> Response:
     accept = request.headers.get("x-amzn-sagemaker-accept")
-    prepared = await answer(request, await request.body(), accept, PROTOCOL)
+    prepared = await answer(request, await request.body(), accept, Protocol.SAGEMAKER)
     headers = _headers(request)
     if isinstance(prepared, Whole):
         if prepared.status >= 400:

@@ -1,18 +1,29 @@
-"""HTTP helpers every streaming route shares: noticing a client that left, and closing the
-generation behind a streamed body however the response ends."""
+"""HTTP answers over a generation, written once for every route.
+
+A streamed answer commits to its status only once the generation produced something worth
+sending (`ready`), so a failure before that still gets the protocol's error status; the
+body's generator and the source are closed however the response ends (finished, failed, or
+the client gone), which aborts the engine requests; a client that leaves before the answer
+cancels the work and gets 499, which nobody sees.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from typing import TypeVar
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
 CLIENT_GONE_STATUS = 499  # never seen by anyone: the client has left
+
+
+def client_gone() -> Response:
+    return Response(status_code=CLIENT_GONE_STATUS)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
@@ -33,6 +44,77 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def _until_ready(source: AsyncIterator[T], ready: Callable[[T], bool]) -> list[T]:
+    """The source's items up to and including the first that is `ready` (or its end)."""
+    head: list[T] = []
+    async for item in source:
+        head.append(item)
+        if ready(item):
+            break
+    return head
+
+
+async def open_stream(
+    request: Request, source: AsyncGenerator[T, None], ready: Callable[[T], bool]
+) -> list[T] | None:
+    """The source's items until one is `ready` to commit on; None (source closed) if the
+    client left first."""
+    head = await until_disconnect(request, _until_ready(source, ready))
+    if head is None:
+        await source.aclose()
+    return head
+
+
+def closer(*parts: AsyncGenerator[object, None]) -> Callable[[], Awaitable[None]]:
+    """Closes a streamed body's generators, outermost first (also those never started)."""
+
+    async def close() -> None:
+        for part in parts:
+            await part.aclose()
+
+    return close
+
+
+async def stream_answer(
+    request: Request,
+    source: AsyncGenerator[T, None],
+    *,
+    ready: Callable[[T], bool],
+    refuse: Callable[[list[T]], Response | None],
+    body: Callable[[list[T], AsyncIterator[T]], AsyncGenerator[bytes, None]],
+    media_type: str,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """Stream `body(head, rest)` once the source is `ready`, unless `refuse(head)` answers."""
+    head = await open_stream(request, source, ready)
+    if head is None:
+        return client_gone()
+    refused = refuse(head)
+    if refused is not None:
+        await source.aclose()
+        return refused
+    chunks = body(head, source)
+    return ClosingStream(chunks, media_type, closer(chunks, source), headers)
+
+
+async def chained(head: list[T], rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """What `stream_answer` read before committing, then the rest of the source."""
+    for item in head:
+        yield item
+    async for item in rest:
+        yield item
+
+
+async def collect(request: Request, source: AsyncGenerator[T, None]) -> list[T] | None:
+    """Every item of the source, or None (the work cancelled) if the client left first."""
+
+    async def drain() -> list[T]:
+        async with aclosing(source):
+            return [item async for item in source]
+
+    return await until_disconnect(request, drain())
 
 
 class ClosingStream(StreamingResponse):

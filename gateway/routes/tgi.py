@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.routes.lmi import JSON
+from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.state import gateway_of
-from gateway.lmi_generation import generate, stream
-from gateway.routes.lmi import CLIENT_GONE, JSON, to_response
-from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.errors import GenerationError
-from protocols.generation_plan import Piece
+from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
+from protocols.names import Protocol
 from protocols.tgi import (
     Info,
     TgiEncoder,
@@ -30,7 +30,6 @@ from protocols.tgi import (
     error_event,
 )
 
-PROTOCOL = "tgi"
 SSE = "text/event-stream"
 SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -49,6 +48,11 @@ def _sse_error(error: GenerationError) -> Response:
     return Response(error_event(error), 200, SSE_HEADERS, SSE)
 
 
+def _json_error(error: GenerationError) -> Response:
+    status, body = error_body(error)
+    return Response(body, status, media_type=JSON)
+
+
 async def _serve(
     request: Request, *, stream_flag: bool | None, listed: bool, full_text_default: bool
 ) -> Response:
@@ -64,50 +68,57 @@ async def _serve(
     except GenerationError as e:
         if stream_flag or (stream_flag is None and _asks_stream(raw)):
             return _sse_error(e)
-        status, body = error_body(e)
-        return Response(body, status, media_type=JSON)
-    encoder, service = TgiEncoder(call), gateway.service
+        return _json_error(e)
+    encoder = TgiEncoder(call)
+    generation = GenerationRequest(
+        options=call.options,
+        prompt=call.inputs,
+        stream=call.stream,
+        truncate=call.truncate,
+        prompt_field="$.inputs",
+    )
+    events = gateway.service.generate(generation, Protocol.TGI)
     if not call.stream:
-        try:
-            done = await until_disconnect(
-                request, generate(service, call.inputs, call.plan, PROTOCOL)
-            )
-        except GenerationError as e:
-            status, body = error_body(e)
-            return Response(body, status, media_type=JSON)
-        if done is None:
-            return to_response(CLIENT_GONE)
-        return Response(encoder.document(done, listed=listed), media_type=JSON)
-    pieces = stream(service, call.inputs, call.plan, PROTOCOL)
-    try:
-        first = await until_disconnect(request, anext(pieces))
-    except GenerationError as e:
-        await pieces.aclose()
-        return _sse_error(e)
-    if first is None:
-        await pieces.aclose()
-        return to_response(CLIENT_GONE)
-    events = _events(first, pieces, encoder)
+        collected = await collect(request, events)
+        if collected is None:
+            return client_gone()
+        last = collected[-1]
+        if isinstance(last, Failed):
+            return _json_error(last.error())
+        assert isinstance(last, Finished)
+        return Response(encoder.document(last, listed=listed), media_type=JSON)
 
-    async def close() -> None:
-        await events.aclose()
-        await pieces.aclose()
+    def refuse(head: list[Event]) -> Response | None:
+        return _sse_error(head[-1].error()) if isinstance(head[-1], Failed) else None
 
-    return ClosingStream(events, SSE, close, SSE_HEADERS)
+    def body(head: list[Event], rest: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
+        return _events(head, rest, encoder)
+
+    return await stream_answer(
+        request,
+        events,
+        ready=lambda e: isinstance(e, Delta | Finished | Failed),
+        refuse=refuse,
+        body=body,
+        media_type=SSE,
+        headers=SSE_HEADERS,
+    )
 
 
 async def _events(
-    first: Piece, pieces: AsyncIterator[Piece], encoder: TgiEncoder
+    head: list[Event], rest: AsyncIterator[Event], encoder: TgiEncoder
 ) -> AsyncGenerator[bytes, None]:
-    piece = first
-    try:
-        while True:
-            yield encoder.events(piece)
-            if piece.final is not None:
-                return
-            piece = await anext(pieces)
-    except GenerationError as e:
-        yield error_event(e)
+    last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
+    async for event in chained(head, rest):
+        match event:
+            case Delta(tokens=tokens, finish_reason=None):
+                yield encoder.events(tokens or [], None)
+            case Delta(tokens=tokens):
+                last = tokens or []
+            case Finished():
+                yield encoder.events(last, event)
+            case Failed():
+                yield error_event(event.error())
 
 
 async def compat_generate(request: Request) -> Response:
@@ -137,6 +148,7 @@ async def info(request: Request) -> Response:
     total = engine.max_model_len if engine is not None else settings.engine.max_model_len
     body = Info(
         model_id=model_id,
+        model_dtype=f"torch.{engine.dtype}" if engine is not None else None,
         max_concurrent_requests=settings.max_running_requests + settings.max_waiting_requests,
         max_input_tokens=total - 1,
         max_input_length=total - 1,

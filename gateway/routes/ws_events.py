@@ -13,9 +13,10 @@ from contextlib import aclosing
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.state import Gateway, gateway_of
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
-from protocols.generation import Delta, Failed, Finished, PromptItem
+from gateway.state import Gateway, gateway_of
+from protocols.generation import Delta, Failed, Finished, GenerationRequest
+from protocols.names import Protocol
 from protocols.ws_events import (
     Accepted,
     Complete,
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 async def ws_events(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
-    connections = gateway.service.metrics.connections.labels("ws_events")
+    connections = gateway.service.metrics.connections.labels(Protocol.WS_EVENTS)
     await serve_payloads(
         websocket, lambda raw, outbox: _serve_frame(raw, gateway, outbox), connections
     )
@@ -47,21 +48,20 @@ async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> No
 
 async def _run(accepted: Accepted, gateway: Gateway, outbox: Outbox) -> None:
     event_id = accepted.start.id
-    item = PromptItem(f"events:{event_id}", accepted.start.data)
-    steps = gateway.service.run(
-        [item], accepted.options, stream=True, protocol="ws_events", continuation=False
+    request = GenerationRequest(
+        options=accepted.options, prompt=accepted.start.data, request_id=f"events:{event_id}"
     )
+    events = gateway.service.generate(request, Protocol.WS_EVENTS)
     try:
-        async with aclosing(steps):
-            async for step in steps:
-                for event in step:
-                    match event:
-                        case Delta(text=text):
-                            outbox.put_nowait(encode_frame([Progress(event_id, text)]))
-                        case Finished(new_text=text, is_eos=is_eos):
-                            outbox.put_nowait(encode_frame([Complete(event_id, text, is_eos)]))
-                        case Failed(message=message, field=field):
-                            outbox.put_nowait(encode_frame([error_event(event_id, message, field)]))
+        async with aclosing(events):
+            async for event in events:
+                match event:
+                    case Delta(text=text) if text:
+                        outbox.put_nowait(encode_frame([Progress(event_id, text)]))
+                    case Finished(new_text=text, is_eos=is_eos):
+                        outbox.put_nowait(encode_frame([Complete(event_id, text, is_eos)]))
+                    case Failed(message=message, field=field):
+                        outbox.put_nowait(encode_frame([error_event(event_id, message, field)]))
     except Exception as e:  # a bug must still end the START with one terminal event
         log.exception("START %r failed", event_id)
         outbox.put_nowait(encode_frame([error_event(event_id, f"Internal error: {e}")]))

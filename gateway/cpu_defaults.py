@@ -1,0 +1,75 @@
+"""Engine defaults that fit the CPU they run on (docs/BENCHMARKS.md has the measurements).
+
+bfloat16 is fast only where the CPU computes it natively (AVX-512 BF16 or AMX); elsewhere
+PyTorch emulates it, about 5x slower than float32 for the default model. Pure: reads
+/proc/cpuinfo, imports nothing of vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first processor's feature flags (empty where /proc/cpuinfo has none)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def native_bfloat16(flags: frozenset[str]) -> bool:
+    return bool(flags & NATIVE_BF16_FLAGS)
+
+
+def reported_flags(flags: frozenset[str]) -> list[str]:
+    """The flags that decide the defaults, as the logs, /metrics and the bench show them."""
+    return [f for f in REPORTED_FLAGS if f in flags]
+
+
+def resolve_dtype(
+    requested: str, device: str = "cpu", flags: frozenset[str] | None = None
+) -> tuple[str, str]:
+    """(dtype, why): `auto` on a CPU becomes bfloat16 only where the CPU computes it natively."""
+    if requested != "auto":
+        return requested, "set by DTYPE"
+    if device != "cpu":
+        return "auto", f"the model's own dtype ({device})"
+    found = cpu_flags() if flags is None else flags
+    if native_bfloat16(found):
+        native = ", ".join(sorted(found & NATIVE_BF16_FLAGS))
+        return "bfloat16", f"the CPU computes bfloat16 natively ({native})"
+    return "float32", "the CPU has no native bfloat16 (no avx512_bf16 or amx_bf16): float32"
+
+
+# vLLM binds its model worker to all cores but one, which it reserves for the frontend. On
+# 2 cores that leaves the model one core while the frontend needs a few percent of the other:
+# the model on both measured 1.1-1.4x the tok/s at concurrency 32 and 64 on every CPU kind
+# tried (docs/BENCHMARKS.md). Past SMALL_MACHINE_CORES vLLM's own binding is kept (not measured).
+SMALL_MACHINE_CORES = 2
+
+
+def engine_environment(
+    environ: Mapping[str, str] | None = None, cpus: Collection[int] | None = None
+) -> dict[str, str]:
+    """Variables to set for vLLM's CPU backend before it starts; the operator's own win.
+
+    `cpus`: the CPU ids this process may run on (default: its affinity).
+    """
+    usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    defaults: dict[str, str] = {}
+    if 0 < len(usable) <= SMALL_MACHINE_CORES:
+        defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in usable)
+        defaults["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    present = {} if environ is None else environ
+    return {k: v for k, v in defaults.items() if k not in present}

@@ -1,0 +1,63 @@
+"""The engine defaults follow the CPU: pure, no engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.cpu_defaults import (
+    cpu_flags,
+    engine_environment,
+    native_bfloat16,
+    reported_flags,
+    resolve_dtype,
+)
+
+AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})
+AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512_bf16"}
+AMX = AVX2_ONLY | {"avx512f", "amx_bf16", "amx_tile"}
+
+
+def test_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    )
+    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_auto_on_a_cpu_without_native_bfloat16_serves_float32() -> None:
+    dtype, reason = resolve_dtype("auto", "cpu", AVX2_ONLY)
+    assert dtype == "float32" and "no native bfloat16" in reason
+    assert not native_bfloat16(AVX2_ONLY)
+
+
+def test_auto_on_a_cpu_with_avx512_bf16_or_amx_serves_bfloat16() -> None:
+    assert resolve_dtype("auto", "cpu", AVX512_BF16) == (
+        "bfloat16",
+        "the CPU computes bfloat16 natively (avx512_bf16)",
+    )
+    dtype, reason = resolve_dtype("auto", "cpu", AMX)
+    assert dtype == "bfloat16" and "amx_bf16" in reason
+
+
+def test_cuda_keeps_the_models_dtype_and_an_explicit_dtype_wins() -> None:
+    assert resolve_dtype("auto", "cuda", AVX2_ONLY)[0] == "auto"
+    assert resolve_dtype("bfloat16", "cpu", AVX2_ONLY) == ("bfloat16", "set by DTYPE")
+
+
+def test_reported_flags_name_only_those_that_decide() -> None:
+    assert reported_flags(AMX) == ["avx2", "avx512f", "amx_bf16"]
+
+
+def test_on_two_cores_the_model_gets_both_and_the_operators_own_settings_win() -> None:
+    chosen = engine_environment({}, cpus={1, 0})
+    assert chosen == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert engine_environment({"VLLM_CPU_OMP_THREADS_BIND": "1"}, cpus={0, 1}) == {
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"
+    }
+
+
+def test_on_a_larger_machine_vllms_own_binding_is_kept() -> None:
+    assert engine_environment({}, cpus=set(range(16))) == {}
