@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: install browser run prepare-model test lint clean
+.PHONY: install browser run prepare-model test test-fast lint clean
 
 install:
 	@bash deploy/install.sh
@@ -20,9 +20,14 @@ run: install
 test: install browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The pure tests only (protocols, config, admission, store, default model): no engine is
+# started and none needs vLLM; tests/conftest.py marks every test that uses the engine.
+test-fast: install
+	$(PY) -m pytest -q -m "not engine" $(PYTEST_ARGS)
+
 lint: install
-	$(VENV)/bin/ruff check gateway protocols tests
-	$(VENV)/bin/ruff format --check gateway protocols tests
+	$(VENV)/bin/ruff check gateway protocols gateway_bench tests
+	$(VENV)/bin/ruff format --check gateway protocols gateway_bench tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy tests
 

@@ -28,9 +28,15 @@ def main(argv: list[str] | None = None) -> int:
         "bench", help="benchmark every protocol (llm-gateway bench --help)", add_help=False
     )
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # its own options: see gateway/bench/options.py
-        from gateway.bench import main as bench
-
+    if argv[:1] == ["bench"]:  # its own package and options: see gateway_bench/options.py
+        try:
+            from gateway_bench import main as bench
+        except ModuleNotFoundError as e:  # the bench extra is not installed
+            print(
+                f"llm-gateway bench: {e.name} is missing; pip install 'llm-gateway[bench]'",
+                file=sys.stderr,
+            )
+            return 2
         return bench(argv[1:])
     args = parser.parse_args(argv)
 

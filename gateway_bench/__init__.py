@@ -1,0 +1,54 @@
+"""`llm-gateway bench`: load generator and report, from the in-process ceiling to every protocol.
+
+A package beside the gateway, not part of it: it drives the gateway from outside (HTTP and
+WebSockets), vLLM directly, and vLLM's own server. See docs/BENCHMARKS.md. `main(argv)` is
+the command line (`llm-gateway bench`, `python -m gateway_bench`); `run_benchmark` the same
+run for callers that already hold an engine or a gateway (the test suite).
+
+Importing it fails with ModuleNotFoundError when the `bench` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shlex
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+# The `bench` extra's packages (pyproject.toml), checked without importing them.
+EXTRA = ("aiohttp", "psutil", "tqdm", "matplotlib")
+_missing = [name for name in EXTRA if importlib.util.find_spec(name) is None]
+if _missing:
+    raise ModuleNotFoundError(
+        f"llm-gateway bench needs {', '.join(_missing)}: pip install 'llm-gateway[bench]'",
+        name=_missing[0],
+    )
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports vLLM: its INFO lines would break the progress bar.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from gateway_bench.benchmark import run_benchmark
+    from gateway_bench.options import parse
+    from gateway_bench.report import markdown
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = parse(args)
+    command = shlex.join(["llm-gateway", "bench", *args])
+    result, out = _run(run_benchmark(options, command=command))
+    print(markdown(result, chart=None))
+    print(f"\nllm-gateway bench: report written to {out}/", file=sys.stderr)
+    return 0

@@ -19,10 +19,14 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 IOMP = str(Path(sys.prefix) / "lib" / "libiomp5.so")
-BOTH_CORES = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
-              "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+BOTH_CORES = {
+    "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
 VARIANTS: dict[str, dict[str, str]] = {
     "bf16 default-bind": {"DTYPE": "bfloat16"},
     "bf16 both-cores": {"DTYPE": "bfloat16", **BOTH_CORES},
@@ -30,8 +34,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fp32 both-cores": {"DTYPE": "float32", **BOTH_CORES},
     "bf16 default-bind tcmalloc": {"DTYPE": "bfloat16", "LD_PRELOAD": TCMALLOC},
     "bf16 default-bind iomp": {"DTYPE": "bfloat16", "LD_PRELOAD": IOMP},
-    "bf16 both-cores tcmalloc+iomp": {"DTYPE": "bfloat16", "LD_PRELOAD": f"{TCMALLOC}:{IOMP}",
-                                      **BOTH_CORES},
+    "bf16 both-cores tcmalloc+iomp": {
+        "DTYPE": "bfloat16",
+        "LD_PRELOAD": f"{TCMALLOC}:{IOMP}",
+        **BOTH_CORES,
+    },
 }
 
 
@@ -44,12 +51,14 @@ async def _measure(concurrency: list[int], tokens: int, rounds: int) -> dict[str
     from gateway.default_model import prepare_default_model
     from gateway.engine import engine_args
 
-    settings = EngineSettings(enforce_eager=True, dtype=os.environ["DTYPE"], kv_cache_gib=2.0)
+    variant = {"ENFORCE_EAGER": True, "DTYPE": os.environ["DTYPE"], "KV_CACHE_GIB": 2.0}
+    settings = msgspec.convert(variant, EngineSettings)
     started = time.perf_counter()
     llm = AsyncLLM.from_engine_args(engine_args(settings, str(prepare_default_model())))
     start_s = time.perf_counter() - started
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        max_tokens=tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
     serial = iter(range(1_000_000))
 
     async def one() -> tuple[float, int]:
@@ -67,14 +76,17 @@ async def _measure(concurrency: list[int], tokens: int, rounds: int) -> dict[str
     await asyncio.gather(*(one() for _ in range(8)))  # warm-up
     figures: dict[str, object] = {"start_s": round(start_s, 1)}
     for c in concurrency:
-        rates, ttfts = [], []
+        rates: list[float] = []
+        ttfts: list[float] = []
         for _ in range(rounds):
             begin = time.perf_counter()
             done = await asyncio.gather(*(one() for _ in range(c)))
             rates.append(sum(n for _, n in done) / (time.perf_counter() - begin))
             ttfts.extend(t for t, _ in done)
-        figures[f"c{c}"] = {"tok_s": round(statistics.mean(rates), 1),
-                            "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1)}
+        figures[f"c{c}"] = {
+            "tok_s": round(statistics.mean(rates), 1),
+            "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
+        }
     llm.shutdown()
     return figures
 
@@ -99,10 +111,22 @@ def main() -> int:
         for name in order:
             env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **VARIANTS[name]}
             out = subprocess.run(
-                [sys.executable, "-m", "gateway_bench.cpu_settings", "--child",
-                 "--tokens", str(args.tokens), "--rounds", str(args.rounds),
-                 "--concurrency", args.concurrency],
-                env=env, capture_output=True, text=True, check=False,
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway_bench.cpu_settings",
+                    "--child",
+                    "--tokens",
+                    str(args.tokens),
+                    "--rounds",
+                    str(args.rounds),
+                    "--concurrency",
+                    args.concurrency,
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:

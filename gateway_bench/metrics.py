@@ -21,7 +21,7 @@ from time import perf_counter
 
 import msgspec
 
-from gateway.bench.results import StepResult
+from gateway_bench.results import StepResult
 
 
 class BenchError(Exception):

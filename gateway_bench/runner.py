@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import Protocol as Interface
 
-from gateway.bench.clients import Protocol
-from gateway.bench.cpu import CpuMeter, CpuUse
-from gateway.bench.metrics import Record, failed, summarize
-from gateway.bench.results import StepResult, TargetResult
-from gateway.bench.worker import Context, Worker
-from gateway.bench.workload import Request, Workload
+from gateway_bench.clients import Client
+from gateway_bench.cpu import CpuMeter, CpuUse
+from gateway_bench.metrics import Record, failed, summarize
+from gateway_bench.results import StepResult, TargetResult
+from gateway_bench.worker import Context, Worker
+from gateway_bench.workload import Request, Workload
 
 WARMUP_TOKENS = 8
 
@@ -47,18 +47,18 @@ def _error_text(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-async def _one(protocol: Protocol, worker: Worker, request: Request, limit_s: float) -> Record:
+async def _one(client: Client, worker: Worker, request: Request, limit_s: float) -> Record:
     sent = perf_counter()
     try:
         async with asyncio.timeout(limit_s):
-            return await protocol.call(worker, request)
+            return await client.call(worker, request)
     except Exception as e:
         await worker.close()  # a WebSocket in an unknown state is not reused
         return failed(sent, f"{type(e).__name__}: {_error_text(e)}")
 
 
 async def run_step(
-    protocol: Protocol,
+    client: Client,
     context: Context,
     requests: Sequence[Request],
     concurrency: int,
@@ -68,8 +68,8 @@ async def run_step(
     """Every request answered, by `concurrency` workers: the records, the wall time and the
     CPU used meanwhile (cpu.py)."""
     workers = [Worker(context) for _ in range(concurrency)]
-    if protocol.websocket is not None:
-        path = protocol.websocket
+    if client.websocket is not None:
+        path = client.websocket
         # A connection that fails to open is retried by its first request, which counts the error.
         await asyncio.gather(*(w.websocket(path) for w in workers), return_exceptions=True)
     pending = iter(requests)
@@ -77,7 +77,7 @@ async def run_step(
 
     async def work(worker: Worker) -> None:
         for request in pending:  # one shared iterator: each worker takes the next request
-            records.append(await _one(protocol, worker, request, limit_s))
+            records.append(await _one(client, worker, request, limit_s))
             progress.update(1)
 
     meter = CpuMeter(context.pids)
@@ -92,7 +92,7 @@ async def run_step(
 
 
 async def sweep(
-    protocol: Protocol,
+    client: Client,
     context: Context,
     workload: Workload,
     concurrencies: Sequence[int],
@@ -104,17 +104,17 @@ async def sweep(
 ) -> TargetResult:
     peak = max(concurrencies)
     warmup = workload.requests(
-        protocol.name, "warmup", peak, min(WARMUP_TOKENS, workload.output_tokens)
+        client.name, "warmup", peak, min(WARMUP_TOKENS, workload.output_tokens)
     )
-    progress.set_postfix_str(f"{protocol.label}: warm-up")
-    warm_records, _, _ = await run_step(protocol, context, warmup, peak, NoProgress(), limit_s)
+    progress.set_postfix_str(f"{client.label}: warm-up")
+    warm_records, _, _ = await run_step(client, context, warmup, peak, NoProgress(), limit_s)
     steps: list[StepResult] = []
     for concurrency in concurrencies:
         count = requests_per_step(concurrency, rounds, minimum)
-        requests = workload.requests(protocol.name, f"c{concurrency}", count)
-        progress.set_postfix_str(f"{protocol.label}: concurrency {concurrency}")
+        requests = workload.requests(client.name, f"c{concurrency}", count)
+        progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
         records, wall, cpu = await run_step(
-            protocol, context, requests, concurrency, progress, limit_s
+            client, context, requests, concurrency, progress, limit_s
         )
         expected = sum(r.max_new_tokens for r in requests)
         step = summarize(records, concurrency=concurrency, wall_s=wall, expected_tokens=expected)
@@ -123,12 +123,12 @@ async def sweep(
             step.frontend_cpu_ms_per_token = round(cpu.frontend_s * 1000 / step.tokens, 3)
         steps.append(step)
     return TargetResult(
-        name=protocol.name,
-        label=protocol.label,
-        kind=protocol.kind,
-        tokens=protocol.tokens,
-        notes=protocol.notes,
+        name=client.name,
+        label=client.label,
+        kind=client.kind,
+        tokens=client.tokens,
+        notes=client.notes,
         steps=steps,
         warmup_errors=sum(1 for r in warm_records if r.error is not None),
-        logprobs=protocol.logprobs,
+        logprobs=client.logprobs,
     )

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 
-from gateway.bench.metrics import BenchError
+from gateway_bench.metrics import BenchError
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -26,7 +26,7 @@ class Context:
     session: aiohttp.ClientSession
     base_url: str = ""  # http://host:port of the server under test
     model: str = ""  # the name vLLM's server serves the model under
-    engine: Engine | None = None  # the in-process target's engine
+    llm: AsyncLLM | None = None  # the in-process target: vLLM's engine, used directly
     pids: tuple[int, ...] = ()  # the server under test, whose CPU time is not "other"
 
 
@@ -39,10 +39,10 @@ class Worker:
         self._sockets: dict[str, aiohttp.ClientWebSocketResponse] = {}
 
     @property
-    def engine(self) -> Engine:
-        if self.context.engine is None:
+    def llm(self) -> AsyncLLM:
+        if self.context.llm is None:
             raise BenchError("no in-process engine")
-        return self.context.engine
+        return self.context.llm
 
     def url(self, path: str) -> str:
         return self.context.base_url + path

@@ -1,10 +1,12 @@
 """One benchmark run: every target in turn, then the report.
 
 Order: the in-process ceiling, plain and then with logprobs=0 (its engine is shut down before
-anything else starts), vLLM's OpenAI server (likewise plain, then with logprobs=0), then the
-gateway: connection scale first (memory is read on a fresh process), the protocols in table
-order, and the continuation benchmark. A target that fails to start is reported with no
-figures; the run goes on with the next.
+anything else starts), vLLM's OpenAI server (likewise plain, then with logprobs=0), vLLM's
+server once more with vLLM's own defaults, then the gateway: connection scale first (memory
+is read on a fresh process), the protocols in table order, and the continuation benchmark.
+The ceiling and vLLM's server get the gateway's CPU defaults (machine.py); the gateway
+applies them itself. A target that fails to start is reported with no figures; the run goes
+on with the next.
 """
 
 from __future__ import annotations
@@ -20,32 +22,35 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import msgspec
 from tqdm import tqdm
 
-from gateway.bench import chart, goals, machine, report, targets
-from gateway.bench.clients import (
-    GATEWAY_PROTOCOLS,
+from gateway.config import EngineSettings, served_model_name
+from gateway_bench import chart, goals, machine, report, targets
+from gateway_bench.clients import (
+    GATEWAY_CLIENTS,
     INPROCESS,
     INPROCESS_LOGPROBS,
     VLLM_SERVER,
+    VLLM_SERVER_DEFAULTS,
     VLLM_SERVER_LOGPROBS,
-    Protocol,
+    Client,
 )
-from gateway.bench.connections import connection_scale
-from gateway.bench.continuation import continuation_bench
-from gateway.bench.options import BenchOptions
-from gateway.bench.results import (
+from gateway_bench.connections import connection_scale
+from gateway_bench.continuation import continuation_bench
+from gateway_bench.options import BenchOptions
+from gateway_bench.results import (
     BenchReport,
     ConnectionResult,
     ContinuationResult,
+    CpuDefaults,
     EngineDescription,
     TargetResult,
     WorkloadDescription,
 )
-from gateway.bench.runner import requests_per_step, sweep
-from gateway.bench.worker import Context
-from gateway.bench.workload import Workload
-from gateway.config import served_model_name
+from gateway_bench.runner import requests_per_step, sweep
+from gateway_bench.worker import Context
+from gateway_bench.workload import Workload
 
 if TYPE_CHECKING:
     from gateway.engine import Engine
@@ -67,7 +72,7 @@ def _tokenizer(model: str) -> Any:
     return AutoTokenizer.from_pretrained(model)
 
 
-def _failed(protocol: Protocol, error: BaseException) -> TargetResult:
+def _failed(protocol: Client, error: BaseException) -> TargetResult:
     return TargetResult(
         name=protocol.name,
         label=protocol.label,
@@ -80,10 +85,17 @@ def _failed(protocol: Protocol, error: BaseException) -> TargetResult:
 
 
 class _Run:
-    def __init__(self, options: BenchOptions, workload: Workload, session: aiohttp.ClientSession):
+    def __init__(
+        self,
+        options: BenchOptions,
+        workload: Workload,
+        session: aiohttp.ClientSession,
+        defaults: CpuDefaults,
+    ):
         self.options = options
         self.workload = workload
         self.session = session
+        self.defaults = defaults
         self.targets: list[TargetResult] = []
         self.continuation: ContinuationResult | None = None
         self.connections: ConnectionResult | None = None
@@ -94,7 +106,8 @@ class _Run:
     def _total(self) -> int:
         o = self.options
         per_target = sum(requests_per_step(c, o.rounds, o.min_requests) for c in o.concurrency)
-        count = 2 * int(o.ceiling) + 2 * int(o.vllm_server) + (len(o.protocols) if o.gateway else 0)
+        count = 2 * int(o.ceiling) + 2 * int(o.vllm_server) + int(_vllm_defaults(o))
+        count += len(o.protocols) if o.gateway else 0
         extra = len(o.continuation_lengths) * o.continuation_repetitions
         return per_target * count + (extra if o.gateway and o.continuation else 0)
 
@@ -108,7 +121,7 @@ class _Run:
         tqdm.write(f"llm-gateway bench: {message}", file=sys.stderr)
 
     async def measure(
-        self, protocol: Protocol, context: Context, start_s: float | None = None
+        self, protocol: Client, context: Context, start_s: float | None = None
     ) -> None:
         o = self.options
         try:
@@ -128,7 +141,7 @@ class _Run:
         result.start_s = start_s
         self.targets.append(result)
 
-    async def guarded(self, protocols: list[Protocol], work: Callable[[], Awaitable[None]]) -> None:
+    async def guarded(self, protocols: list[Client], work: Callable[[], Awaitable[None]]) -> None:
         """Run `work`; if it fails, report the targets it had not measured, with the error."""
         done = len(self.targets)
         try:
@@ -138,23 +151,37 @@ class _Run:
             self.targets += [_failed(p, e) for p in protocols if p.name not in measured]
             self.warn(f"{', '.join(p.label for p in protocols)}: {e}")
 
+    def resolved(self) -> EngineSettings:
+        """The engine settings with the dtype the gateway would choose here."""
+        settings = self.options.engine_settings()
+        return msgspec.structs.replace(settings, dtype=self.defaults.dtype)
+
     async def ceiling(self, engine: Engine | None, model: str) -> None:
-        own = engine is None
+        """vLLM's AsyncLLM used directly: the shared engine's when given (the test suite's),
+        else one built here with the gateway's CPU defaults and shut down afterwards."""
+        if engine is not None:
+            context = Context(self.session, llm=engine.llm)
+            await self.measure(INPROCESS, context)
+            await self.measure(INPROCESS_LOGPROBS, context)
+            return
+        from gateway_bench.ceiling import start_llm  # imports vLLM: only when this target runs
+
+        self.say("starting vLLM in-process")
         began = perf_counter()
-        if engine is None:
-            self.say("starting vLLM in-process")
-            engine = await targets.start_inprocess(self.options.engine_settings(), model)
-        start_s = round(perf_counter() - began, 1) if own else None
+        llm = await start_llm(self.resolved(), model, self.defaults.environment)
+        start_s = round(perf_counter() - began, 1)
         try:
-            context = Context(self.session, engine=engine)
+            context = Context(self.session, llm=llm)
             await self.measure(INPROCESS, context, start_s)
             await self.measure(INPROCESS_LOGPROBS, context)
         finally:
-            if own:
-                engine.shutdown()
+            llm.shutdown()
 
     @asynccontextmanager
-    async def _vllm(self, model: str, out: Path) -> AsyncIterator[targets.Endpoint]:
+    async def _vllm(
+        self, model: str, out: Path, *, defaults: bool = False
+    ) -> AsyncIterator[targets.Endpoint]:
+        """vLLM's server with the gateway's CPU defaults, or (`defaults`) with vLLM's own."""
         o = self.options
         name = served_model_name(o.engine_settings())
         if o.vllm_url:
@@ -162,11 +189,13 @@ class _Run:
             yield targets.Endpoint(url, model=await targets.served_model(self.session, url))
             return
         port = targets.free_port()
-        command = targets.vllm_server_command(o.engine_settings(), model, name, port)
-        self.say(f"starting vLLM's OpenAI server on port {port}")
-        async with targets.server(
-            command, {}, port, out / "vllm-server.log", o.start_timeout, name
-        ) as endpoint:
+        dtype = None if defaults else self.defaults.dtype
+        env = {} if defaults else self.defaults.environment
+        command = targets.vllm_server_command(o.engine_settings(), model, name, port, dtype)
+        log = out / ("vllm-server-defaults.log" if defaults else "vllm-server.log")
+        which = "vLLM's OpenAI server" + (" with vLLM's defaults" if defaults else "")
+        self.say(f"starting {which} on port {port}")
+        async with targets.server(command, env, port, log, o.start_timeout, name) as endpoint:
             yield endpoint
 
     async def vllm_server(self, model: str, out: Path) -> None:
@@ -175,6 +204,12 @@ class _Run:
             context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
             await self.measure(VLLM_SERVER, context, endpoint.start_s)
             await self.measure(VLLM_SERVER_LOGPROBS, context)
+
+    async def vllm_server_defaults(self, model: str, out: Path) -> None:
+        async with self._vllm(model, out, defaults=True) as endpoint:
+            pids = () if endpoint.pid is None else (endpoint.pid,)
+            context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
+            await self.measure(VLLM_SERVER_DEFAULTS, context, endpoint.start_s)
 
     @asynccontextmanager
     async def _gateway(
@@ -188,7 +223,7 @@ class _Run:
             yield targets.Endpoint(o.gateway_url.rstrip("/"), o.gateway_pid)
             return
         port = targets.free_port()
-        env = targets.gateway_environment(o.engine_settings())
+        env = targets.gateway_environment(o.engine_settings())  # it applies its CPU defaults
         self.say(f"starting the gateway on port {port}")
         command = targets.gateway_command(port)
         async with targets.server(
@@ -216,7 +251,7 @@ class _Run:
                 except Exception as e:
                     self.warn(f"connection scale not measured: {type(e).__name__}: {e}")
             start_s = endpoint.start_s
-            for protocol in (p for p in GATEWAY_PROTOCOLS if p.name in o.protocols):
+            for protocol in (p for p in GATEWAY_CLIENTS if p.name in o.protocols):
                 await self.measure(protocol, context, start_s)
                 start_s = None  # the engine started once, for the first protocol
             if o.continuation:
@@ -233,6 +268,11 @@ class _Run:
                     )
                 except Exception as e:
                     self.warn(f"continuation not measured: {type(e).__name__}: {e}")
+
+
+def _vllm_defaults(options: BenchOptions) -> bool:
+    """Whether the run measures vLLM's server with its own defaults: only one it starts."""
+    return options.vllm_server and options.vllm_server_defaults and not options.vllm_url
 
 
 def _engine_description(options: BenchOptions) -> EngineDescription:
@@ -270,10 +310,10 @@ async def run_benchmark(
     command: str = "",
 ) -> tuple[BenchReport, Path]:
     """Measure every target `options` asks for and write the report; returns it and its
-    directory. `engine` (the in-process target) and `gateway` are used as they are when
-    given (the test suite's), instead of starting them."""
+    directory. `engine` (its vLLM `AsyncLLM`, `engine.llm`, is the in-process target) and
+    `gateway` are used as they are when given (the test suite's), instead of starting them."""
     began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    host = machine.describe()
+    host = await asyncio.to_thread(machine.describe, options.dtype)
     out = Path(options.out_dir())
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     targets.raise_file_limit(options.idle_connections + options.streams + _FD_MARGIN)
@@ -296,7 +336,7 @@ async def run_benchmark(
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None)
     ) as session:
-        run = _Run(options, workload, session)
+        run = _Run(options, workload, session, host.defaults)
         try:
             if options.ceiling:
                 ceilings = [INPROCESS, INPROCESS_LOGPROBS]
@@ -304,8 +344,11 @@ async def run_benchmark(
             if options.vllm_server:
                 servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS]
                 await run.guarded(servers, lambda: run.vllm_server(model, out))
+            if _vllm_defaults(options):
+                defaults = [VLLM_SERVER_DEFAULTS]
+                await run.guarded(defaults, lambda: run.vllm_server_defaults(model, out))
             if options.gateway:
-                chosen = [p for p in GATEWAY_PROTOCOLS if p.name in options.protocols]
+                chosen = [p for p in GATEWAY_CLIENTS if p.name in options.protocols]
                 await run.guarded(chosen, lambda: run.gateway(gateway, out))
         finally:
             run.bar.close()

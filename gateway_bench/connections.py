@@ -17,11 +17,11 @@ from time import perf_counter
 import aiohttp
 import psutil
 
-from gateway.bench.clients import ws_batch
-from gateway.bench.metrics import Record
-from gateway.bench.results import ConnectionResult
-from gateway.bench.worker import Context, Worker
-from gateway.bench.workload import Request, Workload
+from gateway_bench.clients import ws_batch
+from gateway_bench.metrics import Record
+from gateway_bench.results import ConnectionResult
+from gateway_bench.worker import Context, Worker
+from gateway_bench.workload import Request, Workload
 
 _HANDSHAKES_AT_ONCE = 64
 _SETTLE_S = 1.5

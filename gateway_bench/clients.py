@@ -1,11 +1,14 @@
-"""One async client function per protocol, and the table of protocols the bench measures.
+"""One async client function per target, and the table of clients the bench measures.
 
-Adding a protocol is one function `(worker, request) -> Record` and one `Protocol` entry in
-`GATEWAY_PROTOCOLS`. A function sends one request, calls `record.arrive()` for each message
+Adding a protocol is one function `(worker, request) -> Record` and one `Client` entry in
+`GATEWAY_CLIENTS`. A function sends one request, calls `record.arrive()` for each message
 that carries text and returns `record.finish(tokens)`; or, when the protocol says how many
 tokens each read carries, calls `record.counted(k, text)` per read and returns
-`record.finish_counted()`. It raises on any error. Replies are decoded with msgspec into small
-Structs naming only the fields the bench reads.
+`record.finish_counted()`. It raises on any error.
+
+The gateway's answers are decoded with the project's own wire types (`protocols/`), so the
+bench reads exactly what the gateway writes; only vLLM's OpenAI server, which no module of
+`protocols/` describes, has small Structs here naming the fields the bench reads.
 """
 
 from __future__ import annotations
@@ -16,17 +19,12 @@ from typing import Any
 
 import msgspec
 
-from gateway.bench.metrics import BenchError, Record, start
-from gateway.bench.results import TargetKind, TokenSource
-from gateway.bench.worker import (
-    JSON_HEADERS,
-    Lines,
-    Worker,
-    receive,
-    sse_reads,
-)
-from gateway.bench.workload import Request
-from protocols.generation import SamplingOptions
+from gateway_bench.metrics import BenchError, Record, start
+from gateway_bench.results import TargetKind, TokenSource
+from gateway_bench.worker import JSON_HEADERS, Lines, Worker, receive, sse_reads
+from gateway_bench.workload import Request
+from protocols import batch_events, control, lmi, tgi, ws_events
+from protocols.names import Protocol
 
 _ENCODE = msgspec.json.encode
 
@@ -35,31 +33,20 @@ _ENCODE = msgspec.json.encode
 
 
 async def inprocess(worker: Worker, request: Request) -> Record:
-    return await _inprocess(worker, request, logprobs=None)
+    from gateway_bench.ceiling import generate  # imports vLLM: only when this target runs
+
+    return await generate(worker.llm, request, logprobs=None)
 
 
 async def inprocess_logprobs(worker: Worker, request: Request) -> Record:
     """The same, with the sampled token's log-probability computed for every token."""
-    return await _inprocess(worker, request, logprobs=0)
+    from gateway_bench.ceiling import generate
 
-
-async def _inprocess(worker: Worker, request: Request, logprobs: int | None) -> Record:
-    engine = worker.engine
-    options = SamplingOptions(
-        max_new_tokens=request.max_new_tokens,
-        do_sample=False,
-        ignore_eos=True,
-        logprobs=logprobs,
-    )
-    record = start()
-    async for step in engine.stream(engine.encode(request.prompt), options):
-        if logprobs is not None and step.token_ids and step.tokens is None:
-            raise BenchError("logprobs were asked for and the engine returned none")
-        record.counted(len(step.token_ids), bool(step.text))
-    return record.finish_counted()
+    return await generate(worker.llm, request, logprobs=0)
 
 
 # --- vLLM's OpenAI server: streaming /v1/completions ----------------------------------------
+# No module of protocols/ describes vLLM's answers: these name the fields the bench reads.
 
 
 class _Usage(msgspec.Struct):
@@ -132,16 +119,6 @@ def _generation_config(request: Request) -> dict[str, Any]:
     return {"max_new_tokens": request.max_new_tokens, "do_sample": False, "ignore_eos": True}
 
 
-class _WsEvent(msgspec.Struct):
-    type: str
-    text: str = ""
-    new_tokens_count: int = 0
-    error: str | None = None
-
-
-_WS_FRAME = msgspec.json.Decoder(list[_WsEvent])
-
-
 async def ws_batch(worker: Worker, request: Request) -> Record:
     """WS `/ws`: one prompt per payload; PROGRESS carries text, COMPLETE the token count."""
     ws = await worker.websocket("/ws")
@@ -152,16 +129,17 @@ async def ws_batch(worker: Worker, request: Request) -> Record:
     record, received = start(), 0
     await ws.send_bytes(_ENCODE(payload))
     while True:
-        for event in _WS_FRAME.decode(await receive(ws)):
-            if event.type == "PROGRESS" and event.text:
-                record.arrive()
-                received += len(event.text)
-            elif event.type == "COMPLETE":
+        for event in batch_events.decode_frame(await receive(ws)):
+            if isinstance(event, batch_events.Progress):
+                if event.text:
+                    record.arrive()
+                    received += len(event.text)
+            elif isinstance(event, batch_events.Complete):
                 if len(event.text) > received:  # the last step's text came with COMPLETE
                     record.arrive()
                 record.text = event.text
                 return record.finish(event.new_tokens_count)
-            elif event.type == "ERROR":
+            elif isinstance(event, batch_events.ErrorEvent):
                 raise BenchError(f"ERROR event: {event.error}")
 
 
@@ -181,21 +159,6 @@ async def generate_one(worker: Worker, request: Request) -> Record:
     return record.finish(request.max_new_tokens)
 
 
-class _ControlUsage(msgspec.Struct):
-    completion_tokens: int
-
-
-class _ControlMessage(msgspec.Struct):
-    type: str
-    token: str = ""
-    usage: _ControlUsage | None = None
-    error: str = ""
-    message: str = ""
-
-
-_CONTROL = msgspec.json.Decoder(_ControlMessage)
-
-
 def _control_parameters(request: Request) -> dict[str, Any]:
     return {"max_tokens": request.max_new_tokens, "temperature": 0, "ignore_eos": True}
 
@@ -211,13 +174,13 @@ async def control_ws(worker: Worker, request: Request) -> Record:
     record = start()
     await ws.send_bytes(_ENCODE(config))
     while True:
-        message = _CONTROL.decode(await receive(ws))
-        if message.type == "token":
+        message = control.decode_server(await receive(ws))
+        if isinstance(message, control.Token):
             if message.token:
                 record.arrive()
-        elif message.type == "completion" and message.usage is not None:
+        elif isinstance(message, control.Completion):
             return record.finish(message.usage.completion_tokens)
-        elif message.type == "error":
+        elif isinstance(message, control.Error):
             raise BenchError(f"{message.error}: {message.message}")
 
 
@@ -229,29 +192,21 @@ async def v1_generate(worker: Worker, request: Request) -> Record:
         async for payloads in sse_reads(r):
             text = False
             for payload in payloads:
-                message = _CONTROL.decode(payload)
-                if message.type == "token":
+                message = control.decode_server(payload)
+                if isinstance(message, control.Token):
                     text = text or bool(message.token)
-                elif message.type == "completion" and message.usage is not None:
+                elif isinstance(message, control.Completion):
                     if text:
                         record.arrive()
                     return record.finish(message.usage.completion_tokens)
-                elif message.type == "error":
+                elif isinstance(message, control.Error):
                     raise BenchError(f"{message.error}: {message.message}")
             if text:
                 record.arrive()
     raise BenchError("the stream ended without a completion")
 
 
-class _StartEvent(msgspec.Struct):
-    type: str
-    data: str = ""
-
-
-_START_FRAME = msgspec.json.Decoder(list[_StartEvent])
-
-
-async def ws_events(worker: Worker, request: Request) -> Record:
+async def ws_events_stream(worker: Worker, request: Request) -> Record:
     """WS `/ws/events`: START in; START echo, PROGRESS, COMPLETE out."""
     ws = await worker.websocket("/ws/events")
     start_event = {
@@ -263,35 +218,31 @@ async def ws_events(worker: Worker, request: Request) -> Record:
     record, received = start(), 0
     await ws.send_bytes(_ENCODE([start_event]))
     while True:
-        for event in _START_FRAME.decode(await receive(ws)):
-            if event.type == "PROGRESS" and event.data:
-                record.arrive()
-                received += len(event.data)
-            elif event.type == "COMPLETE":
+        for event in ws_events.decode_frame(await receive(ws)):
+            if isinstance(event, ws_events.Progress):
+                if event.data:
+                    record.arrive()
+                    received += len(event.data)
+            elif isinstance(event, ws_events.Complete):
                 if len(event.data) > received:
                     record.arrive()
                 # COMPLETE carries no token count; ignore_eos makes it max_new_tokens.
                 return record.finish(request.max_new_tokens)
-            elif event.type == "ERROR":
+            elif isinstance(event, ws_events.Error):
                 raise BenchError(f"ERROR event: {event.data}")
 
 
-class _LmiToken(msgspec.Struct):
-    id: int
-    text: str = ""
+_LMI_LINE = msgspec.json.Decoder(lmi.Line)
 
 
-class _LmiDetails(msgspec.Struct):
-    finish_reason: str | None = None
-
-
-class _LmiLine(msgspec.Struct):
-    token: _LmiToken | None = None
-    details: _LmiDetails | None = None
-    error: str | None = None
-
-
-_LMI_LINE = msgspec.json.Decoder(_LmiLine)
+def _lmi_failed(line: lmi.Line) -> bool:
+    """The spec's last line of a failed stream: finish_reason "error", a token with id -1."""
+    if isinstance(line.details, lmi.Details) and line.details.finish_reason == "error":
+        return True
+    if isinstance(line.error, str):  # OPTION_TGI_COMPAT's way of saying it
+        return True
+    token = line.token
+    return isinstance(token, dict) and (token.get("id", 0) < 0 or "error_msg" in token)
 
 
 async def invocations(worker: Worker, request: Request) -> Record:
@@ -310,26 +261,31 @@ async def invocations(worker: Worker, request: Request) -> Record:
     async with worker.post("/invocations", body, headers) as r:
         async for data in r.content.iter_any():
             text, tokens = False, 0
-            for line in lines.feed(data):
-                if not line.strip():
+            for raw in lines.feed(data):
+                if not raw.strip():
                     continue
-                parsed = _LMI_LINE.decode(line)
-                failed = parsed.details is not None and parsed.details.finish_reason == "error"
-                if failed or parsed.error is not None or (parsed.token and parsed.token.id < 0):
-                    raise BenchError(f"LMI error line: {line[:300]!r}")
-                if parsed.token is not None:
+                line = _LMI_LINE.decode(raw)
+                if _lmi_failed(line):
+                    raise BenchError(f"LMI error line: {raw[:300]!r}")
+                token = line.token  # `Any` in protocols.lmi: an LMI or a TGI-compatible token
+                if isinstance(token, dict):
                     tokens += 1
-                    text = text or bool(parsed.token.text)
+                    text = text or bool(token.get("text"))
             record.counted(tokens, text)
     return record.finish_counted()
 
 
-class _TgiEvent(msgspec.Struct):
-    token: _LmiToken | None = None
-    error: str | None = None
+_TGI_EVENT = msgspec.json.Decoder(tgi.StreamResponse)
+_TGI_ERROR = msgspec.json.Decoder(tgi.ErrorResponse)
 
 
-_TGI_EVENT = msgspec.json.Decoder(_TgiEvent)
+def _tgi_event(payload: bytes) -> tgi.StreamResponse:
+    try:
+        return _TGI_EVENT.decode(payload)
+    except msgspec.ValidationError:
+        # A failure inside the stream is one event carrying TGI's error body instead.
+        error = _TGI_ERROR.decode(payload)
+        raise BenchError(f"TGI error event ({error.error_type}): {error.error}") from None
 
 
 async def tgi_stream(worker: Worker, request: Request) -> Record:
@@ -343,12 +299,9 @@ async def tgi_stream(worker: Worker, request: Request) -> Record:
         async for payloads in sse_reads(r):
             text, tokens = False, 0
             for payload in payloads:
-                event = _TGI_EVENT.decode(payload)
-                if event.error is not None:
-                    raise BenchError(f"TGI error event: {event.error}")
-                if event.token is not None:
-                    tokens += 1
-                    text = text or bool(event.token.text)
+                event = _tgi_event(payload)
+                tokens += 1
+                text = text or bool(event.token.text)
             record.counted(tokens, text)
     return record.finish_counted()
 
@@ -359,8 +312,10 @@ Call = Callable[[Worker, Request], Awaitable[Record]]
 
 
 @dataclass(frozen=True)
-class Protocol:
-    name: str  # CLI and JSON name
+class Client:
+    """One measured target: how to send it a request, and how to report it."""
+
+    name: str  # CLI and JSON name: a gateway protocol's `protocols.names.Protocol` value
     label: str  # table label
     call: Call
     kind: TargetKind
@@ -371,15 +326,16 @@ class Protocol:
     logprobs: bool = False
 
 
-INPROCESS = Protocol(
+INPROCESS = Client(
     "ceiling",
     "vLLM in-process",
     inprocess,
     "ceiling",
     "counted",
-    notes="AsyncLLM through gateway.engine.Engine, RequestOutputKind.DELTA; exact token counts",
+    notes="vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
+    "settings (dtype, environment); exact token counts",
 )
-INPROCESS_LOGPROBS = Protocol(
+INPROCESS_LOGPROBS = Client(
     "ceiling-logprobs",
     "vLLM in-process, logprobs=0",
     inprocess_logprobs,
@@ -388,15 +344,16 @@ INPROCESS_LOGPROBS = Protocol(
     notes="as the ceiling, with logprobs=0: the reference for protocols that send every "
     "token's log-probability",
 )
-VLLM_SERVER = Protocol(
+VLLM_SERVER = Client(
     "vllm-server",
     "vLLM OpenAI server",
     vllm_completions,
     "vllm-server",
     "reported",
-    notes="streaming /v1/completions, ignore_eos; tokens from usage (stream_options)",
+    notes="streaming /v1/completions, ignore_eos; tokens from usage (stream_options); the "
+    "gateway's CPU settings (--dtype, environment)",
 )
-VLLM_SERVER_LOGPROBS = Protocol(
+VLLM_SERVER_LOGPROBS = Client(
     "vllm-server-logprobs",
     "vLLM OpenAI server, logprobs=0",
     vllm_completions_logprobs,
@@ -404,9 +361,17 @@ VLLM_SERVER_LOGPROBS = Protocol(
     "reported",
     notes="as vLLM's server, with logprobs: 0 (each token's log-probability)",
 )
-GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
-    Protocol(
-        "ws",
+VLLM_SERVER_DEFAULTS = Client(
+    "vllm-server-defaults",
+    "vLLM OpenAI server, its defaults",
+    vllm_completions,
+    "vllm-server-defaults",
+    "reported",
+    notes="as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment",
+)
+GATEWAY_CLIENTS: tuple[Client, ...] = (
+    Client(
+        Protocol.WS,
         "WS /ws",
         ws_batch,
         "gateway",
@@ -414,16 +379,16 @@ GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
         websocket="/ws",
         notes="one prompt per payload, generation_config.ignore_eos; COMPLETE.new_tokens_count",
     ),
-    Protocol(
-        "generate-one",
+    Client(
+        Protocol.API_GENERATE_ONE,
         "POST /api/generate-one",
         generate_one,
         "gateway",
         "requested",
         notes="streamed text/plain; no token count on the wire: max_new_tokens (ignore_eos)",
     ),
-    Protocol(
-        "control-ws",
+    Client(
+        Protocol.CONTROL,
         "WS /generate",
         control_ws,
         "gateway",
@@ -431,25 +396,25 @@ GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
         websocket="/generate",
         notes="control protocol, parameters.ignore_eos; usage.completion_tokens",
     ),
-    Protocol(
-        "v1-generate",
+    Client(
+        Protocol.V1_GENERATE,
         "POST /v1/generate (SSE)",
         v1_generate,
         "gateway",
         "reported",
         notes="stream: true, ignore_eos; usage.completion_tokens",
     ),
-    Protocol(
-        "ws-events",
+    Client(
+        Protocol.WS_EVENTS,
         "WS /ws/events",
-        ws_events,
+        ws_events_stream,
         "gateway",
         "requested",
         websocket="/ws/events",
         notes="parameters.ignore_eos; no token count on the wire: max_new_tokens",
     ),
-    Protocol(
-        "invocations",
+    Client(
+        Protocol.LMI,
         "POST /invocations (jsonlines)",
         invocations,
         "gateway",
@@ -457,8 +422,8 @@ GATEWAY_PROTOCOLS: tuple[Protocol, ...] = (
         notes="parameters.ignore_eos_token; one line per token, exact counts",
         logprobs=True,
     ),
-    Protocol(
-        "tgi",
+    Client(
+        Protocol.TGI,
         "POST /generate_stream (TGI)",
         tgi_stream,
         "gateway",

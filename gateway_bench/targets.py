@@ -1,4 +1,5 @@
-"""The engines under test: in-process vLLM, vLLM's OpenAI server and the gateway.
+"""The servers under test: vLLM's OpenAI server and the gateway (the in-process ceiling is
+ceiling.py).
 
 Servers run as subprocesses on free loopback ports, each in its own process group (vLLM
 starts an engine-core child), with their output in a log file next to the report. The bench
@@ -20,15 +21,11 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
 
 from gateway.config import EngineSettings
-
-if TYPE_CHECKING:
-    from gateway.engine import Engine
 
 GIB = 1 << 30
 _STOP_GRACE_S = 30.0
@@ -60,12 +57,6 @@ def raise_file_limit(needed: int) -> int:
     return int(soft)
 
 
-async def start_inprocess(settings: EngineSettings, model: str) -> Engine:
-    from gateway.engine import Engine  # imports vLLM: only when this target runs
-
-    return await Engine.start(settings, model)
-
-
 class _Model(msgspec.Struct):
     id: str
 
@@ -84,7 +75,10 @@ async def served_model(session: aiohttp.ClientSession, url: str) -> str:
     return models.data[0].id
 
 
-def vllm_server_command(settings: EngineSettings, model: str, name: str, port: int) -> list[str]:
+def vllm_server_command(
+    settings: EngineSettings, model: str, name: str, port: int, dtype: str | None
+) -> list[str]:
+    """`dtype` None: vLLM's own default (the "defaults" target); otherwise the gateway's."""
     command = [
         sys.executable,
         "-m",
@@ -101,8 +95,6 @@ def vllm_server_command(settings: EngineSettings, model: str, name: str, port: i
         str(settings.max_model_len),
         "--kv-cache-memory-bytes",
         str(int(settings.kv_cache_gib * GIB)),
-        "--dtype",
-        settings.dtype,
         "--seed",
         str(settings.seed),
         "--enable-prefix-caching"
@@ -111,6 +103,8 @@ def vllm_server_command(settings: EngineSettings, model: str, name: str, port: i
         "--uvicorn-log-level",
         "warning",
     ]
+    if dtype is not None:
+        command += ["--dtype", dtype]
     if settings.enforce_eager:
         command.append("--enforce-eager")
     return command

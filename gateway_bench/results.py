@@ -7,7 +7,12 @@ from typing import Literal
 import msgspec
 
 TargetKind = Literal[
-    "ceiling", "ceiling-logprobs", "vllm-server", "vllm-server-logprobs", "gateway"
+    "ceiling",
+    "ceiling-logprobs",
+    "vllm-server",
+    "vllm-server-logprobs",
+    "vllm-server-defaults",
+    "gateway",
 ]
 TokenSource = Literal["counted", "reported", "requested"]
 
@@ -34,7 +39,7 @@ class StepResult(msgspec.Struct, kw_only=True):
 
 
 class TargetResult(msgspec.Struct, kw_only=True):
-    name: str  # short, stable: "ceiling", "vllm-server", "ws", ...
+    name: str  # short, stable: "ceiling", "vllm-server", or a protocols.names.Protocol value
     label: str  # what the table shows: "WS /ws", ...
     kind: TargetKind
     tokens: TokenSource  # where the generated-token count comes from
@@ -88,14 +93,27 @@ class Goal(msgspec.Struct, kw_only=True):
     passed: bool | None  # None: not measured in this run (quick mode, target skipped, ...)
 
 
+class CpuDefaults(msgspec.Struct, kw_only=True):
+    """What gateway/cpu_defaults.py chose for this machine: the gateway's engine settings,
+    also given to the ceiling and to vLLM's server (not to its "defaults" variant)."""
+
+    device: str  # vLLM's platform: "cpu", "cuda", ...
+    requested_dtype: str  # the bench's --dtype / DTYPE: "auto" by default
+    dtype: str  # what the engines get
+    dtype_reason: str
+    environment: dict[str, str]  # set for vLLM's CPU backend before it starts
+
+
 class Machine(msgspec.Struct, kw_only=True):
     cpu: str
+    cpu_flags: dict[str, bool]  # the flags that decide the CPU defaults: present or not
     logical_cores: int
     memory_gib: float
     system: str
     python: str
     packages: dict[str, str]
     load_start: float
+    defaults: CpuDefaults
     load_end: float | None = None
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-from gateway.bench.results import BenchReport, StepResult, TargetResult
+from gateway_bench.results import BenchReport, StepResult, TargetResult
 
 MARKDOWN, JSON, CHART = "report.md", "report.json", "report.png"
 _FIGURES: tuple[tuple[str, Callable[[StepResult], float | None]], ...] = (
@@ -165,6 +165,23 @@ def _errors(report: BenchReport) -> list[str]:
     return ["## Errors", "", *seen, ""] if seen else []
 
 
+def _cpu(report: BenchReport) -> str:
+    """The CPU's flags that decide the defaults, and what the defaults are here."""
+    m, d = report.machine, report.machine.defaults
+    has = [flag for flag, present in m.cpu_flags.items() if present]
+    lacks = [flag for flag, present in m.cpu_flags.items() if not present]
+    flags = ", ".join(has) or "none of " + ", ".join(m.cpu_flags)
+    if has and lacks:
+        flags += f" (not {', '.join(lacks)})"
+    dtype = d.dtype if d.dtype == d.requested_dtype else f"{d.requested_dtype} -> {d.dtype}"
+    env = ", ".join(f"{k}={v}" for k, v in d.environment.items()) or "none added"
+    return (
+        f"- CPU flags: {flags}. Device {d.device}; dtype {dtype}: {d.dtype_reason}; vLLM "
+        f"environment: {env}. These are the gateway's CPU defaults (gateway/cpu_defaults.py), "
+        "given to the ceiling and to vLLM's server, not to vLLM's server with its defaults."
+    )
+
+
 def markdown(report: BenchReport, chart: str | None = CHART) -> str:
     m, e, w = report.machine, report.engine, report.workload
     packages = ", ".join(f"{k} {v}" for k, v in m.packages.items())
@@ -181,9 +198,11 @@ def markdown(report: BenchReport, chart: str | None = CHART) -> str:
         "",
         f"- Machine: {m.cpu}, {m.logical_cores} logical cores, {m.memory_gib} GiB; {m.system}; "
         f"Python {m.python}; {packages}. Load average (1 min) at the start: {m.load_start}.",
+        _cpu(report),
         f"- Engine (every target): {e.model}, max_model_len {e.max_model_len}, KV cache "
         f"{e.kv_cache_gib} GiB, {'eager' if e.enforce_eager else 'torch.compile'}, prefix "
-        f"caching {'on' if e.enable_prefix_caching else 'off'}, dtype {e.dtype}.",
+        f"caching {'on' if e.enable_prefix_caching else 'off'}, dtype {e.dtype} "
+        f"({m.defaults.dtype} here).",
         f"- Workload: seed {w.seed}, prompts of {prompt} tokens"
         f"{'' if w.exact_prompt_lengths else ' (approximate)'}, {w.output_tokens} output tokens "
         f"(ignore_eos, greedy), requests per step: {steps}.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.results import BenchReport
+from gateway_bench.results import BenchReport
 
 # The references are drawn dashed or dotted and on top, so the protocols' lines never hide them.
 _STYLE: dict[str, dict[str, Any]] = {
@@ -13,6 +13,7 @@ _STYLE: dict[str, dict[str, Any]] = {
     "ceiling-logprobs": {"color": "black", "linestyle": ":", "linewidth": 1.5, "zorder": 5},
     "vllm-server": {"color": "grey", "linestyle": "--", "linewidth": 2.0, "zorder": 4},
     "vllm-server-logprobs": {"color": "grey", "linestyle": ":", "linewidth": 1.5, "zorder": 4},
+    "vllm-server-defaults": {"color": "grey", "linestyle": "-.", "linewidth": 1.5, "zorder": 4},
 }
 
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import get_args, get_type_hints
 
 import msgspec
 
-from gateway.bench.clients import GATEWAY_PROTOCOLS
 from gateway.config import EngineSettings
+from gateway_bench.clients import GATEWAY_CLIENTS
+from protocols.names import Protocol
 
-PROTOCOL_NAMES = tuple(p.name for p in GATEWAY_PROTOCOLS)
+# The gateway protocols the bench measures, by their protocols.names.Protocol value.
+PROTOCOL_NAMES: tuple[Protocol, ...] = tuple(Protocol(c.name) for c in GATEWAY_CLIENTS)
 _DEFAULTS = EngineSettings()
+_DTYPES: tuple[str, ...] = get_args(get_type_hints(EngineSettings)["dtype"])
 
 
 class BenchOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,8 +30,9 @@ class BenchOptions(msgspec.Struct, frozen=True, kw_only=True):
     # Targets
     ceiling: bool = True
     vllm_server: bool = True
+    vllm_server_defaults: bool = True  # vLLM's server once more, with vLLM's own defaults
     gateway: bool = True
-    protocols: tuple[str, ...] = PROTOCOL_NAMES
+    protocols: tuple[Protocol, ...] = PROTOCOL_NAMES
     gateway_url: str = ""  # measure this running gateway instead of starting one
     gateway_pid: int | None = None  # its process, for the memory figure
     vllm_url: str = ""  # measure this running vLLM server instead of starting one
@@ -36,6 +41,7 @@ class BenchOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int = _DEFAULTS.max_model_len
     kv_cache_gib: float = _DEFAULTS.kv_cache_gib
     enforce_eager: bool = _DEFAULTS.enforce_eager
+    dtype: str = _DEFAULTS.dtype  # as DTYPE: "auto" resolves as the gateway does (machine.py)
     # Continuation
     continuation: bool = True
     continuation_lengths: tuple[int, ...] = (512, 1024, 1536)
@@ -55,12 +61,14 @@ class BenchOptions(msgspec.Struct, frozen=True, kw_only=True):
     quick: bool = False
 
     def engine_settings(self) -> EngineSettings:
-        return EngineSettings(
+        """The settings as requested: `dtype` may be "auto" (see machine.cpu_defaults)."""
+        settings = EngineSettings(
             model=self.model,
             max_model_len=self.max_model_len,
             kv_cache_gib=self.kv_cache_gib,
             enforce_eager=self.enforce_eager,
         )
+        return msgspec.structs.replace(settings, dtype=self.dtype)  # one of _DTYPES
 
     def out_dir(self) -> str:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -111,19 +119,23 @@ def _span(text: str) -> tuple[int, int]:
     return (values[0], values[-1]) if values[0] <= values[-1] else (values[-1], values[0])
 
 
-def _protocols(text: str) -> tuple[str, ...]:
+def _protocols(text: str) -> tuple[Protocol, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
+    known = ",".join(PROTOCOL_NAMES)
     unknown = sorted(set(names) - set(PROTOCOL_NAMES))
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown protocol(s) {unknown}; known: {PROTOCOL_NAMES}")
-    return names
+        raise argparse.ArgumentTypeError(f"unknown protocol(s) {','.join(unknown)}; known: {known}")
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected protocol names: {known}")
+    return tuple(Protocol(n) for n in names)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llm-gateway bench",
         description="Load-test vLLM in-process, vLLM's OpenAI server and every streaming "
-        "protocol of the gateway on the same engine settings, and write a report.",
+        "protocol of the gateway on the same engine settings (and vLLM's server once more with "
+        "its own defaults), and write a report.",
     )
     add = p.add_argument
     add("--quick", action="store_true", help="a few seconds of measuring (the test suite's)")
@@ -150,7 +162,14 @@ def parser() -> argparse.ArgumentParser:
         dest="vllm_server",
         action="store_false",
         default=None,
-        help="skip vLLM's OpenAI server",
+        help="skip vLLM's OpenAI server (all three variants)",
+    )
+    add(
+        "--no-vllm-server-defaults",
+        dest="vllm_server_defaults",
+        action="store_false",
+        default=None,
+        help="skip the variant of vLLM's server started with vLLM's own defaults",
     )
     add("--no-gateway", dest="gateway", action="store_false", default=None, help="skip the gateway")
     add("--gateway-url", help="measure this running gateway (e.g. http://10.0.0.5:8000)")
@@ -159,6 +178,7 @@ def parser() -> argparse.ArgumentParser:
     add("--model", help="model directory or hub id (default: the embedded SmolLM2)")
     add("--max-model-len", type=_positive, help="default 2048")
     add("--kv-cache-gib", type=float, help="default 2")
+    add("--dtype", choices=_DTYPES, help="as DTYPE (default auto: the gateway's CPU defaults)")
     add(
         "--enforce-eager",
         action=argparse.BooleanOptionalAction,

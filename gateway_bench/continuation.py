@@ -20,12 +20,12 @@ import asyncio
 import statistics
 from collections.abc import Sequence
 
-from gateway.bench.clients import ws_batch
-from gateway.bench.metrics import Record
-from gateway.bench.results import ContinuationPoint, ContinuationResult
-from gateway.bench.runner import Progress
-from gateway.bench.worker import Context, Worker
-from gateway.bench.workload import Request, Workload, text_of
+from gateway_bench.clients import ws_batch
+from gateway_bench.metrics import Record
+from gateway_bench.results import ContinuationPoint, ContinuationResult
+from gateway_bench.runner import Progress
+from gateway_bench.worker import Context, Worker
+from gateway_bench.workload import Request, Workload, text_of
 
 
 def _ttft(record: Record) -> float:

