@@ -14,8 +14,10 @@ import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
+import msgspec
+
 from gateway.continuation import ContinuationStore, Key
-from gateway.generation import GenerationService, with_history
+from gateway.generation import GenerationService
 from protocols.generation import (
     TERMINAL,
     Delta,
@@ -68,8 +70,8 @@ class BatchRunner:
 
         async def pump(request: GenerationRequest) -> None:
             rid = request.request_id
-            if rid is not None:
-                request = with_history(request, known.get(rid))
+            if rid in known:
+                request = msgspec.structs.replace(request, history=known[rid])
             async with aclosing(self.service.generate(request, protocol)) as events:
                 async for event in events:
                     if isinstance(event, Finished) and event.history and key and rid is not None:

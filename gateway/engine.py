@@ -145,8 +145,6 @@ class Engine:
         self.max_model_len = max_model_len
         self.dtype = str(llm.model_config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
-        name = llm.model_config.served_model_name
-        self.model_name: str = name if isinstance(name, str) else str(name[0]) if name else ""
 
     @classmethod
     async def start(cls, settings: EngineSettings, model: str) -> Engine:

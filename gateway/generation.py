@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 
 import msgspec
 
@@ -34,7 +34,6 @@ from protocols.generation import (
     Initialized,
     Queued,
     Started,
-    TokenInfo,
     token_array,
 )
 from protocols.names import Protocol
@@ -128,7 +127,7 @@ async def _engine_events(
     if history.ended_at_eos:
         # The sequence is over: continuing it generates nothing (docs/PROTOCOLS.md).
         yield Initialized(index, history.text)
-        yield _finished(request, history, [], "stop", None, started, 0, len(token_ids))
+        yield _finished(request, history, [EngineStep("", [], True, True, "stop", 0)], started)
         return
     if options.num_beams > 1 or options.n > 1 or not request.stream:
         if options.num_beams > 1:
@@ -136,92 +135,56 @@ async def _engine_events(
         else:
             steps = await engine.complete(token_ids, options, meter)
         yield Initialized(index, history.text)
-        best = steps[0]
-        finished = _finished(
-            request,
-            history,
-            best.token_ids,
-            best.finish_reason,
-            best.stop_reason,
-            started,
-            best.cached_tokens,
-            len(token_ids),
-            text=best.text,
-        )
-        finished.tokens = best.tokens
-        finished.prefill = best.prompt_tokens
-        if len(steps) > 1:
-            finished.sequences = [_sequence(s) for s in steps]
-        yield finished
+        yield _finished(request, history, steps, started)
         return
+    whole: EngineStep | None = None  # the steps so far, as one
     new_ids: list[int] = []
-    pieces: list[str] = []
-    last: EngineStep | None = None
-    prefill: list[TokenInfo] | None = None
-    cached = 0
     async for step in engine.stream(token_ids, options, meter):
-        if last is None:
-            prefill, cached = step.prompt_tokens, step.cached_tokens
+        if whole is None:
+            whole = msgspec.structs.replace(step, token_ids=new_ids, text="", tokens=None)
             yield Initialized(index, history.text)
-        last = step
         new_ids.extend(step.token_ids)
-        pieces.append(step.text)
+        whole.text += step.text
+        whole.finished, whole.finish_reason = step.finished, step.finish_reason
+        whole.is_eos, whole.stop_reason = step.is_eos, step.stop_reason
         if step.text or step.token_ids:
             reason = (step.finish_reason or "length") if step.finished else None
             yield Delta(index, step.text, list(step.token_ids), step.tokens, reason)
-    if last is None or not last.finished:
+    if whole is None or not whole.finished:
         raise GenerationError(ErrorKind.ENGINE_ERROR, "The engine ended the request unfinished")
-    finished = _finished(
-        request,
-        history,
-        new_ids,
-        last.finish_reason,
-        last.stop_reason,
-        started,
-        cached,
-        len(token_ids),
-        text="".join(pieces),
-    )
-    finished.prefill = prefill
-    yield finished
+    yield _finished(request, history, [whole], started)
 
 
 def _finished(
-    request: GenerationRequest,
-    history: History,
-    new_ids: Sequence[int],
-    finish_reason: str | None,
-    stop_reason: int | str | None,
-    started: float,
-    cached: int,
-    prompt_tokens: int,
-    text: str = "",
+    request: GenerationRequest, history: History, steps: list[EngineStep], started: float
 ) -> Finished:
-    reason = finish_reason or "length"
-    is_eos = history.ended_at_eos or (reason == "stop" and not isinstance(stop_reason, str))
-    after = History(history.token_ids + token_array(new_ids), history.text + text, is_eos)
+    """The end of a prompt whose sequences (all their steps as one each) followed `history`.
+
+    The first sequence continues the history.
+    """
+    step = steps[0]
+    is_eos = history.ended_at_eos or step.is_eos
+    ids = token_array(step.token_ids)
+    after = History(history.token_ids + ids, history.text + step.text, is_eos)
     return Finished(
         index=request.index,
-        new_text=text,
+        new_text=step.text,
         full_text=after.text,
-        new_tokens=len(new_ids),
+        new_tokens=len(ids),
         is_eos=is_eos,
-        finish_reason=reason,
+        finish_reason=step.finish_reason or "length",
         execution_time=time.perf_counter() - started,
-        cached_prompt_tokens=cached,
-        prompt_tokens=prompt_tokens,
-        stop_reason=stop_reason,
+        cached_prompt_tokens=step.cached_tokens,
+        prompt_tokens=len(history.token_ids),
+        stop_reason=step.stop_reason,
         history=after,
-    )
-
-
-def _sequence(step: EngineStep) -> GeneratedSequence:
-    return GeneratedSequence(
-        step.text,
-        len(step.token_ids),
-        step.finish_reason or "length",
-        step.stop_reason,
-        step.tokens,
+        sequences=[
+            GeneratedSequence(
+                s.text, len(s.token_ids), s.finish_reason or "length", s.stop_reason, s.tokens
+            )
+            for s in steps
+        ],
+        prefill=step.prompt_tokens,
     )
 
 
@@ -235,7 +198,3 @@ def _duplicate(request_id: str) -> GenerationError:
 
 def _failed(index: int, error: GenerationError) -> Failed:
     return Failed(index, error.kind, error.message, error.field)
-
-
-def with_history(request: GenerationRequest, history: History | None) -> GenerationRequest:
-    return request if history is None else msgspec.structs.replace(request, history=history)

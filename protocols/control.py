@@ -6,7 +6,7 @@ Every message is a msgspec Struct tagged by `type`. Client messages decode throu
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, assert_never
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -168,23 +168,26 @@ _ENCODER = msgspec.json.Encoder()
 # CANCELLED for a client's `stop` control.
 CANCELLED = "cancelled"
 
-# kind -> (spec error type, recoverable, recovery_action)
-_ERROR_SHAPES: dict[ErrorKind, tuple[str, bool, str]] = {
-    ErrorKind.INVALID_REQUEST: ("invalid_request", True, "fix_request"),
-    ErrorKind.CONTEXT_LENGTH_EXCEEDED: ("context_length_exceeded", True, "shorten_prompt"),
-    ErrorKind.RATE_LIMITED: ("rate_limited", True, "retry"),
-    ErrorKind.DUPLICATE_REQUEST_ID: ("invalid_request", True, "fix_request"),
-    ErrorKind.ENGINE_ERROR: ("internal_error", True, "retry"),
-    ErrorKind.ENGINE_UNAVAILABLE: ("model_loading_error", False, "none"),
-}
+def _shape(kind: ErrorKind) -> tuple[str, bool, str]:
+    """The spec's (error type, recoverable, recovery_action) for a kind."""
+    match kind:
+        case ErrorKind.INVALID_REQUEST | ErrorKind.DUPLICATE_REQUEST_ID:
+            return "invalid_request", True, "fix_request"
+        case ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+            return "context_length_exceeded", True, "shorten_prompt"
+        case ErrorKind.RATE_LIMITED:
+            return "rate_limited", True, "retry"
+        case ErrorKind.ENGINE_ERROR:
+            return "internal_error", True, "retry"
+        case ErrorKind.ENGINE_UNAVAILABLE:
+            return "model_loading_error", False, "none"
+        case _:
+            assert_never(kind)
 
 
 def kind_of(error: Error) -> ErrorKind:
     """The neutral kind behind an error message (for an HTTP status)."""
-    for kind, (name, _, _) in _ERROR_SHAPES.items():
-        if name == error.error:
-            return kind
-    return ErrorKind.ENGINE_ERROR
+    return next((k for k in ErrorKind if _shape(k)[0] == error.error), ErrorKind.ENGINE_ERROR)
 
 
 def check_prompt(config: Config) -> None:
@@ -221,7 +224,7 @@ def error_message(
     recoverable: bool | None = None,
     recovery_action: str | None = None,
 ) -> Error:
-    kind, default_recoverable, default_action = _ERROR_SHAPES[error.kind]
+    kind, default_recoverable, default_action = _shape(error.kind)
     return Error(
         kind,
         error.message,

@@ -117,7 +117,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class GeneratedSequence(msgspec.Struct):
-    """One finished sequence of a request that asked for several (`n`, beams)."""
+    """One finished sequence of a request."""
 
     text: str
     generated_tokens: int
@@ -158,9 +158,10 @@ class Delta(msgspec.Struct):
 
 
 class Finished(msgspec.Struct):
-    """The prompt's end. `sequences` holds every sequence (best first for beams) when several
-    were asked for; `tokens` the sequence's tokens when not streamed and log-probabilities
-    were asked for; `prefill` the prompt's tokens when prompt log-probabilities were."""
+    """The prompt's end: its texts and counts, the whole `history` after it, every sequence
+    generated (one, or `n`, or the beams best first; with their tokens when not streamed and
+    log-probabilities were asked for), and the prompt's tokens when prompt log-probabilities
+    were."""
 
     index: int
     new_text: str
@@ -174,7 +175,6 @@ class Finished(msgspec.Struct):
     stop_reason: int | str | None = None
     history: History | None = None
     sequences: list[GeneratedSequence] = []
-    tokens: list[TokenInfo] | None = None
     prefill: list[TokenInfo] | None = None
 
 
@@ -208,21 +208,6 @@ def stop_cause(
     return "eos_token"
 
 
-def all_sequences(finished: Finished) -> list[GeneratedSequence]:
-    """Every sequence of a finished prompt: `sequences`, or the one it generated."""
-    if finished.sequences:
-        return finished.sequences
-    return [
-        GeneratedSequence(
-            finished.new_text,
-            finished.new_tokens,
-            finished.finish_reason,
-            finished.stop_reason,
-            finished.tokens,
-        )
-    ]
-
-
 def best_sequences(
     finished: Finished, keep: int, *, by_mean: bool = False
 ) -> list[GeneratedSequence]:
@@ -235,7 +220,7 @@ def best_sequences(
         known = [t.logprob for t in sequence.tokens or () if not math.isnan(t.logprob)]
         return sum(known) / max(len(known), 1) if by_mean else sum(known)
 
-    return sorted(all_sequences(finished), key=score, reverse=True)[:keep]
+    return sorted(finished.sequences, key=score, reverse=True)[:keep]
 
 
 def top_tokens(token: TokenInfo, k: int) -> list[TopToken]:

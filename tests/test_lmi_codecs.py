@@ -42,6 +42,10 @@ def tokens() -> list[TokenInfo]:
 
 
 def finished(**extra: Any) -> Finished:
+    fields: dict[str, Any] = {
+        "sequences": [GeneratedSequence("Deep Learning", 2, "length", None, tokens())],
+        **extra,
+    }
     return Finished(
         index=0,
         new_text="Deep Learning",
@@ -52,8 +56,7 @@ def finished(**extra: Any) -> Finished:
         execution_time=0.1,
         cached_prompt_tokens=0,
         prompt_tokens=5,
-        tokens=tokens(),
-        **extra,
+        **fields,
     )
 
 

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket
 from gateway.control_session import ControlSession
 from gateway.engine_holder import EngineHolder
 from gateway.routes.http_errors import status_of
-from gateway.routes.streaming import chained, client_gone, stream_answer, until_disconnect
+from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.routes.websocket_payloads import write_frames
 from gateway.state import gateway_of
 from protocols.control import (
@@ -98,13 +98,19 @@ async def _loading_status(holder: EngineHolder, session: ControlSession) -> None
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-async def _messages(queue: asyncio.Queue[ServerMessage]) -> AsyncGenerator[ServerMessage, None]:
-    """The session's messages, up to and including its last (a completion or an error)."""
-    while True:
-        message = await queue.get()
-        yield message
-        if isinstance(message, Completion | Error):
-            return
+async def _messages(
+    session: ControlSession, queue: asyncio.Queue[ServerMessage]
+) -> AsyncGenerator[ServerMessage, None]:
+    """The session's messages up to its last (a completion or an error); closing this (the
+    answer ended, or its client left) ends the session, which aborts its engine request."""
+    try:
+        while True:
+            message = await queue.get()
+            yield message
+            if isinstance(message, Completion | Error):
+                return
+    finally:
+        await session.close()
 
 
 async def _sse(
@@ -120,18 +126,6 @@ def _refusal(head: list[ServerMessage]) -> Response | None:
     return _error_response(first, kind_of(first)) if isinstance(first, Error) else None
 
 
-async def _until_answer(
-    messages: asyncio.Queue[ServerMessage],
-) -> tuple[Init | None, Completion | Error]:
-    init: Init | None = None
-    while True:
-        message = await messages.get()
-        if isinstance(message, Init):
-            init = message
-        elif isinstance(message, Completion | Error):
-            return init, message
-
-
 async def v1_generate(request: Request) -> Response:
     gateway = gateway_of(request)
     try:
@@ -141,8 +135,8 @@ async def v1_generate(request: Request) -> Response:
     queue: asyncio.Queue[ServerMessage] = asyncio.Queue()
     session = ControlSession(gateway, queue.put_nowait, protocol=Protocol.V1_GENERATE)
     await session.handle(config)
+    messages = _messages(session, queue)
     if config.options.stream:
-        messages = _ended_by(session, _messages(queue))
         return await stream_answer(
             request,
             messages,
@@ -152,28 +146,16 @@ async def v1_generate(request: Request) -> Response:
             media_type="text/event-stream",
             headers=NO_CACHE,
         )
-    try:
-        answer = await until_disconnect(request, _until_answer(queue))
-    finally:
-        await session.close()
+    answer = await collect(request, messages)
     if answer is None:
         return client_gone()
-    init, last = answer
+    last = answer[-1]
     if isinstance(last, Error):
         return _error_response(last, kind_of(last))
+    assert isinstance(last, Completion)
+    init = next((m for m in answer if isinstance(m, Init)), None)
     body = rest_response(init.request_id if init else "", session.model, last)
     return Response(msgspec.json.encode(body), media_type="application/json")
-
-
-async def _ended_by(
-    session: ControlSession, messages: AsyncGenerator[ServerMessage, None]
-) -> AsyncGenerator[ServerMessage, None]:
-    """The messages; closing this (the stream ended, or its client left) ends the session."""
-    try:
-        async for message in messages:
-            yield message
-    finally:
-        await session.close()
 
 
 def _error_response(error: Error, kind: ErrorKind) -> Response:
