@@ -111,22 +111,6 @@ def _text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
     return str(tokenizer.decode([token_id]))
 
 
-class _Tracked:
-    """One engine request's outcome so far ("cancelled" until it finishes), and its meter."""
-
-    __slots__ = ("meter", "outcome")
-
-    def __init__(self, meter: StreamMeter | None) -> None:
-        self.meter = meter
-        self.outcome = "cancelled"
-
-    def step(self, new_tokens: int, cached_tokens: int, finished: bool) -> None:
-        if self.meter is not None:
-            self.meter.step(new_tokens, cached_tokens)
-        if finished:
-            self.outcome = "ok"
-
-
 class _BeamSearcher(BeamSearchOnlineMixin):
     def __init__(self, llm: AsyncLLM) -> None:
         self.engine_client = llm
@@ -244,11 +228,12 @@ class Engine:
         request_id = f"gw-{next(self._ids)}"
         outputs = self.llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
         first = True
-        async with self._tracked(request_id, len(token_ids), meter) as tracked, aclosing(outputs):
+        async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 step = self._step(output, output.outputs[0], first)
                 first = False
-                tracked.step(len(step.token_ids), step.cached_tokens, step.finished)
+                if meter is not None:
+                    meter.step(len(step.token_ids), step.cached_tokens, step.finished)
                 yield step
 
     async def complete(
@@ -258,39 +243,38 @@ class Engine:
         request_id = f"gw-{next(self._ids)}"
         params = sampling_params(options, RequestOutputKind.FINAL_ONLY)
         outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
-        async with self._tracked(request_id, len(token_ids), meter) as tracked, aclosing(outputs):
+        async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 if output.finished:
                     steps = [self._step(output, c, True) for c in output.outputs]
-                    tokens = sum(len(s.token_ids) for s in steps)
-                    tracked.step(tokens, steps[0].cached_tokens, True)
+                    if meter is not None:
+                        tokens = sum(len(s.token_ids) for s in steps)
+                        meter.step(tokens, steps[0].cached_tokens, True)
                     return steps
         raise _engine_failure("no output")
 
     @asynccontextmanager
     async def _tracked(
         self, request_id: str, prompt_tokens: int, meter: StreamMeter | None
-    ) -> AsyncIterator[_Tracked]:
+    ) -> AsyncIterator[None]:
         """Meter one engine request, and abort it however its consumer stops listening."""
         if meter is not None:
             meter.started(prompt_tokens)
-        tracked = _Tracked(meter)
         try:
-            yield tracked
+            yield
         except (asyncio.CancelledError, GeneratorExit):
             # vLLM aborts on close too, except when cancelled inside its add_request, before
             # it holds the request's queue: abort by id as well (a second abort is a no-op).
             await self.llm.abort(request_id)
             raise
-        except GenerationError as e:
-            tracked.outcome = e.kind.value
-            raise
-        except Exception:
-            tracked.outcome = ErrorKind.ENGINE_ERROR.value
+        except Exception as e:
+            if meter is not None:
+                kind = e.kind if isinstance(e, GenerationError) else ErrorKind.ENGINE_ERROR
+                meter.outcome = kind.value
             raise
         finally:
             if meter is not None:
-                meter.ended(tracked.outcome)
+                meter.ended()
 
     async def beam_search(
         self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
@@ -311,12 +295,13 @@ class Engine:
         )
         request_id = f"gw-beam-{next(self._ids)}"
         outputs = self._beams.beam_search(tokens_input(token_ids), request_id, params)
-        async with self._tracked(request_id, len(token_ids), meter) as tracked, aclosing(outputs):
+        async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 beams = output.outputs[: options.n]
                 if not beams or beams[0].finish_reason in _FAILED:
                     raise _engine_failure(beams[0].finish_reason if beams else "no beam")
-                tracked.step(sum(len(b.token_ids) for b in beams), 0, True)
+                if meter is not None:
+                    meter.step(sum(len(b.token_ids) for b in beams), 0, True)
                 return [
                     EngineStep(
                         b.text,

@@ -15,9 +15,10 @@ _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.
 
 
 class StreamMeter:
-    """Times one engine request: first output, each next output, and the end."""
+    """Times one engine request: first output, each next output, and the end; `outcome` is
+    "cancelled" until the request finishes ("ok") or fails (its error kind)."""
 
-    __slots__ = ("_first", "_itl", "_last", "_metrics", "_protocol", "_start", "_tokens")
+    __slots__ = ("_first", "_itl", "_last", "_metrics", "_protocol", "_start", "_tokens", "outcome")
 
     def __init__(self, metrics: GatewayMetrics, protocol: str) -> None:
         self._metrics = metrics
@@ -27,13 +28,16 @@ class StreamMeter:
         self._first = True
         self._tokens = 0
         self._itl = metrics.inter_token.labels(protocol)
+        self.outcome = "cancelled"
         metrics.active_streams.inc()
 
     def started(self, prompt_tokens: int) -> None:
         self._metrics.prompt_tokens.labels(self._protocol).inc(prompt_tokens)
 
-    def step(self, new_tokens: int, cached_tokens: int) -> None:
+    def step(self, new_tokens: int, cached_tokens: int, finished: bool) -> None:
         now = time.perf_counter()
+        if finished:
+            self.outcome = "ok"
         if self._first:
             self._first = False
             self._metrics.ttft.labels(self._protocol).observe(now - self._start)
@@ -43,10 +47,10 @@ class StreamMeter:
         self._last = now
         self._tokens += new_tokens
 
-    def ended(self, outcome: str) -> None:
+    def ended(self) -> None:
         metrics = self._metrics
         metrics.active_streams.dec()
-        metrics.requests.labels(self._protocol, outcome).inc()
+        metrics.requests.labels(self._protocol, self.outcome).inc()
         metrics.e2e.labels(self._protocol).observe(time.perf_counter() - self._start)
         metrics.generated_tokens.labels(self._protocol).inc(self._tokens)
 

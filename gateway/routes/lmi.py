@@ -22,12 +22,11 @@ from gateway.routes.streaming import (
     ClosingStream,
     chained,
     closer,
-    collect,
     open_stream,
     until_disconnect,
 )
-from gateway.state import Gateway, gateway_of
-from protocols.errors import ErrorKind, GenerationError, named
+from gateway.state import gateway_of
+from protocols.errors import ErrorKind, named
 from protocols.generation import (
     Delta,
     Event,
@@ -109,13 +108,35 @@ async def answer(
         )
     except InvalidPayload as e:
         return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
+    encoder = LmiEncoder(lmi)
+    steps = gateway.batches.run(requests_of(lmi), protocol)
+    if lmi.output == "json":
+        outcome = await until_disconnect(request, _all_or_first_failure(steps))
+        if outcome is None:
+            return CLIENT_GONE
+        if isinstance(outcome, Failed):
+            return _refusal(outcome, lmi, encoder)
+        answers = [encoder.answer(p, f) for p, f in zip(lmi.inputs, outcome, strict=True)]
+        return Whole(200, encoder.document(answers), JSON)
+    head = await open_stream(request, steps, _has_output)
+    if head is None:
+        return CLIENT_GONE
+    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
+    if failed is not None:
+        await steps.aclose()
+        return _refusal(failed, lmi, encoder)
     if lmi.dynamic:
-        return await _dynamic(request, gateway, lmi, protocol)
-    return await _rolling(request, gateway, lmi, protocol)
+        chunks = _outputs(head, steps, encoder, len(lmi.inputs))
+    else:
+        chunks = _lines(lmi.inputs[0], head, steps, encoder)
+    return Streamed(encoder.media_type, chunks, closer(chunks, steps))
 
 
-def _failure(error: GenerationError, encoder: LmiEncoder, *, streaming: bool) -> Whole:
-    """An error before any token: its status, and the spec's body for its kind."""
+def _refusal(failed: Failed, lmi: LmiRequest, encoder: LmiEncoder) -> Whole:
+    """A prompt that failed before any output: the spec's status and body for its kind."""
+    if lmi.dynamic:
+        return Whole(424, payload_error(_where(failed), 424, dynamic=True), JSON)
+    error, streaming = failed.error(), lmi.output != "json"
     if error.kind is ErrorKind.ENGINE_ERROR:
         if streaming:
             return Whole(424, encoder.failed_line(error.message), encoder.media_type)
@@ -124,49 +145,8 @@ def _failure(error: GenerationError, encoder: LmiEncoder, *, streaming: bool) ->
     return Whole(status, payload_error(named(error), status, dynamic=False), JSON)
 
 
-def _has_output(event: Event) -> bool:
-    return isinstance(event, Delta | Finished | Failed)
-
-
-async def _rolling(
-    request: Request, gateway: Gateway, lmi: LmiRequest, protocol: Protocol
-) -> Prepared:
-    encoder, prompt = LmiEncoder(lmi), lmi.inputs[0]
-    events = gateway.service.generate(requests_of(lmi)[0], protocol)
-    if lmi.output == "json":
-        collected = await collect(request, events)
-        if collected is None:
-            return CLIENT_GONE
-        match collected[-1]:
-            case Finished() as finished:
-                return Whole(200, encoder.document([encoder.answer(prompt, finished)]), JSON)
-            case Failed() as failed:
-                return _failure(failed.error(), encoder, streaming=False)
-        raise AssertionError("a generation ends with Finished or Failed")
-    head = await open_stream(request, events, _has_output)
-    if head is None:
-        return CLIENT_GONE
-    if isinstance(head[-1], Failed):
-        await events.aclose()
-        return _failure(head[-1].error(), encoder, streaming=True)
-    chunks = _lines(prompt, head, events, encoder)
-    return Streamed(encoder.media_type, chunks, closer(chunks, events))
-
-
-async def _lines(
-    prompt: str, head: list[Event], rest: AsyncIterator[Event], encoder: LmiEncoder
-) -> AsyncGenerator[Chunk, None]:
-    last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
-    async for event in chained(head, rest):
-        match event:
-            case Delta(tokens=tokens, finish_reason=None):
-                yield Chunk(encoder.lines(prompt, tokens or [], None))
-            case Delta(tokens=tokens):
-                last = tokens or []
-            case Finished():
-                yield Chunk(encoder.lines(prompt, last, event))
-            case Failed(message=message):
-                yield Chunk(encoder.failed_line(message), message)
+def _has_output(step: list[Event]) -> bool:
+    return any(isinstance(e, Delta | Finished | Failed) for e in step)
 
 
 def _where(failed: Failed) -> str:
@@ -188,32 +168,21 @@ async def _all_or_first_failure(
     return [done[i] for i in sorted(done)]
 
 
-def _step_output(step: list[Event]) -> bool:
-    return any(isinstance(e, Finished | Failed) or (isinstance(e, Delta) and e.text) for e in step)
-
-
-async def _dynamic(
-    request: Request, gateway: Gateway, lmi: LmiRequest, protocol: Protocol
-) -> Prepared:
-    encoder = LmiEncoder(lmi)
-    steps = gateway.batches.run(requests_of(lmi), protocol)
-    if lmi.output == "json":
-        outcome = await until_disconnect(request, _all_or_first_failure(steps))
-        if outcome is None:
-            return CLIENT_GONE
-        if isinstance(outcome, Failed):
-            return Whole(424, payload_error(_where(outcome), 424, dynamic=True), JSON)
-        answers = [encoder.answer(p, f) for p, f in zip(lmi.inputs, outcome, strict=True)]
-        return Whole(200, encoder.document(answers), JSON)
-    head = await open_stream(request, steps, _step_output)
-    if head is None:
-        return CLIENT_GONE
-    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
-    if failed is not None:
-        await steps.aclose()
-        return Whole(424, payload_error(_where(failed), 424, dynamic=True), JSON)
-    chunks = _outputs(head, steps, encoder, len(lmi.inputs))
-    return Streamed(encoder.media_type, chunks, closer(chunks, steps))
+async def _lines(
+    prompt: str, head: list[list[Event]], rest: AsyncIterator[list[Event]], encoder: LmiEncoder
+) -> AsyncGenerator[Chunk, None]:
+    last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
+    async for step in chained(head, rest):
+        for event in step:
+            match event:
+                case Delta(tokens=tokens, finish_reason=None):
+                    yield Chunk(encoder.lines(prompt, tokens or [], None))
+                case Delta(tokens=tokens):
+                    last = tokens or []
+                case Finished():
+                    yield Chunk(encoder.lines(prompt, last, event))
+                case Failed(message=message):
+                    yield Chunk(encoder.failed_line(message), message)
 
 
 async def _outputs(
