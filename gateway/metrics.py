@@ -23,15 +23,16 @@ class StreamMeter:
     def __init__(self, metrics: GatewayMetrics, protocol: str) -> None:
         self._metrics = metrics
         self._protocol = protocol
-        self._start = time.perf_counter()
-        self._last = self._start
+        self._start = self._last = time.perf_counter()
         self._first = True
         self._tokens = 0
         self._itl = metrics.inter_token.labels(protocol)
         self.outcome = "cancelled"
-        metrics.active_streams.inc()
 
     def started(self, prompt_tokens: int) -> None:
+        """The engine request was submitted: `ended` must follow."""
+        self._start = self._last = time.perf_counter()
+        self._metrics.active_streams.inc()
         self._metrics.prompt_tokens.labels(self._protocol).inc(prompt_tokens)
 
     def step(self, new_tokens: int, cached_tokens: int, finished: bool) -> None:
