@@ -20,10 +20,7 @@ Key = tuple[str, ...]
 
 class ContinuationStore:
     def __init__(
-        self,
-        max_entries: int,
-        idle_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
+        self, max_entries: int, idle_seconds: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.max_entries = max_entries
         self.idle_seconds = idle_seconds

@@ -133,6 +133,11 @@ class ControlSession:
         """The client left: stop everything (the engine request is aborted)."""
         await self._cancel()
 
+    def _generation(self, states: tuple[State, ...], refusal: str) -> _Generation:
+        if self.state not in states or self._gen is None:
+            raise invalid(refusal)
+        return self._gen
+
     def _current_id(self) -> str | None:
         return self._gen.request_id if self._gen is not None else self._last_request_id
 
@@ -160,29 +165,21 @@ class ControlSession:
         self._task = asyncio.create_task(self._drive(gen))
 
     async def _stop(self) -> None:
-        if self.state not in ("generating", "paused") or self._gen is None:
-            raise invalid("There is no generation to stop")
-        gen = self._gen
-        await self._cancel()
-        self._check_not_done()
+        gen = self._generation(("generating", "paused"), "There is no generation to stop")
+        await self._interrupt()
         self._complete(gen, CANCELLED)
 
     async def _pause(self) -> None:
-        if self.state != "generating" or self._gen is None:
-            raise invalid("`pause` needs a running generation")
-        await self._cancel()
-        self._check_not_done()
-        gen = self._gen
+        gen = self._generation(("generating",), "`pause` needs a running generation")
+        await self._interrupt()
         gen.drop_pending()
         self.state = "paused"
         self._pause_timer = asyncio.create_task(self._expire_pause(gen))
         self.send(self._status("paused", gen, f"paused after {gen.completion_tokens} tokens"))
 
     def _resume(self) -> None:
-        if self.state != "paused" or self._gen is None:
-            raise invalid("`resume` needs a paused generation")
+        gen = self._generation(("paused",), "`resume` needs a paused generation")
         self._cancel_pause_timer()
-        gen = self._gen
         self.state = "generating"
         self.send(self._status("resumed", gen, f"resuming after {gen.completion_tokens} tokens"))
         self._task = asyncio.create_task(self._drive(gen))
@@ -190,14 +187,13 @@ class ControlSession:
     async def _modify(self, control: Control) -> None:
         if control.parameters is None:
             raise invalid("`modify` needs `parameters`", "$.parameters")
-        if self.state not in ("generating", "paused") or self._gen is None:
-            raise invalid("`modify` needs a running or paused generation")
-        gen = self._gen
+        gen = self._generation(
+            ("generating", "paused"), "`modify` needs a running or paused generation"
+        )
         options = apply_parameters(gen.options, control.parameters)
         running = self.state == "generating"
         if running:
-            await self._cancel()
-            self._check_not_done()
+            await self._interrupt()
             gen.drop_pending()
         gen.options = self._options = options
         self.send(self._status("modified", gen, "parameters changed; the rest follows them"))
@@ -238,9 +234,7 @@ class ControlSession:
             )
         remaining = max(gen.options.max_new_tokens - gen.completion_tokens, 1)
         options = msgspec.structs.replace(
-            gen.options,
-            max_new_tokens=remaining,
-            min_tokens=min(gen.options.min_tokens, remaining),
+            gen.options, max_new_tokens=remaining, min_tokens=min(gen.options.min_tokens, remaining)
         )
         history = History(token_array(gen.token_ids), "")
         return GenerationRequest(options=options, history=history, prompt_field="$.prompt")
@@ -327,16 +321,9 @@ class ControlSession:
         await asyncio.sleep(self.gateway.settings.pause_timeout_seconds)
         if self._gen is gen and self.state == "paused":
             self.state = "done"
-            self.send(
-                msgspec.structs.replace(
-                    error_message(
-                        invalid("Paused for longer than the pause timeout; the generation ended"),
-                        gen.request_id,
-                        recovery_action="regenerate",
-                    ),
-                    error="timeout",
-                )
-            )
+            expired = invalid("Paused for longer than the pause timeout; the generation ended")
+            message = error_message(expired, gen.request_id, recovery_action="regenerate")
+            self.send(msgspec.structs.replace(message, error="timeout"))
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -347,7 +334,8 @@ class ControlSession:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    def _check_not_done(self) -> None:
+    async def _interrupt(self) -> None:
+        await self._cancel()
         if self.state == "done":  # it completed while the control was on its way
             raise invalid("The generation has already completed")
 

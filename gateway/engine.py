@@ -27,7 +27,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from gateway.config import EngineSettings
 from gateway.cpu_defaults import cpu_flags, engine_environment, reported_flags, resolve_dtype
 from gateway.metrics import StreamMeter
-from protocols.errors import ErrorKind, GenerationError
+from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import SamplingOptions, TokenInfo, TopToken
 
 log = logging.getLogger(__name__)
@@ -154,10 +154,8 @@ class Engine:
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The conversation as a prompt, in the model's own chat template."""
         if not getattr(self.tokenizer, "chat_template", None):
-            raise GenerationError(
-                ErrorKind.INVALID_REQUEST,
-                "This model has no chat template: send `prompt` instead of `messages`",
-                "messages",
+            raise invalid(
+                "This model has no chat template: send `prompt` instead of `messages`", "messages"
             )
         return str(
             self.tokenizer.apply_chat_template(

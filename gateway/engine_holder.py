@@ -56,10 +56,9 @@ class EngineHolder:
 
     async def _run(self) -> None:
         try:
-            self.engine = await self._load()
+            self.engine = engine = await self._load()
             self.status = "ready"
             if self._describe is not None:
-                engine = self.engine
                 self._describe(engine.dtype, engine.dtype_reason, reported_flags(cpu_flags()))
         except Exception as e:  # surfaced through /health and to every waiting request
             log.exception("the engine failed to start")

@@ -59,14 +59,7 @@ class FeedbackStore:
             db.execute(
                 "INSERT INTO feedback (request_id, model, rating, text, position, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    record.request_id,
-                    record.model,
-                    record.rating,
-                    record.text,
-                    record.position,
-                    record.created_at,
-                ),
+                msgspec.structs.astuple(record),
             )
 
     async def add(

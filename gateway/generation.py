@@ -130,10 +130,8 @@ async def _engine_events(
         yield _finished(request, history, [EngineStep("", [], True, True, "stop", 0)], started)
         return
     if options.num_beams > 1 or options.n > 1 or not request.stream:
-        if options.num_beams > 1:
-            steps = await engine.beam_search(token_ids, options, meter)
-        else:
-            steps = await engine.complete(token_ids, options, meter)
+        run = engine.beam_search if options.num_beams > 1 else engine.complete
+        steps = await run(token_ids, options, meter)
         yield Initialized(index, history.text)
         yield _finished(request, history, steps, started)
         return

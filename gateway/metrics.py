@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -58,67 +59,43 @@ class StreamMeter:
 
 class GatewayMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
+        self.registry = r = CollectorRegistry()
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        histogram = partial(Histogram, labelnames=["protocol"], registry=r)
+        by_protocol = partial(Counter, labelnames=["protocol"], registry=r)
+        self.requests = counter(
             "gateway_requests",
             "Engine requests by protocol and outcome (ok, cancelled: the "
             "client stopped listening, or an error kind)",
             ["protocol", "outcome"],
-            registry=r,
         )
-        self.ttft = Histogram(
-            "gateway_time_to_first_token_seconds",
-            "Time to first token",
-            ["protocol"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.ttft = histogram(
+            "gateway_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS
         )
-        self.inter_token = Histogram(
-            "gateway_inter_token_seconds",
-            "Time between outputs",
-            ["protocol"],
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
+        self.inter_token = histogram(
+            "gateway_inter_token_seconds", "Time between outputs", buckets=_TOKEN_BUCKETS
         )
-        self.e2e = Histogram(
-            "gateway_request_seconds",
-            "End-to-end engine request time",
-            ["protocol"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.e2e = histogram(
+            "gateway_request_seconds", "End-to-end engine request time", buckets=_LATENCY_BUCKETS
         )
-        self.prompt_tokens = Counter(
-            "gateway_prompt_tokens", "Prompt tokens sent to the engine", ["protocol"], registry=r
+        self.prompt_tokens = by_protocol(
+            "gateway_prompt_tokens", "Prompt tokens sent to the engine"
         )
-        self.cached_prompt_tokens = Counter(
-            "gateway_prompt_tokens_cached",
-            "Prompt tokens served from the prefix cache",
-            ["protocol"],
-            registry=r,
+        self.cached_prompt_tokens = by_protocol(
+            "gateway_prompt_tokens_cached", "Prompt tokens served from the prefix cache"
         )
-        self.generated_tokens = Counter(
-            "gateway_generated_tokens", "Tokens generated", ["protocol"], registry=r
+        self.generated_tokens = by_protocol("gateway_generated_tokens", "Tokens generated")
+        self.active_streams = gauge("gateway_active_streams", "Engine requests in progress")
+        self.connections = gauge(
+            "gateway_websocket_connections", "Open WebSocket connections", ["protocol"]
         )
-        self.active_streams = Gauge(
-            "gateway_active_streams", "Engine requests in progress", registry=r
-        )
-        self.connections = Gauge(
-            "gateway_websocket_connections", "Open WebSocket connections", ["protocol"], registry=r
-        )
-        self.continuation = Counter(
+        self.continuation = counter(
             "gateway_continuation",
             "Prompts whose request_id key was known (hit) or not (miss)",
             ["result"],
-            registry=r,
         )
-        self.queue_depth = Gauge(
-            "gateway_queue_depth", "Requests waiting for admission", registry=r
-        )
-        self.running = Gauge(
-            "gateway_running_requests", "Requests admitted to the engine", registry=r
-        )
-
+        self.queue_depth = gauge("gateway_queue_depth", "Requests waiting for admission")
+        self.running = gauge("gateway_running_requests", "Requests admitted to the engine")
         self.engine = Info(
             "gateway_engine",
             "The engine's dtype, why it was chosen, and the CPU's flags",

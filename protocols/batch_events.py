@@ -73,10 +73,8 @@ def rejected_frame(rejected: Sequence[Rejected]) -> Frame:
 def to_frames(
     events: Sequence[Event], items: Sequence[PromptItem], *, only_new_tokens: bool
 ) -> list[Frame]:
-    started: Frame = []
-    initialized: Frame = []
-    progress: Frame = []
-    terminal: Frame = []
+    frames: tuple[Frame, Frame, Frame, Frame] = ([], [], [], [])
+    started, initialized, progress, terminal = frames
     for event in events:
         request_id = items[event.index].request_id
         match event:
@@ -90,15 +88,8 @@ def to_frames(
                 )
             case Finished():
                 text = event.new_text if only_new_tokens else event.full_text
-                terminal.append(
-                    Complete(
-                        request_id,
-                        text,
-                        event.is_eos,
-                        event.new_tokens,
-                        round(event.execution_time, 3),
-                    )
-                )
+                elapsed = round(event.execution_time, 3)
+                terminal.append(Complete(request_id, text, event.is_eos, event.new_tokens, elapsed))
             case Failed(message=message):
                 terminal.append(ErrorEvent(request_id, message))
-    return [frame for frame in (started, initialized, progress, terminal) if frame]
+    return [frame for frame in frames if frame]

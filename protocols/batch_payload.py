@@ -35,7 +35,7 @@ class BatchRequest(msgspec.Struct, frozen=True):
     stream: bool
 
 
-class _Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class PayloadSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     only_new_tokens: bool = True
     stream_response: bool = True
     generation_config: GenerationConfig | None = None
@@ -79,7 +79,7 @@ def decode_batch(
     items, positions, rejected = decode_prompts(doc)
     settings_doc = {k: v for k, v in doc.items() if k != "prompts"}
     try:
-        settings = msgspec.convert(settings_doc, _Settings)
+        settings = msgspec.convert(settings_doc, PayloadSettings)
         stream = settings.stream_response and streaming_allowed
         options = resolve_options(settings.generation_config, defaults, streaming=stream)
     except (msgspec.ValidationError, GenerationError) as e:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, assert_never
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
+from protocols.errors import ErrorKind, GenerationError, invalid, refuse, validation_error
 from protocols.generation import (
     MaxNewTokens,
     RepetitionPenalty,
@@ -36,15 +36,22 @@ class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ignore_eos: bool | UnsetType = UNSET
 
 
-class Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    stream: bool = True
+class RestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     echo_prompt: bool = False
     include_token_ids: bool = False
     include_logprobs: bool = False
     include_timing: bool = False
 
 
+class Options(RestOptions, forbid_unknown_fields=True, kw_only=True):
+    stream: bool = True
+
+
 # --- client -> server ----------------------------------------------------------------------
+
+
+class _ClientMessage(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+    """A message from the client, tagged by `type`."""
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -57,9 +64,7 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
 Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
 
 
-class Config(
-    msgspec.Struct, tag="config", tag_field="type", forbid_unknown_fields=True, kw_only=True
-):
+class Config(_ClientMessage, tag="config"):
     prompt: str | UnsetType = UNSET
     messages: Messages | UnsetType = UNSET
     model: str | None = None
@@ -70,16 +75,12 @@ class Config(
 Action = Literal["stop", "pause", "resume", "regenerate", "modify"]
 
 
-class Control(
-    msgspec.Struct, tag="control", tag_field="type", forbid_unknown_fields=True, kw_only=True
-):
+class Control(_ClientMessage, tag="control"):
     action: Action
     parameters: Parameters | None = None
 
 
-class Feedback(
-    msgspec.Struct, tag="feedback", tag_field="type", forbid_unknown_fields=True, kw_only=True
-):
+class Feedback(_ClientMessage, tag="feedback"):
     rating: Rating
     text: str | None = None
     position: Annotated[int, Meta(ge=0)] | None = None
@@ -168,6 +169,7 @@ _ENCODER = msgspec.json.Encoder()
 # CANCELLED for a client's `stop` control.
 CANCELLED = "cancelled"
 
+
 def _shape(kind: ErrorKind) -> tuple[str, bool, str]:
     """The spec's (error type, recoverable, recovery_action) for a kind."""
     match kind:
@@ -246,9 +248,7 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
             given[name] = value
     if parameters.stop is not UNSET:
         if any(s == "" for s in parameters.stop):
-            raise invalid(
-                "Stop strings must not be empty - at `$.parameters.stop`", "$.parameters.stop"
-            )
+            raise refuse("stop", "Stop strings must not be empty")
         given["stop"] = tuple(parameters.stop)
     if "temperature" in given:
         given["do_sample"] = given["temperature"] != 0
@@ -256,13 +256,6 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
 
 
 # --- POST /v1/generate ---------------------------------------------------------------------
-
-
-class RestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    echo_prompt: bool = False
-    include_token_ids: bool = False
-    include_logprobs: bool = False
-    include_timing: bool = False
 
 
 class RestRequest(Parameters, forbid_unknown_fields=True, kw_only=True):
@@ -303,11 +296,5 @@ def rest_config(raw: bytes) -> Config:
 
 
 def rest_response(request_id: str, model: str, completion: Completion) -> RestResponse:
-    return RestResponse(
-        request_id,
-        model,
-        completion.generated_text,
-        completion.finish_reason,
-        completion.usage,
-        completion.timing,
-    )
+    text, reason, usage = completion.generated_text, completion.finish_reason, completion.usage
+    return RestResponse(request_id, model, text, reason, usage, completion.timing)

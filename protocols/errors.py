@@ -25,15 +25,16 @@ class GenerationError(Exception):
         self.message = message
         self.field = field
 
-    def __str__(self) -> str:
-        return self.message
-
     def __repr__(self) -> str:
         return f"GenerationError({self.kind.value!r}, {self.message!r}, field={self.field!r})"
 
 
 def invalid(message: str, field: str | None = None) -> GenerationError:
     return GenerationError(ErrorKind.INVALID_REQUEST, message, field)
+
+
+def refuse(name: str, reason: str) -> GenerationError:
+    return invalid(f"{reason} - at `$.parameters.{name}`", f"$.parameters.{name}")
 
 
 def named(error: GenerationError) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from protocols.errors import GenerationError, invalid
+from protocols.errors import invalid
 from protocols.generation import (
     MaxNewTokens,
     MinTokens,
@@ -65,16 +65,13 @@ def resolve_options(
 
 
 def check_options(options: SamplingOptions, *, streaming: bool, path: str) -> None:
-    error: GenerationError | None = None
     if any(s == "" for s in options.stop):
-        error = invalid(f"Stop strings must not be empty - at `{path}.stop`", f"{path}.stop")
-    elif options.min_tokens > options.max_new_tokens:
-        error = invalid(
+        raise invalid(f"Stop strings must not be empty - at `{path}.stop`", f"{path}.stop")
+    if options.min_tokens > options.max_new_tokens:
+        raise invalid(
             f"min_tokens ({options.min_tokens}) must not exceed max_new_tokens "
             f"({options.max_new_tokens}) - at `{path}.min_tokens`",
             f"{path}.min_tokens",
         )
-    elif options.num_beams > 1 and streaming:
-        error = invalid(STREAMING_BEAM_SEARCH_ERROR, f"{path}.num_beams")
-    if error is not None:
-        raise error
+    if options.num_beams > 1 and streaming:
+        raise invalid(STREAMING_BEAM_SEARCH_ERROR, f"{path}.num_beams")

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, assert_never
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
+from protocols.errors import ErrorKind, GenerationError, refuse, validation_error
 from protocols.generation import (
     Count,
     Finished,
@@ -132,14 +132,10 @@ _SAMPLING_NO_OPS: dict[str, tuple[object, ...]] = {
 }
 
 
-_FORMATTERS: dict[str, Output] = {"json": "json", "jsonlines": "jsonlines", "sse": "sse"}
-
-
 def output_form(stream: bool | None, formatter: str, tgi_compat: bool) -> Output:
     """As DJL: a set formatter wins; `stream` alone means jsonlines (SSE in TGI mode)."""
-    explicit = _FORMATTERS.get(formatter)
-    if explicit is not None:
-        return explicit
+    if formatter in MEDIA_TYPES:
+        return formatter
     if stream:
         return "sse" if tgi_compat else "jsonlines"
     return "json"
@@ -161,7 +157,7 @@ def decode_lmi(
         streaming = output != "json"
         details = p.details if p.details is not None else tgi_compat
         if dynamic and streaming and p.details:
-            raise _refuse("details", "details are not available when streaming a dynamic batch")
+            raise refuse("details", "details are not available when streaming a dynamic batch")
         options, returned = lmi_options(
             p, streaming=streaming, details=details, max_new_tokens=max_new_tokens
         )
@@ -184,35 +180,31 @@ def decode_lmi(
     )
 
 
-def _refuse(name: str, reason: str) -> GenerationError:
-    return invalid(f"{reason} - at `$.parameters.{name}`", f"$.parameters.{name}")
-
-
 def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:
     n, beams = p.n or 1, p.num_beams or 1
     best_of = p.best_of or n
     sampling = bool(p.do_sample) and p.temperature != 0
     if p.typical_p not in (None, 1.0):
-        raise _refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
+        raise refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
     if p.early_stopping:
-        raise _refuse("early_stopping", "vLLM's beam search has no early_stopping option")
+        raise refuse("early_stopping", "vLLM's beam search has no early_stopping option")
     for name, count in (("n", n), ("best_of", best_of), ("num_beams", beams)):
         if count > 1 and streaming:
-            raise _refuse(name, f"{name} > 1 only works without streaming")
+            raise refuse(name, f"{name} > 1 only works without streaming")
     if best_of < n:
-        raise _refuse("best_of", f"best_of ({best_of}) must be at least n ({n})")
+        raise refuse("best_of", f"best_of ({best_of}) must be at least n ({n})")
     if best_of > 1 and beams == 1 and not sampling:
         name = "n" if n > 1 else "best_of"
-        raise _refuse(name, f"{name} > 1 needs sampling: set do_sample true (temperature > 0)")
+        raise refuse(name, f"{name} > 1 needs sampling: set do_sample true (temperature > 0)")
     if beams > 1:
         if (p.best_of or 1) > 1:
-            raise _refuse("best_of", "best_of cannot be combined with num_beams > 1")
+            raise refuse("best_of", "best_of cannot be combined with num_beams > 1")
         if n > beams:
-            raise _refuse("n", f"n ({n}) cannot exceed num_beams ({beams})")
+            raise refuse("n", f"n ({n}) cannot exceed num_beams ({beams})")
         checked = {**_BEAM_NO_OPS, **(_SAMPLING_NO_OPS if p.do_sample else {})}
         for name, no_ops in checked.items():
             if getattr(p, name) not in no_ops:
-                raise _refuse(name, f"{name} cannot be used with beam search (num_beams > 1)")
+                raise refuse(name, f"{name} cannot be used with beam search (num_beams > 1)")
 
 
 def lmi_options(
@@ -249,9 +241,7 @@ def lmi_options(
         spaces_between_special_tokens=p.spaces_between_special_tokens is not False,
         n=beams if beams > 1 else best_of,
     )
-    if beams > 1:
-        return options, n if n > 1 else beams
-    return options, n if n > 1 else best_of  # n > 1: the best n; else every best_of sequence
+    return options, n if n > 1 else options.n  # n > 1: the best n; else every sequence (beam)
 
 
 # --- Answers ------------------------------------------------------------------------------------
@@ -378,18 +368,18 @@ class LmiEncoder:
     def _tokens(self, infos: list[TokenInfo] | None) -> list[Any]:
         return [self.token(t, self._top_n) for t in infos or ()]
 
+    def _prefill(self, finished: Finished) -> list[Any] | UnsetType:
+        return UNSET if finished.prefill is None else [self.token(t) for t in finished.prefill]
+
     def answer(self, prompt: str, finished: Finished) -> Answer:
         request = self.request
         head = prompt if request.return_full_text else ""
         best, *others = best_sequences(finished, request.returned)
         if not request.details:
             return Answer(head + best.text)
-        prefill: list[Any] | UnsetType = UNSET
-        if finished.prefill is not None:
-            prefill = [self.token(t) for t in finished.prefill]
-        stops = self._stop_ids
+        prefill = self._prefill(finished)
         details = Details(
-            stop_cause(best.finish_reason, best.stop_reason, stops),
+            stop_cause(best.finish_reason, best.stop_reason, self._stop_ids),
             best.generated_tokens,
             prompt,
             self._tokens(best.tokens),
@@ -398,7 +388,7 @@ class LmiEncoder:
         if others:
             details.best_of_sequences = [
                 BestOfSequence(
-                    stop_cause(s.finish_reason, s.stop_reason, stops),
+                    stop_cause(s.finish_reason, s.stop_reason, self._stop_ids),
                     s.generated_tokens,
                     self._tokens(s.tokens),
                     head + s.text,
@@ -424,9 +414,9 @@ class LmiEncoder:
             last.generated_text = (prompt if self.request.return_full_text else "") + final.new_text
             if self.request.details:
                 reason = stop_cause(final.finish_reason, final.stop_reason, self._stop_ids)
-                last.details = Details(reason, final.new_tokens, prompt)
-                if final.prefill is not None:
-                    last.details.prefill = [self.token(t) for t in final.prefill]
+                last.details = Details(
+                    reason, final.new_tokens, prompt, prefill=self._prefill(final)
+                )
         return b"".join(self.frame(_ENCODER.encode(line)) for line in lines)
 
     def outputs(self, texts: list[str]) -> bytes:

@@ -7,19 +7,16 @@ from collections.abc import Sequence
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from protocols.batch_payload import BatchRequest, Rejected, decode_batch
+from protocols.batch_payload import BatchRequest, PayloadSettings, Rejected, decode_batch
 from protocols.errors import GenerationError, validation_error
 from protocols.generation import Failed, Finished, PromptItem, SamplingOptions
-from protocols.generation_config import GenerationConfig, resolve_options
+from protocols.generation_config import resolve_options
 from protocols.json_body import decode_json_object
 
 
-class _OnePayload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class _OnePayload(PayloadSettings, forbid_unknown_fields=True, kw_only=True):
     request_id: str
     prompt: str
-    only_new_tokens: bool = True
-    stream_response: bool = True
-    generation_config: GenerationConfig | None = None
 
 
 class OneRequest(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ from typing import Annotated, Any, assert_never
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from protocols.errors import ErrorKind, GenerationError, invalid, named, validation_error
+from protocols.errors import ErrorKind, GenerationError, named, refuse, validation_error
 from protocols.generation import (
     Count,
     Finished,
@@ -81,10 +81,6 @@ class TgiCall(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None  # reported in details when sampling
 
 
-def _refuse(name: str, reason: str) -> GenerationError:
-    return invalid(f"{reason} - at `$.parameters.{name}`", f"$.parameters.{name}")
-
-
 def decode_tgi(
     raw: bytes | str, *, stream: bool | None, full_text_default: bool, max_new_tokens: int
 ) -> TgiCall:
@@ -101,24 +97,24 @@ def decode_tgi(
     sampling = bool(p.do_sample) or p.temperature not in (None, 1.0) or bool(p.top_k or p.top_p)
     prefill = bool(p.decoder_input_details)
     if p.typical_p is not None:
-        raise _refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
+        raise refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
     if p.watermark:
-        raise _refuse("watermark", "watermarking is not supported by this server")
+        raise refuse("watermark", "watermarking is not supported by this server")
     if p.grammar is not None:
-        raise _refuse("grammar", "grammar-constrained generation is not supported by this server")
+        raise refuse("grammar", "grammar-constrained generation is not supported by this server")
     if p.adapter_id is not None:
-        raise _refuse("adapter_id", "this server serves no LoRA adapters")
+        raise refuse("adapter_id", "this server serves no LoRA adapters")
     if best_of > 1:
         if streaming:
-            raise _refuse("best_of", "`best_of` != 1 is not supported when streaming tokens")
+            raise refuse("best_of", "`best_of` != 1 is not supported when streaming tokens")
         if best_of > MAX_BEST_OF:
-            raise _refuse("best_of", f"`best_of` must be > 0 and <= {MAX_BEST_OF}")
+            raise refuse("best_of", f"`best_of` must be > 0 and <= {MAX_BEST_OF}")
         if not sampling:
-            raise _refuse("best_of", "you must use sampling when `best_of` is > 1")
+            raise refuse("best_of", "you must use sampling when `best_of` is > 1")
         if p.seed is not None:
-            raise _refuse("seed", "`seed` must not be set when `best_of` > 1")
+            raise refuse("seed", "`seed` must not be set when `best_of` > 1")
     if prefill and streaming:
-        raise _refuse(
+        raise refuse(
             "decoder_input_details",
             "`decoder_input_details` == true is not supported when streaming tokens",
         )
@@ -269,14 +265,13 @@ class TgiEncoder:
     def __init__(self, call: TgiCall) -> None:
         self.call = call
         self._index = 0
-        self._top_n = call.top_n
 
     @staticmethod
     def token(info: TokenInfo | TopToken) -> Token:
         return Token(info.token_id, info.text, info.logprob, info.special)
 
     def _tops(self, info: TokenInfo) -> list[Token]:
-        return [self.token(t) for t in top_tokens(info, self._top_n)]
+        return [self.token(t) for t in top_tokens(info, self.call.top_n)]
 
     def _text(self, text: str) -> str:
         return self.call.inputs + text if self.call.return_full_text else text
@@ -297,7 +292,7 @@ class TgiEncoder:
             return [self.token(t) for t in of.tokens or ()]
 
         def tops(of: GeneratedSequence) -> list[list[Token]] | UnsetType:
-            return [self._tops(t) for t in of.tokens or ()] if self._top_n else UNSET
+            return [self._tops(t) for t in of.tokens or ()] if self.call.top_n else UNSET
 
         details = Details(
             self._reason(best), best.generated_tokens, seed, prefill, tokens(best), tops(best)
@@ -329,7 +324,7 @@ class TgiEncoder:
         for i, info in enumerate(tokens):
             self._index += 1
             event = StreamResponse(self._index, self.token(info))
-            if self._top_n:
+            if self.call.top_n:
                 event.top_tokens = self._tops(info)
             if final is not None and i == last:
                 event.generated_text = self._text(final.new_text)

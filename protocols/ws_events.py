@@ -82,14 +82,11 @@ def decode_starts(
         except (msgspec.ValidationError, GenerationError) as e:
             error = validation_error(e, path) if isinstance(e, msgspec.ValidationError) else e
             entry_id = entry.get("id") if isinstance(entry, dict) else None
-            errors.append(_error(entry_id if isinstance(entry_id, str) else None, error))
+            event_id = entry_id if isinstance(entry_id, str) else None
+            errors.append(error_event(event_id, error.message, error.field))
             continue
         accepted.append(Accepted(Start(start.id, start.data), options))
     return accepted, errors
-
-
-def _error(event_id: str | None, error: GenerationError) -> Error:
-    return Error(event_id, error.message, UNSET if error.field is None else error.field)
 
 
 def error_event(event_id: str | None, message: str, field: str | None = None) -> Error:

@@ -1,16 +1,35 @@
-"""Small client-side helpers shared by the tests: real clients, no server internals."""
+"""Small client-side helpers shared by the tests: real clients, no server internals.
+
+Nothing here waits against a clock: a helper waits for a condition (a message, a status, a
+count) for as long as it takes; pytest-timeout's per-test limit is the only safety net.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import httpx
-from websockets.sync.client import ClientConnection, connect
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as _connect
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TERMINAL = {"COMPLETE", "ERROR"}
+MAX_MODEL_LEN = 2048  # the test servers' context (serving.gateway_settings)
+# A generation that cannot end by itself in practice: ignore_eos with every token the context
+# allows (vLLM stops at the end of the context). Tests that need one running stop it.
+UNENDING = MAX_MODEL_LEN
+POLL = 0.05  # seconds between two looks at a condition; never a bound
+
+T = TypeVar("T")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def greedy(max_new_tokens: int = 8, **extra: Any) -> dict[str, Any]:
@@ -22,15 +41,24 @@ def payload(*prompts: tuple[str, str], **fields: Any) -> str:
     return json.dumps(body)
 
 
-def frames_until_done(
-    ws: ClientConnection, request_ids: set[str], timeout: float = 120
-) -> list[list[dict[str, Any]]]:
+def connect(url: str) -> ClientConnection:
+    """A websockets client with no opening deadline and no keepalive pings (no clocks)."""
+    connection: ClientConnection = _connect(url, open_timeout=None, ping_interval=None)
+    return connection
+
+
+def wait_for(condition: Callable[[], object]) -> None:
+    """Polls `condition` until it holds, however long that takes."""
+    while not condition():
+        time.sleep(POLL)
+
+
+def frames_until_done(ws: ClientConnection, request_ids: set[str]) -> list[list[dict[str, Any]]]:
     """Every frame until each request_id has had its terminal event."""
     frames: list[list[dict[str, Any]]] = []
     waiting = set(request_ids)
-    deadline = time.monotonic() + timeout
     while waiting:
-        frame = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+        frame = json.loads(ws.recv())
         assert isinstance(frame, list) and frame, frame
         frames.append(frame)
         waiting -= {e["request_id"] for e in frame if e["type"] in TERMINAL}
@@ -47,8 +75,101 @@ def events_of(frames: list[list[dict[str, Any]]], request_id: str) -> list[dict[
     return [e for frame in frames for e in frame if e["request_id"] == request_id]
 
 
-def wait_ready(base_url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(base_url + "/health").status_code != 200:
-        assert time.monotonic() < deadline, "server never became ready"
-        time.sleep(0.1)
+def wait_ready(base_url: str) -> None:
+    """Waits until GET /health answers 200."""
+    wait_for(lambda: httpx.get(base_url + "/health", timeout=None).status_code == 200)
+
+
+def scrape(base_url: str) -> Samples:
+    """Every sample of GET /metrics, by name and sorted labels."""
+    response = httpx.get(base_url + "/metrics", timeout=None)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def requests_ended(samples: Samples, protocol: str) -> dict[str, float]:
+    """gateway_requests_total of one protocol, by outcome."""
+    return {
+        dict(labels)["outcome"]: count
+        for (name, labels), count in samples.items()
+        if name == "gateway_requests_total" and dict(labels).get("protocol") == protocol
+    }
+
+
+def outcomes_since(before: Samples, after: Samples, protocol: str) -> dict[str, float]:
+    """How many engine requests of `protocol` ended between two scrapes, by outcome."""
+    old, new = requests_ended(before, protocol), requests_ended(after, protocol)
+    grown = {outcome: count - old.get(outcome, 0.0) for outcome, count in new.items()}
+    return {outcome: count for outcome, count in grown.items() if count}
+
+
+def ended_since(before: Samples, base_url: str, protocol: str) -> dict[str, float]:
+    """The engine requests of `protocol` that ended since `before`, by outcome (none: {})."""
+    return outcomes_since(before, scrape(base_url), protocol)
+
+
+def settled_metrics(base_url: str) -> Samples:
+    """The metrics once no engine request is in progress (each ended one is counted)."""
+    wait_for(lambda: value(scrape(base_url), "gateway_active_streams") == 0)
+    return scrape(base_url)
+
+
+class LeavingClient:
+    """Real httpx requests that the test makes leave on a condition, not after a time.
+
+    The requests run on an event loop of their own; `leave()` cancels every one still waiting
+    for its answer, which closes its connection, as a client that gives up does.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._client = self._run(self._open())
+        self._sent: list[Future[httpx.Response]] = []
+
+    async def _open(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=None)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def post(self, url: str, body: dict[str, Any]) -> None:
+        """Sends the request; its answer is not awaited."""
+        sent = asyncio.run_coroutine_threadsafe(self._client.post(url, json=body), self._loop)
+        self._sent.append(sent)
+
+    def unanswered(self) -> int:
+        return sum(not sent.done() for sent in self._sent)
+
+    def leave(self) -> None:
+        """Every request leaves; each must still have been waiting for its answer."""
+        answered = [sent.result() for sent in self._sent if not sent.cancel()]
+        self._run(self._client.aclose())
+        assert not answered, [(r.status_code, r.text[:200]) for r in answered]
+
+    def close(self) -> None:
+        for sent in self._sent:
+            sent.cancel()
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+@contextmanager
+def leaving_client() -> Iterator[LeavingClient]:
+    client = LeavingClient()
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,19 +1,35 @@
-"""Session fixtures: one eager engine on the default model, and a server on it."""
+"""Session fixtures: one eager engine on the default model, and a server on it.
+
+Importing this file imports no vLLM: the engine and the app are imported inside the fixtures,
+so the tests that need neither (`make test-fast`, `pytest -m "not engine"`) run where vLLM is
+not installed. Every test that uses the engine, directly or through a server, is marked
+`engine` here, from the fixtures it asks for.
+"""
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from clients import wait_ready
-from gateway.default_model import prepare_default_model
-from gateway.engine import Engine
+from clients import wait_for, wait_ready
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
+if TYPE_CHECKING:
+    from gateway.engine import Engine
+
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+ENGINE_FIXTURES = {"engine", "loop_thread"}  # every server fixture depends on both
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +41,9 @@ def loop_thread() -> Iterator[LoopThread]:
 
 @pytest.fixture(scope="session")
 def engine(loop_thread: LoopThread) -> Iterator[Engine]:
+    from gateway.default_model import prepare_default_model
+    from gateway.engine import Engine
+
     model = str(prepare_default_model())
     built = loop_thread.run(Engine.start(gateway_settings().engine, model))
     yield built
@@ -56,13 +75,20 @@ def make_server(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[..
 
 
 @pytest.fixture
-def idle_engine(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[[], None]]:
-    """Asserts, after a test, that the engine has no request left running."""
+def engine_requests(loop_thread: LoopThread, engine: Engine) -> Callable[[], int]:
+    """The engine's unfinished requests, as the engine itself counts them."""
 
-    def wait_idle(timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while (left := loop_thread.call(engine.unfinished_requests)) > 0:
-            assert time.monotonic() < deadline, f"{left} engine requests still running"
-            time.sleep(0.05)
+    def unfinished() -> int:
+        return loop_thread.call(engine.unfinished_requests)
 
-    yield wait_idle
+    return unfinished
+
+
+@pytest.fixture
+def idle_engine(engine_requests: Callable[[], int]) -> Callable[[], None]:
+    """Waits, however long it takes, until the engine has no request left running."""
+
+    def wait_idle() -> None:
+        wait_for(lambda: engine_requests() == 0)
+
+    return wait_idle

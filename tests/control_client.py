@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from websockets.sync.client import ClientConnection
@@ -25,17 +24,17 @@ def control(action: str, **parameters: Any) -> str:
     return json.dumps(body)
 
 
-def receive(ws: ClientConnection, timeout: float = 60) -> Message:
-    message: Message = json.loads(ws.recv(timeout=timeout))
+def receive(ws: ClientConnection) -> Message:
+    """The next message, however long it takes to come."""
+    message: Message = json.loads(ws.recv())
     return message
 
 
-def until(ws: ClientConnection, *types: str, timeout: float = 120) -> list[Message]:
+def until(ws: ClientConnection, *types: str) -> list[Message]:
     """Every message up to and including the first one of `types`."""
     seen: list[Message] = []
-    deadline = time.monotonic() + timeout
     while True:
-        message = receive(ws, max(0.1, deadline - time.monotonic()))
+        message = receive(ws)
         seen.append(message)
         if message["type"] in types:
             return seen

@@ -1,7 +1,8 @@
 """Real servers for tests: one event loop in a thread, one eager engine, uvicorn on free ports.
 
 The engine is bound to the loop it was built in, so every server of the session runs on that
-loop too; tests talk to them over loopback with real clients from the main thread.
+loop too; tests talk to them over loopback with real clients from the main thread. Nothing
+here waits against a clock: pytest-timeout's per-test limit is the only safety net.
 """
 
 from __future__ import annotations
@@ -11,18 +12,22 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.app import EngineLoader, create_app
-from gateway.state import Gateway, gateway_of_app
+from clients import MAX_MODEL_LEN, POLL
 from gateway.config import Settings, load_settings
-from gateway.engine import Engine
+from protocols.errors import ErrorKind, GenerationError
+
+if TYPE_CHECKING:  # they import vllm: imported where a server is built, not at collection
+    from gateway.app import EngineLoader
+    from gateway.engine import Engine
+    from gateway.state import Gateway
 
 T = TypeVar("T")
 SCRATCH = Path(tempfile.mkdtemp(prefix="llm-gateway-tests-"))
@@ -32,7 +37,7 @@ def gateway_settings(**env: str) -> Settings:
     """Settings as a user would write them, from environment-style strings; no .env read."""
     base = {
         "ENFORCE_EAGER": "true",
-        "MAX_MODEL_LEN": "2048",
+        "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "KV_CACHE_GIB": "1",
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
     }
@@ -45,8 +50,8 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="serving", daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 600) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def call(self, fn: Callable[[], T]) -> T:
         async def call() -> T:
@@ -56,7 +61,7 @@ class LoopThread:
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        self._thread.join()
 
 
 def free_port() -> int:
@@ -75,26 +80,27 @@ class RunningServer:
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
         self._server = uvicorn.Server(config)
         self._task = asyncio.run_coroutine_threadsafe(self._server.serve(), loop.loop)
-        deadline = time.monotonic() + 30
         while not self._server.started:
             if self._task.done():
-                self._task.result()
-            if time.monotonic() > deadline:
-                raise TimeoutError("uvicorn did not start")
-            time.sleep(0.02)
+                self._task.result()  # raises why it could not start
+            time.sleep(POLL)
 
     @property
     def gateway(self) -> Gateway:
+        from gateway.state import gateway_of_app
+
         return gateway_of_app(self.app)
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._task.result(30)
+        self._task.result()
 
 
 def start_server(
     loop: LoopThread, settings: Settings, load: EngineLoader, owns_engine: bool = False
 ) -> RunningServer:
+    from gateway.app import create_app
+
     app = create_app(settings, load, owns_engine=owns_engine)
     return RunningServer(loop, app, free_port())
 
@@ -125,3 +131,32 @@ def loading_server(
         yield server, lambda: loop.call(gate.set)
     finally:
         server.stop()
+
+
+class _FailingEngine:
+    """The real engine, except that a prompt holding `marker` fails once it is admitted, as an
+    engine error would: a fault the real engine cannot be made to produce on demand."""
+
+    def __init__(self, engine: Engine, marker: str) -> None:
+        self._engine = engine
+        self._marker = engine.encode(marker)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def stream(self, token_ids: list[int], *args: Any) -> AsyncIterator[Any]:
+        m = self._marker
+        if any(token_ids[i : i + len(m)] == m for i in range(len(token_ids))):
+            raise GenerationError(ErrorKind.ENGINE_ERROR, "injected engine failure")
+        async for step in self._engine.stream(token_ids, *args):
+            yield step
+
+
+def failing_loader(engine: Engine, marker: str) -> EngineLoader:
+    """A loader of the shared engine whose prompts holding `marker` fail in the engine."""
+    failing = cast("Engine", _FailingEngine(engine, marker))
+
+    async def load() -> Engine:
+        return failing
+
+    return load

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from gateway.admission import Admission
-from gateway.continuation import ContinuationStore, History, token_array
+from gateway.continuation import ContinuationStore
 from protocols.errors import ErrorKind, GenerationError
+from protocols.generation import History, token_array
 
 
 def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:
@@ -54,6 +55,25 @@ def test_store_evicts_the_least_recently_used_and_the_idle() -> None:
     now[0] = 11.0
     assert store.get(("c",)) is None and len(store) == 0
     assert store.get(("a", "b")) is None
+
+
+def test_store_drops_an_entry_idle_for_idle_seconds_counted_from_its_last_use() -> None:
+    now = [0.0]
+    store = ContinuationStore(max_entries=10, idle_seconds=10, clock=lambda: now[0])
+    store.put(("a",), {"a": History(token_array([1]), "a")})
+    store.put(("b",), {"b": History(token_array([2]), "b")})
+    now[0] = 6.0
+    assert store.get(("a",)) is not None  # used at 6: idle from then on
+    now[0] = 12.0
+    assert store.get(("b",)) is None  # unused for 12 s
+    assert store.get(("a",)) is not None  # idle for 6 s only; used again at 12
+    now[0] = 21.0
+    assert store.get(("a",)) is not None  # idle for 9 s
+    now[0] = 31.5
+    assert store.get(("a",)) is None and len(store) == 0
+    store.put(("a",), {"a": History(token_array([1, 5]), "a e")})  # a dropped key starts afresh
+    found = store.get(("a",))
+    assert found is not None and list(found["a"].token_ids) == [1, 5]
 
 
 def test_a_store_of_size_zero_keeps_nothing() -> None:

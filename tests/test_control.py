@@ -8,9 +8,8 @@ import httpx
 import pytest
 from control_client import config, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
-from clients import CHAT
+from clients import CHAT, connect
 from serving import RunningServer
 
 STORY = CHAT.format("Tell me a long story about a brave knight.")
@@ -131,7 +130,7 @@ def test_the_first_message_must_be_a_config(server: RunningServer) -> None:
         error = receive(ws)
         assert error["error"] == "invalid_request" and error["recoverable"] is False
         with pytest.raises(ConnectionClosed) as closed:
-            receive(ws, timeout=5)
+            receive(ws)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
@@ -183,7 +182,7 @@ def test_chat_messages_are_rendered_with_the_models_template(server: RunningServ
 
     rest = httpx.post(
         server.http + "/v1/generate",
-        timeout=60,
+        timeout=None,
         json={"messages": chat, "max_tokens": 3, "temperature": 0},
     )
     assert rest.status_code == 200 and rest.json()["usage"]["completion_tokens"] == 3

@@ -6,17 +6,16 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from control_client import config, control, receive, tokens_of, until
-from websockets.sync.client import connect
 
-from clients import CHAT
-from gateway.engine import Engine
+from clients import CHAT, MAX_MODEL_LEN, UNENDING, connect, wait_for
 from serving import (
     SCRATCH,
     LoopThread,
@@ -25,6 +24,9 @@ from serving import (
     shared_loader,
     start_server,
 )
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
 
 STORY = CHAT.format("Write a long, detailed story about a dragon and a village.")
 
@@ -39,16 +41,17 @@ def test_stop_ends_the_engine_request_and_completes_with_what_was_sent(
     server: RunningServer, idle_engine: Callable[..., None]
 ) -> None:
     with connect(server.ws + "/generate") as ws:
-        ws.send(config(STORY, max_tokens=1000, temperature=0))
+        ws.send(config(STORY, max_tokens=UNENDING, ignore_eos=True, temperature=0))
         sent = until(ws, "token") + until(ws, "token")
         assert unfinished(server) == 1
         ws.send(control("stop"))
         messages = sent + until(ws, "completion")
         completion = messages[-1]
-        idle_engine(timeout=5)
+        idle_engine()
         assert completion["finish_reason"] == "cancelled"
         assert completion["generated_text"] == "".join(t["token"] for t in tokens_of(messages))
-        assert 2 <= completion["usage"]["completion_tokens"] < 1000
+        usage = completion["usage"]
+        assert 2 <= usage["completion_tokens"] < MAX_MODEL_LEN - usage["prompt_tokens"]  # cut
         ws.send(control("stop"))  # nothing left to stop: a recoverable error
         error = receive(ws)
         assert error["type"] == "error" and error["recoverable"] is True
@@ -64,9 +67,12 @@ def test_pause_stops_compute_and_resume_continues_without_loss_or_repeat(
         paused = until(ws, "status")
         assert paused[-1]["operation"] == "paused"
         before += paused[:-1]
-        idle_engine(timeout=5)  # nothing runs in the engine while paused
-        with pytest.raises(TimeoutError):
-            receive(ws, timeout=1.0)
+        idle_engine()  # nothing runs in the engine while paused
+        # A marker answered at once: whatever was sent while paused would come before it.
+        ws.send(control("pause"))
+        marker = receive(ws)
+        assert marker["type"] == "error" and marker["error"] == "invalid_request", marker
+        assert "pause" in marker["message"] and marker["recoverable"] is True
         ws.send(control("resume"))
         after = until(ws, "completion")
     assert after[0] == {**after[0], "type": "status", "operation": "resumed"}
@@ -143,13 +149,14 @@ def test_a_client_that_leaves_stops_its_generation(
 ) -> None:
     gateway = make_server(MAX_RUNNING_REQUESTS="1")
     admission = gateway.gateway.service.admission
-    long_prompt = CHAT.format(f"{time.time()} " + "the river runs to the sea. " * 150)
+    long_prompt = CHAT.format(f"{uuid.uuid4()} " + "the river runs to the sea. " * 150)
     with connect(gateway.ws + "/generate") as holder_ws:
         if phase == "queued":
-            holder_ws.send(config(STORY, max_tokens=1000, temperature=0))
+            holder_ws.send(config(STORY, max_tokens=UNENDING, ignore_eos=True, temperature=0))
             until(holder_ws, "token")
         with connect(gateway.ws + "/generate") as ws:
-            ws.send(config(long_prompt if phase == "prefill" else STORY, max_tokens=1000))
+            prompt = long_prompt if phase == "prefill" else STORY
+            ws.send(config(prompt, max_tokens=UNENDING, ignore_eos=True))
             until(ws, "init")
             if phase == "queued":
                 assert admission.waiting == 1
@@ -161,16 +168,13 @@ def test_a_client_that_leaves_stops_its_generation(
                     ws.send(control("pause"))
                     until(ws, "status")
         if phase == "queued":
-            deadline = time.monotonic() + 5
-            while admission.waiting:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-    idle_engine(timeout=10)
+            wait_for(lambda: admission.waiting == 0)
+    idle_engine()
     assert admission.running == 0
 
 
 def test_feedback_is_stored_and_survives_a_restart(loop_thread: LoopThread, engine: Engine) -> None:
-    db = SCRATCH / f"feedback-{time.time()}.sqlite3"
+    db = SCRATCH / f"feedback-{uuid.uuid4().hex}.sqlite3"
     first = start_server(loop_thread, gateway_settings(FEEDBACK_DB=str(db)), shared_loader(engine))
     try:
         with connect(first.ws + "/generate") as ws:
@@ -202,7 +206,6 @@ def test_feedback_is_stored_and_survives_a_restart(loop_thread: LoopThread, engi
         [str(cli), "export-feedback", "--db", str(db)],
         capture_output=True,
         text=True,
-        timeout=60,
         check=True,
     )
     records = [json.loads(line) for line in done.stdout.splitlines()]
@@ -223,12 +226,12 @@ def test_status_while_loading_then_init(loop_thread: LoopThread, engine: Engine)
     loading = start_server(loop_thread, gateway_settings(), shared_loader(engine, open_gate))
     try:
         with connect(loading.ws + "/generate") as ws:
-            status = receive(ws, timeout=5)
+            status = receive(ws)
             assert status["type"] == "status" and status["operation"] == "model_loading"
             assert 0 <= status["progress"] < 100 and status["eta_seconds"] > 0
             assert status["message"]
             ws.send(config(STORY, max_tokens=3, temperature=0))
-            assert receive(ws, timeout=5)["type"] == "status"  # still loading, still told
+            assert receive(ws)["type"] == "status"  # still loading, still told
             loop_thread.call(gate.set)
             messages = until(ws, "completion")
         kinds = [m["type"] for m in messages]
@@ -240,7 +243,7 @@ def test_status_while_loading_then_init(loop_thread: LoopThread, engine: Engine)
 
 def test_rest_generate_json_and_sse(server: RunningServer) -> None:
     body = {"prompt": STORY, "max_tokens": 7, "temperature": 0}
-    answer = httpx.post(server.http + "/v1/generate", json=body, timeout=60)
+    answer = httpx.post(server.http + "/v1/generate", json=body, timeout=None)
     assert answer.status_code == 200
     result = answer.json()
     assert result["id"].startswith("gen_") and result["model"] == "SmolLM2-135M-Instruct"
@@ -248,7 +251,7 @@ def test_rest_generate_json_and_sse(server: RunningServer) -> None:
 
     events = []
     with httpx.stream(
-        "POST", server.http + "/v1/generate", json={**body, "stream": True}, timeout=60
+        "POST", server.http + "/v1/generate", json={**body, "stream": True}, timeout=None
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -258,9 +261,13 @@ def test_rest_generate_json_and_sse(server: RunningServer) -> None:
     assert kinds[0] == "init" and kinds[-1] == "completion" and "token" in kinds
     assert events[-1]["generated_text"] == result["generated_text"]
 
-    bad = httpx.post(server.http + "/v1/generate", json={"prompt": "x", "top_k": "many"})
+    bad = httpx.post(
+        server.http + "/v1/generate", json={"prompt": "x", "top_k": "many"}, timeout=None
+    )
     assert bad.status_code == 422 and bad.json()["field"] == "$.top_k"
-    too_long = httpx.post(server.http + "/v1/generate", json={"prompt": "word " * 3000})
+    too_long = httpx.post(
+        server.http + "/v1/generate", json={"prompt": "word " * 3000}, timeout=None
+    )
     assert too_long.status_code == 422
     assert too_long.json()["error"] == "context_length_exceeded"
 
@@ -275,7 +282,7 @@ def test_a_pause_that_lasts_too_long_ends_with_a_timeout(
         until(ws, "token")
         ws.send(control("pause"))
         until(ws, "status")
-        error = receive(ws, timeout=5)
+        error = receive(ws)  # once the pause timeout has passed on the server
         assert error["type"] == "error" and error["error"] == "timeout"
         assert error["recoverable"] is True and error["recovery_action"] == "regenerate"
         assert error["request_id"] == request_id

@@ -137,7 +137,7 @@ def test_second_call_reuses_copy_without_importing_torch(prepared: Prepared) -> 
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert result.stdout.splitlines() == [
         f"reusing complete copy at {prepared.model_dir}",

@@ -2,31 +2,44 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 
-from clients import CHAT
-from gateway.engine import Engine
-from serving import LoopThread, RunningServer, loading_server
+from clients import (
+    CHAT,
+    UNENDING,
+    ended_since,
+    leaving_client,
+    outcomes_since,
+    settled_metrics,
+    wait_for,
+    wait_ready,
+)
+from serving import (
+    LoopThread,
+    RunningServer,
+    failing_loader,
+    gateway_settings,
+    loading_server,
+    start_server,
+)
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
 
 PROMPT = CHAT.format("Name three colours.")
+FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)
 SHORT = CHAT.format("What is 2+2? Answer with a number only.")  # greedy: "2 + 2 = 4", then EOS
 REPEATS = "Hello"
-LONG = {"max_new_tokens": 1500, "ignore_eos_token": True}
+LONG = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
 
 
-def invoke(
-    server: RunningServer, body: dict[str, Any], timeout: float = 120, **kwargs: Any
-) -> httpx.Response:
-    return httpx.post(server.http + "/invocations", json=body, timeout=timeout, **kwargs)
+def invoke(server: RunningServer, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+    return httpx.post(server.http + "/invocations", json=body, timeout=None, **kwargs)
 
 
 def lines(response: httpx.Response) -> list[dict[str, Any]]:
@@ -71,7 +84,7 @@ def test_rolling_batch_answers_generated_text_with_real_details(server: RunningS
     predictions = httpx.post(
         server.http + "/predictions/any_model",
         json={"inputs": PROMPT, "parameters": {"max_new_tokens": 6}},
-        timeout=60,
+        timeout=None,
     )
     assert predictions.json() == plain.json()
 
@@ -182,7 +195,7 @@ def test_jsonlines_stream_one_token_a_line_then_text_and_details(server: Running
         "POST",
         server.http + "/invocations",
         json={"inputs": PROMPT, "stream": True, "parameters": params},
-        timeout=60,
+        timeout=None,
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"] == "application/jsonlines"
@@ -267,7 +280,7 @@ def test_payload_validation_answers_424_naming_the_field(server: RunningServer) 
         answer = response.json()
         assert set(answer) == {"error", "code"} and answer["code"] == 424
         assert field in answer["error"], answer
-    not_json = httpx.post(server.http + "/invocations", content=b"{oops", timeout=10)
+    not_json = httpx.post(server.http + "/invocations", content=b"{oops", timeout=None)
     assert not_json.status_code == 424 and "Malformed JSON" in not_json.json()["error"]
     dynamic = invoke(server, {"inputs": [PROMPT, 3]})
     assert dynamic.status_code == 424
@@ -294,17 +307,22 @@ def test_a_generation_failure_gives_finish_reason_error(server: RunningServer) -
 
 
 def test_a_dynamic_batch_failing_mid_stream_ends_with_the_handler_failure_line(
-    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
+    loop_thread: LoopThread, engine: Engine, idle_engine: Callable[..., None]
 ) -> None:
-    # One slot: the second prompt is checked (and refused) only after the first has streamed.
-    one_slot = make_server(MAX_RUNNING_REQUESTS="1")
-    body = {"inputs": [PROMPT, "word " * 3000], "stream": True, "parameters": {"max_new_tokens": 4}}
-    response = invoke(one_slot, body)
-    assert response.status_code == 200
-    received = lines(response)
-    assert "".join(line["outputs"][0] for line in received[:-1])
-    assert received[-1]["message"] == "invoke handler failure"
-    assert received[-1]["code"] == 424 and "$.inputs[1]" in received[-1]["error"]
+    # One slot: the second prompt reaches the engine, and fails there, after the first streamed.
+    settings = gateway_settings(MAX_RUNNING_REQUESTS="1")
+    one_slot = start_server(loop_thread, settings, failing_loader(engine, FAULT))
+    try:
+        wait_ready(one_slot.http)
+        body = {"inputs": [PROMPT, FAULT], "stream": True, "parameters": {"max_new_tokens": 4}}
+        response = invoke(one_slot, body)
+        assert response.status_code == 200
+        received = lines(response)
+        assert "".join(line["outputs"][0] for line in received[:-1])
+        assert received[-1]["message"] == "invoke handler failure"
+        assert received[-1]["code"] == 424 and "$.inputs[1]" in received[-1]["error"]
+    finally:
+        one_slot.stop()
     idle_engine()
 
 
@@ -316,7 +334,7 @@ def test_overload_answers_429(
         "POST",
         tight.http + "/invocations",
         json={"inputs": PROMPT, "stream": True, "parameters": LONG},
-        timeout=60,
+        timeout=None,
     ) as busy:
         received = busy.iter_lines()  # kept: a dropped iterator closes the connection
         next(received)
@@ -326,52 +344,70 @@ def test_overload_answers_429(
 
 
 def test_clients_that_leave_stop_their_generation(
-    server: RunningServer, idle_engine: Callable[..., None]
+    server: RunningServer,
+    engine_requests: Callable[[], int],
+    idle_engine: Callable[[], None],
 ) -> None:
-    for inputs in (PROMPT, [PROMPT, SHORT]):
+    def leave_after_the_first_line(inputs: str | list[str]) -> None:
+        prompts = 1 if isinstance(inputs, str) else len(inputs)
+        before = settled_metrics(server.http)
         with httpx.stream(
             "POST",
             server.http + "/invocations",
             json={"inputs": inputs, "stream": True, "parameters": LONG},
-            timeout=60,
+            timeout=None,
         ) as response:
-            next(response.iter_lines())
-        idle_engine(timeout=10)
-    started = time.monotonic()
-    with pytest.raises(httpx.ReadTimeout):
-        invoke(server, {"inputs": [PROMPT, SHORT], "parameters": LONG}, timeout=2.0)
-    assert time.monotonic() - started < 10
-    idle_engine(timeout=10)
+            lines = response.iter_lines()  # kept: a dropped iterator closes the connection
+            next(lines)  # leaves once the first line came and every prompt runs
+            wait_for(
+                lambda: engine_requests() == prompts or ended_since(before, server.http, "lmi")
+            )
+            assert not ended_since(before, server.http, "lmi"), (
+                "a generation ended before its client left"
+            )
+        idle_engine()
+        after = settled_metrics(server.http)
+        assert outcomes_since(before, after, "lmi") == {"cancelled": prompts}, inputs
+
+    leave_after_the_first_line(PROMPT)
+    leave_after_the_first_line([PROMPT, SHORT])
+    before = settled_metrics(server.http)
+    with leaving_client() as client:
+        client.post(server.http + "/invocations", {"inputs": [PROMPT, SHORT], "parameters": LONG})
+        # both run; nothing is answered until the end
+        wait_for(lambda: engine_requests() == 2 or ended_since(before, server.http, "lmi"))
+        assert not ended_since(before, server.http, "lmi"), (
+            "a generation ended before its client left"
+        )
+        client.leave()
+    idle_engine()
+    after = settled_metrics(server.http)
+    assert outcomes_since(before, after, "lmi") == {"cancelled": 2}
 
 
 def test_ping_is_503_while_loading_then_answers_past_a_full_queue(
     loop_thread: LoopThread,
     engine: Engine,
     make_server: Callable[..., RunningServer],
-    idle_engine: Callable[..., None],
+    idle_engine: Callable[[], None],
 ) -> None:
     with loading_server(loop_thread, engine) as (loading, finish_loading):
-        assert httpx.get(loading.http + "/ping").status_code == 503
+        assert httpx.get(loading.http + "/ping", timeout=None).status_code == 503
         finish_loading()
-        deadline = time.monotonic() + 10
-        while httpx.get(loading.http + "/ping").status_code != 200:
-            assert time.monotonic() < deadline
+        wait_for(lambda: httpx.get(loading.http + "/ping", timeout=None).status_code == 200)
     busy = make_server(MAX_RUNNING_REQUESTS="2")
     admission = busy.gateway.service.admission
 
-    def occupy() -> None:  # leaves after 8 s, which stops its generation
-        with contextlib.suppress(httpx.ReadTimeout):
-            invoke(busy, {"inputs": PROMPT, "parameters": LONG}, timeout=8)
+    def slots() -> tuple[int, int]:
+        return busy.loop.call(lambda: (admission.running, admission.waiting))
 
-    with ThreadPoolExecutor(4) as pool:
+    with leaving_client() as client:
         for _ in range(4):  # two generating, two queued behind them
-            pool.submit(occupy)
-        deadline = time.monotonic() + 10
-        while busy.loop.call(lambda: (admission.running, admission.waiting)) != (2, 2):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            client.post(busy.http + "/invocations", {"inputs": PROMPT, "parameters": LONG})
+        wait_for(lambda: slots() == (2, 2))
         for _ in range(5):
             # answered while every slot is taken and two requests wait: /ping takes no slot
-            assert httpx.get(busy.http + "/ping", timeout=10).status_code == 200
-            assert busy.loop.call(lambda: admission.waiting) == 2
-    idle_engine(timeout=10)
+            assert httpx.get(busy.http + "/ping", timeout=None).status_code == 200
+            assert slots() == (2, 2)
+        client.leave()  # which stops their generations
+    idle_engine()

@@ -6,32 +6,27 @@ import json
 import uuid
 from collections.abc import Callable
 
-import httpx
 from control_client import config, until
-from prometheus_client.parser import text_string_to_metric_families
-from websockets.sync.client import connect
 
-from clients import CHAT, frames_until_done, greedy, payload
+from clients import (
+    CHAT,
+    UNENDING,
+    Samples,
+    connect,
+    frames_until_done,
+    greedy,
+    payload,
+    settled_metrics,
+    value,
+)
+from clients import scrape as scrape_url
 from serving import RunningServer
 
 PROMPT = CHAT.format("Describe a forest.")
 
 
-def scrape(server: RunningServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = httpx.get(server.http + "/metrics", timeout=10)
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def value(
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
-) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+def scrape(server: RunningServer) -> Samples:
+    return scrape_url(server.http)
 
 
 def test_requests_tokens_latencies_and_continuation_are_counted(server: RunningServer) -> None:
@@ -72,13 +67,13 @@ def test_requests_tokens_latencies_and_continuation_are_counted(server: RunningS
 def test_a_client_that_leaves_is_counted_as_cancelled(
     server: RunningServer, idle_engine: Callable[..., None]
 ) -> None:
-    before = scrape(server)
+    before = settled_metrics(server.http)
     with connect(server.ws + "/ws") as ws:
-        ws.send(payload(("leaver", PROMPT), generation_config=greedy(1000, ignore_eos=True)))
-        while "PROGRESS" not in ws.recv(timeout=30):
+        ws.send(payload(("leaver", PROMPT), generation_config=greedy(UNENDING, ignore_eos=True)))
+        while "PROGRESS" not in ws.recv():
             pass
-    idle_engine(timeout=10)
-    after = scrape(server)
+    idle_engine()
+    after = settled_metrics(server.http)
     key = ("gateway_requests_total", (("outcome", "cancelled"), ("protocol", "ws")))
     assert after.get(key, 0.0) - before.get(key, 0.0) == 1
 
@@ -89,7 +84,7 @@ def test_scrapable_under_load(server: RunningServer, idle_engine: Callable[..., 
         ws.send(payload(*[(r, PROMPT) for r in ids], generation_config=greedy(40, ignore_eos=True)))
         seen = 0
         while seen < 3:
-            frame = json.loads(ws.recv(timeout=30))
+            frame = json.loads(ws.recv())
             seen += frame[0]["type"] == "PROGRESS"
         under_load = scrape(server)
         assert value(under_load, "gateway_active_streams") == 8

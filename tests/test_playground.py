@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -23,8 +23,10 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from gateway.engine import Engine
 from serving import LoopThread, RunningServer, loading_server
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by deploy/install-browser.sh
 CHROMIUM_ARGS = [
@@ -47,6 +49,10 @@ LATEST_LENGTH = f"{LATEST}.querySelector('.text').textContent.length"
 LATEST_FAILED = f"{LATEST}.classList.contains('failed')"
 FINISHED = re.compile(r"^(done|max tokens reached)$")  # end of sequence, or max_tokens
 STATS = re.compile(r"^\d+ tokens · first token \d+ ms · \d+\.\d tokens/s$")
+# Playwright waits for each condition as long as it takes: 0 is "no timeout" for its actions
+# and waits; its assertions take no 0, so theirs is a day (pytest-timeout ends a test first).
+NO_TIMEOUT = 0
+ASSERTIONS_TIMEOUT_MS = 24 * 3600 * 1000
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +68,13 @@ def browser() -> Iterator[BrowserContext]:
             headless=True,
             viewport=DESKTOP,
         )
-        context.set_default_timeout(20_000)
-        yield context
-        context.close()
+        context.set_default_timeout(NO_TIMEOUT)
+        expect.set_options(timeout=ASSERTIONS_TIMEOUT_MS)
+        try:
+            yield context
+        finally:
+            expect.set_options(timeout=None)  # back to Playwright's default
+            context.close()
 
 
 @pytest.fixture
@@ -97,13 +107,6 @@ def tokens_shown(page: Page) -> int:
     return int(stats.split()[0])
 
 
-def assert_not_growing(page: Page, seconds: float = 0.8) -> int:
-    before = length(page)
-    time.sleep(seconds)
-    assert length(page) == before
-    return before
-
-
 def send(page: Page, message: str) -> None:
     page.get_by_label("Message", exact=True).fill(message)
     page.get_by_label("Message", exact=True).press("Enter")
@@ -115,15 +118,15 @@ def screenshot(page: Page, name: str) -> None:
 
 
 def test_page_and_assets_are_served_from_the_gateway(server: RunningServer) -> None:
-    page = httpx.get(server.http + "/ui")
+    page = httpx.get(server.http + "/ui", timeout=None)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in page.headers["content-security-policy"]
     for asset, kind in (("playground.js", "text/javascript"), ("playground.css", "text/css")):
-        served = httpx.get(f"{server.http}/ui/{asset}")
+        served = httpx.get(f"{server.http}/ui/{asset}", timeout=None)
         assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
         assert f"/ui/{asset}" in page.text
-    assert httpx.get(server.http + "/ui/../app.py").status_code == 404
-    assert httpx.get(server.http + "/ui/playground.html.bak").status_code == 404
+    assert httpx.get(server.http + "/ui/../app.py", timeout=None).status_code == 404
+    assert httpx.get(server.http + "/ui/playground.html.bak", timeout=None).status_code == 404
 
 
 def test_chat_streams_and_is_steered_from_the_page(
@@ -165,8 +168,17 @@ def test_chat_streams_and_is_steered_from_the_page(
     page.get_by_role("button", name="Pause").click()
     expect(state).to_have_text("paused")
     expect(page.get_by_role("button", name="Resume")).to_be_enabled()
-    held = assert_not_growing(page)
+    held = length(page)
     assert held >= grown
+    idle_engine()  # nothing generates while paused
+    # Markers: two temperature changes (back to 0.1) the server acknowledges; a token sent
+    # while paused would reach the page before the second acknowledgement.
+    temperature.press("ArrowRight")
+    temperature.press("ArrowLeft")
+    expect(page.locator("#notice")).to_have_text("Temperature 0.1 applied mid-answer.")
+    expect(page.locator("#temperature-value")).to_have_text("0.1")
+    assert length(page) == held
+    expect(state).to_have_text("paused")
     page.get_by_role("button", name="Resume").click()
     expect(state).to_have_text("generating…")
     wait_longer_than(page, held + 60)
@@ -174,14 +186,17 @@ def test_chat_streams_and_is_steered_from_the_page(
     # Stop ends it midway: it stops growing and says so.
     page.get_by_role("button", name="Stop").click()
     expect(state).to_have_text("stopped")
-    stopped = assert_not_growing(page)
+    stopped = length(page)
     assert 0 < tokens_shown(page) < 300
     expect(page.get_by_role("button", name="Send")).to_be_enabled()
     expect(page.get_by_role("button", name="Stop")).to_be_disabled()
+    idle_engine()
 
-    # Thumbs up on it is recorded by the server.
+    # Thumbs up on it is recorded by the server; a token sent after the stop would have
+    # reached the page before that acknowledgement.
     answer(page).get_by_role("button", name="Good answer").click()
     expect(answer(page).locator(".feedback-state")).to_have_text("Feedback recorded")
+    assert length(page) == stopped
 
     # A second turn, short enough to finish, with its tokens, first-token time and speed.
     page.get_by_label("Max tokens").fill("24")

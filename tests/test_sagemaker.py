@@ -4,29 +4,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3  # type: ignore[import-untyped]
 import pytest
 from botocore.config import Config  # type: ignore[import-untyped]
 from botocore.exceptions import EventStreamError  # type: ignore[import-untyped]
 
-from clients import CHAT
-from serving import RunningServer
+from clients import CHAT, UNENDING, outcomes_since, settled_metrics, wait_ready
+from serving import LoopThread, RunningServer, failing_loader, gateway_settings, start_server
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
 
 PROMPT = CHAT.format("Name three colours.")
-LONG = {"max_new_tokens": 1500, "ignore_eos_token": True}
+FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)
+LONG = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
 
 
 def runtime(server: RunningServer) -> Any:
-    """A client as a user points it at a local endpoint; retries off, so nothing runs twice."""
+    """A user's client for a local endpoint: no retries (nothing runs twice), no timeouts."""
     return boto3.client(
         "sagemaker-runtime",
         endpoint_url=server.http,
         region_name="us-east-1",
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
-        config=Config(retries={"max_attempts": 0, "mode": "standard"}, read_timeout=120),
+        config=Config(
+            retries={"max_attempts": 0, "mode": "standard"},
+            connect_timeout=None,
+            read_timeout=None,
+        ),
     )
 
 
@@ -123,31 +131,39 @@ def test_response_stream_forms(server: RunningServer) -> None:
 
 
 def test_a_failure_mid_stream_raises_model_stream_error(
-    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
+    loop_thread: LoopThread, engine: Engine, idle_engine: Callable[..., None]
 ) -> None:
-    # One slot: the over-long second prompt is refused only once the first has streamed.
-    one_slot = make_server(MAX_RUNNING_REQUESTS="1")
-    response = runtime(one_slot).invoke_endpoint_with_response_stream(
-        EndpointName="e",
-        Body=body([PROMPT, "word " * 3000], stream=True, parameters={"max_new_tokens": 3}),
-    )
-    received: list[dict[str, Any]] = []
-    with pytest.raises(EventStreamError) as caught:
-        for event in response["Body"]:
-            received.append(event)
-    assert received and all("PayloadPart" in e for e in received)
-    assert caught.value.response["Error"]["Code"] == "ModelStreamError"
-    assert "$.inputs[1]" in caught.value.response["Error"]["Message"]
+    # One slot: the second prompt reaches the engine, and fails there, after the first streamed.
+    settings = gateway_settings(MAX_RUNNING_REQUESTS="1")
+    one_slot = start_server(loop_thread, settings, failing_loader(engine, FAULT))
+    try:
+        wait_ready(one_slot.http)
+        response = runtime(one_slot).invoke_endpoint_with_response_stream(
+            EndpointName="e",
+            Body=body([PROMPT, FAULT], stream=True, parameters={"max_new_tokens": 3}),
+        )
+        received: list[dict[str, Any]] = []
+        with pytest.raises(EventStreamError) as caught:
+            for event in response["Body"]:
+                received.append(event)
+        assert received and all("PayloadPart" in e for e in received)
+        assert caught.value.response["Error"]["Code"] == "ModelStreamError"
+        assert "$.inputs[1]" in caught.value.response["Error"]["Message"]
+    finally:
+        one_slot.stop()
     idle_engine()
 
 
 def test_a_client_that_closes_the_stream_stops_its_generation(
-    server: RunningServer, idle_engine: Callable[..., None]
+    server: RunningServer, idle_engine: Callable[[], None]
 ) -> None:
+    before = settled_metrics(server.http)
     response = runtime(server).invoke_endpoint_with_response_stream(
         EndpointName="e", Body=body(stream=True, parameters=LONG)
     )
     stream = response["Body"]
     assert "PayloadPart" in next(iter(stream))
     stream.close()
-    idle_engine(timeout=10)
+    idle_engine()
+    after = settled_metrics(server.http)
+    assert outcomes_since(before, after, "sagemaker") == {"cancelled": 1}

@@ -11,12 +11,13 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import OverloadedError, ValidationError
 
-from clients import CHAT
+from clients import CHAT, UNENDING, outcomes_since, settled_metrics
 from serving import RunningServer
 
 PROMPT = CHAT.format("Name three colours.")
 SHORT = CHAT.format("What is 2+2? Answer with a number only.")  # greedy: "2 + 2 = 4", then EOS
 ESSAY = CHAT.format("Write a very long essay about rivers.")  # greedy: hundreds of tokens
+FOREVER = {"max_new_tokens": UNENDING, "ignore_eos_token": True}  # ends only when stopped
 
 
 def client(server: RunningServer) -> InferenceClient:
@@ -24,7 +25,7 @@ def client(server: RunningServer) -> InferenceClient:
 
 
 def post(server: RunningServer, path: str, **body: Any) -> httpx.Response:
-    return httpx.post(server.http + path, json=body, timeout=120)
+    return httpx.post(server.http + path, json=body, timeout=None)
 
 
 def sse(response: httpx.Response) -> list[dict[str, Any]]:
@@ -169,12 +170,11 @@ def test_overload_raises_overloaded_error(
     make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
 ) -> None:
     tight = make_server(MAX_RUNNING_REQUESTS="1", MAX_WAITING_REQUESTS="0")
-    long = {"max_new_tokens": 1500}
     with httpx.stream(
         "POST",
         tight.http + "/generate_stream",
-        json={"inputs": ESSAY, "parameters": long},
-        timeout=60,
+        json={"inputs": ESSAY, "parameters": FOREVER},
+        timeout=None,
     ) as busy:
         received = busy.iter_lines()  # kept: a dropped iterator closes the connection
         next(received)
@@ -195,17 +195,21 @@ def test_info_and_health(server: RunningServer) -> None:
 
 
 def test_a_client_that_leaves_a_stream_stops_its_generation(
-    server: RunningServer, idle_engine: Callable[..., None]
+    server: RunningServer, idle_engine: Callable[[], None]
 ) -> None:
+    before = settled_metrics(server.http)
     with client(server) as tgi:
-        stream = tgi.text_generation(ESSAY, max_new_tokens=1500, stream=True)
+        stream = tgi.text_generation(ESSAY, max_new_tokens=UNENDING, stream=True)
         assert next(iter(stream))
-    idle_engine(timeout=10)  # leaving the client's context closed the connection
+    idle_engine()  # leaving the client's context closed the connection
+    after = settled_metrics(server.http)
+    assert outcomes_since(before, after, "tgi") == {"cancelled": 1}
     with httpx.stream(
         "POST",
         server.http + "/generate_stream",
-        json={"inputs": ESSAY, "parameters": {"max_new_tokens": 1500}},
-        timeout=60,
+        json={"inputs": ESSAY, "parameters": FOREVER},
+        timeout=None,
     ) as response:
         next(response.iter_lines())
-    idle_engine(timeout=10)
+    idle_engine()
+    assert outcomes_since(after, settled_metrics(server.http), "tgi") == {"cancelled": 1}

@@ -15,15 +15,5 @@ from gateway.routes import (
     ws_events,
 )
 
-ROUTES: list[BaseRoute] = [
-    *health.routes,
-    *metrics.routes,
-    *batch_ws.routes,
-    *rest_generate.routes,
-    *control.routes,
-    *ws_events.routes,
-    *lmi.routes,
-    *sagemaker.routes,
-    *tgi.routes,
-    *ui.routes,
-]
+_MODULES = (health, metrics, batch_ws, rest_generate, control, ws_events, lmi, sagemaker, tgi, ui)
+ROUTES: list[BaseRoute] = [route for module in _MODULES for route in module.routes]

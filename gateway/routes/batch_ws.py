@@ -13,7 +13,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
-from gateway.state import Gateway, gateway_of
+from gateway.state import Gateway
 from protocols.batch_events import (
     ErrorEvent,
     accepted_frame,
@@ -30,11 +30,7 @@ log = logging.getLogger(__name__)
 
 
 async def batch_events(websocket: WebSocket) -> None:
-    gateway = gateway_of(websocket)
-    connections = gateway.service.metrics.connections.labels(Protocol.WS)
-    await serve_payloads(
-        websocket, lambda raw, outbox: _serve_payload(raw, gateway, outbox), connections
-    )
+    await serve_payloads(websocket, _serve_payload, Protocol.WS)
 
 
 async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from starlette.requests import Request
@@ -27,14 +26,7 @@ from gateway.routes.streaming import (
 )
 from gateway.state import gateway_of
 from protocols.errors import ErrorKind, named
-from protocols.generation import (
-    Delta,
-    Event,
-    Failed,
-    Finished,
-    GenerationRequest,
-    TokenInfo,
-)
+from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
 from protocols.lmi import (
     InvalidPayload,
     LmiEncoder,
@@ -48,8 +40,7 @@ from protocols.names import Protocol
 JSON = "application/json"
 
 
-@dataclass(frozen=True)
-class Whole:
+class Whole(NamedTuple):
     status: int
     body: bytes
     media_type: str
@@ -60,8 +51,7 @@ class Chunk(NamedTuple):
     failure: str | None = None  # set on the stream's last chunk when its generation failed
 
 
-@dataclass(frozen=True)
-class Streamed:
+class Streamed(NamedTuple):
     media_type: str
     chunks: AsyncIterator[Chunk]
     close: Callable[[], Awaitable[None]]
@@ -186,10 +176,7 @@ async def _lines(
 
 
 async def _outputs(
-    head: list[list[Event]],
-    rest: AsyncIterator[list[Event]],
-    encoder: LmiEncoder,
-    count: int,
+    head: list[list[Event]], rest: AsyncIterator[list[Event]], encoder: LmiEncoder, count: int
 ) -> AsyncGenerator[Chunk, None]:
     async for step in chained(head, rest):
         texts = [""] * count
@@ -216,8 +203,7 @@ async def _data(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
 
 
 async def invocations(request: Request) -> Response:
-    raw = await request.body()
-    return to_response(await answer(request, raw, request.headers.get("accept")))
+    return to_response(await answer(request, await request.body(), request.headers.get("accept")))
 
 
 routes = [

@@ -8,6 +8,7 @@ or not, cancels the work and so aborts its engine request.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -70,15 +71,12 @@ async def generate_one(request: Request) -> Response:
             return error_response(failure_of_one(outcome))
         return PlainTextResponse(outcome.new_text if one.only_new_tokens else outcome.full_text)
 
-    def body(head: list[Step], rest: AsyncIterator[Step]) -> AsyncGenerator[bytes, None]:
-        return _stream_text(head, rest, only_new_tokens=one.only_new_tokens)
-
     return await stream_answer(
         request,
         steps,
         ready=_produced,
         refuse=_refusal,
-        body=body,
+        body=partial(_stream_text, only_new_tokens=one.only_new_tokens),
         media_type="text/plain; charset=utf-8",
     )
 

@@ -16,15 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.lmi import (
-    CLIENT_GONE,
-    JSON,
-    Chunk,
-    Streamed,
-    Whole,
-    answer,
-    to_response,
-)
+from gateway.routes.lmi import CLIENT_GONE, JSON, Chunk, Streamed, Whole, answer, to_response
 from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.eventstream import MEDIA_TYPE, model_error, model_stream_error, payload_part
 from protocols.names import Protocol
@@ -79,13 +71,11 @@ async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
 async def invoke_endpoint_with_response_stream(request: Request) -> Response:
     accept = request.headers.get("x-amzn-sagemaker-accept")
     prepared = await answer(request, await request.body(), accept, Protocol.SAGEMAKER)
-    headers = _headers(request)
+    headers = _headers(request) | {"X-Amzn-SageMaker-Content-Type": prepared.media_type}
     if isinstance(prepared, Whole):
         if prepared.status >= 400:
             return _model_error(prepared)
-        headers["X-Amzn-SageMaker-Content-Type"] = prepared.media_type
         return Response(payload_part(prepared.body), 200, headers, MEDIA_TYPE)
-    headers["X-Amzn-SageMaker-Content-Type"] = prepared.media_type
     return ClosingStream(_frames(prepared.chunks), MEDIA_TYPE, prepared.close, headers)
 
 

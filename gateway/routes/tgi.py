@@ -8,6 +8,7 @@ happens: a failure, validation included, is a `data:` event carrying `{error, er
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 from importlib import metadata
 
 import msgspec
@@ -21,14 +22,7 @@ from gateway.state import gateway_of
 from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
 from protocols.names import Protocol
-from protocols.tgi import (
-    Info,
-    TgiEncoder,
-    decode_tgi,
-    encode_info,
-    error_body,
-    error_event,
-)
+from protocols.tgi import Info, TgiEncoder, decode_tgi, encode_info, error_body, error_event
 
 SSE = "text/event-stream"
 SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
@@ -91,15 +85,12 @@ async def _serve(
     def refuse(head: list[Event]) -> Response | None:
         return _sse_error(head[-1].error()) if isinstance(head[-1], Failed) else None
 
-    def body(head: list[Event], rest: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
-        return _events(head, rest, encoder)
-
     return await stream_answer(
         request,
         events,
         ready=lambda e: isinstance(e, Delta | Finished | Failed),
         refuse=refuse,
-        body=body,
+        body=partial(_events, encoder=encoder),
         media_type=SSE,
         headers=SSE_HEADERS,
     )

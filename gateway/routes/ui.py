@@ -41,7 +41,4 @@ async def asset(request: Request) -> Response:
     return FileResponse(STATIC / name, media_type=ASSETS[name], headers=HEADERS)
 
 
-routes = [
-    Route("/ui", page, methods=["GET"]),
-    Route("/ui/{name}", asset, methods=["GET"]),
-]
+routes = [Route("/ui", page, methods=["GET"]), Route("/ui/{name}", asset, methods=["GET"])]

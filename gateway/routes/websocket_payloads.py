@@ -12,15 +12,19 @@ from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import Any
 
-from prometheus_client import Gauge
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from gateway.state import Gateway, gateway_of
+from protocols.names import Protocol
+
 Outbox = asyncio.Queue[bytes]
-Handler = Callable[[bytes | str, Outbox], Coroutine[Any, Any, None]]
+Handler = Callable[[bytes | str, Gateway, Outbox], Coroutine[Any, Any, None]]
 
 
-async def serve_payloads(websocket: WebSocket, handle: Handler, connections: Gauge) -> None:
-    """Serve one connection; `connections` counts it while it is open."""
+async def serve_payloads(websocket: WebSocket, handle: Handler, protocol: Protocol) -> None:
+    """Serve one connection, counted in the protocol's open connections while it is open."""
+    gateway = gateway_of(websocket)
+    connections = gateway.service.metrics.connections.labels(protocol)
     await websocket.accept()
     connections.inc()
     outbox: Outbox = asyncio.Queue()
@@ -32,7 +36,7 @@ async def serve_payloads(websocket: WebSocket, handle: Handler, connections: Gau
             if message["type"] == "websocket.disconnect":
                 break
             raw = message.get("text") or message.get("bytes") or b""
-            task = asyncio.create_task(handle(raw, outbox))
+            task = asyncio.create_task(handle(raw, gateway, outbox))
             payloads.add(task)
             task.add_done_callback(payloads.discard)
     finally:

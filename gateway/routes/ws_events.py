@@ -14,7 +14,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
-from gateway.state import Gateway, gateway_of
+from gateway.state import Gateway
 from protocols.generation import Delta, Failed, Finished, GenerationRequest
 from protocols.names import Protocol
 from protocols.ws_events import (
@@ -30,11 +30,7 @@ log = logging.getLogger(__name__)
 
 
 async def ws_events(websocket: WebSocket) -> None:
-    gateway = gateway_of(websocket)
-    connections = gateway.service.metrics.connections.labels(Protocol.WS_EVENTS)
-    await serve_payloads(
-        websocket, lambda raw, outbox: _serve_frame(raw, gateway, outbox), connections
-    )
+    await serve_payloads(websocket, _serve_frame, Protocol.WS_EVENTS)
 
 
 async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
