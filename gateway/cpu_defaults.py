@@ -66,7 +66,10 @@ def engine_environment(
 
     `cpus`: the CPU ids this process may run on (default: its affinity).
     """
-    usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if cpus is None:  # the process's affinity where the OS has one (Linux), else every core
+        affinity = getattr(os, "sched_getaffinity", None)
+        cpus = affinity(0) if affinity else range(os.cpu_count() or 1)
+    usable = sorted(cpus)
     defaults: dict[str, str] = {}
     if 0 < len(usable) <= SMALL_MACHINE_CORES:
         defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in usable)
