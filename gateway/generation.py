@@ -135,21 +135,31 @@ async def _engine_events(
         yield Initialized(index, history.text)
         yield _finished(request, history, steps, started)
         return
-    whole: EngineStep | None = None  # the steps so far, as one
+    first: EngineStep | None = None
+    last: EngineStep | None = None
+    pieces: list[str] = []
     new_ids: list[int] = []
     async for step in engine.stream(token_ids, options, meter):
-        if whole is None:
-            whole = msgspec.structs.replace(step, token_ids=new_ids, text="", tokens=None)
+        if first is None:
+            first = step
             yield Initialized(index, history.text)
+        last = step
+        pieces.append(step.text)
         new_ids.extend(step.token_ids)
-        whole.text += step.text
-        whole.finished, whole.finish_reason = step.finished, step.finish_reason
-        whole.is_eos, whole.stop_reason = step.is_eos, step.stop_reason
         if step.text or step.token_ids:
             reason = (step.finish_reason or "length") if step.finished else None
             yield Delta(index, step.text, list(step.token_ids), step.tokens, reason)
-    if whole is None or not whole.finished:
+    if first is None or last is None or not last.finished:
         raise GenerationError(ErrorKind.ENGINE_ERROR, "The engine ended the request unfinished")
+    # The steps as one: the end from the last, the prefill figures from the first.
+    whole = msgspec.structs.replace(
+        last,
+        text="".join(pieces),
+        token_ids=new_ids,
+        tokens=None,
+        cached_tokens=first.cached_tokens,
+        prompt_tokens=first.prompt_tokens,
+    )
     yield _finished(request, history, [whole], started)
 
 
