@@ -258,8 +258,8 @@ class ControlSession:
                             gen.text = text
                     case Delta():
                         self._on_delta(gen, event)
-                    case Finished(finish_reason=reason):
-                        gen.finish_reason = reason
+                    case Finished(sequences=[new, *_]):
+                        gen.finish_reason = new.finish_reason
                     case Failed():
                         self._fail(gen, _rooted(event.error()))
                         return

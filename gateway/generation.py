@@ -176,16 +176,9 @@ def _finished(
     after = History(history.token_ids + ids, history.text + step.text, is_eos)
     return Finished(
         index=request.index,
-        new_text=step.text,
-        full_text=after.text,
-        new_tokens=len(ids),
-        is_eos=is_eos,
-        finish_reason=step.finish_reason or "length",
-        execution_time=time.perf_counter() - started,
-        cached_prompt_tokens=step.cached_tokens,
-        prompt_tokens=len(history.token_ids),
-        stop_reason=step.stop_reason,
         history=after,
+        prompt_tokens=len(history.token_ids),
+        execution_time=time.perf_counter() - started,
         sequences=[
             GeneratedSequence(
                 s.text, len(s.token_ids), s.finish_reason or "length", s.stop_reason, s.tokens

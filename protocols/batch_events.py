@@ -86,10 +86,11 @@ def to_frames(
                 initialized.append(
                     InitializedEvent(request_id, "" if only_new_tokens else prompt_text)
                 )
-            case Finished():
-                text = event.new_text if only_new_tokens else event.full_text
+            case Finished(history=after, sequences=[new, *_]):
+                text = new.text if only_new_tokens else after.text
                 elapsed = round(event.execution_time, 3)
-                terminal.append(Complete(request_id, text, event.is_eos, event.new_tokens, elapsed))
+                is_eos = after.ended_at_eos
+                terminal.append(Complete(request_id, text, is_eos, new.generated_tokens, elapsed))
             case Failed(message=message):
                 terminal.append(ErrorEvent(request_id, message))
     return [frame for frame in frames if frame]

@@ -158,23 +158,16 @@ class Delta(msgspec.Struct):
 
 
 class Finished(msgspec.Struct):
-    """The prompt's end: its texts and counts, the whole `history` after it, every sequence
-    generated (one, or `n`, or the beams best first; with their tokens when not streamed and
-    log-probabilities were asked for), and the prompt's tokens when prompt log-probabilities
-    were."""
+    """The prompt's end: the whole `history` after it, every sequence generated (one, or `n`,
+    or the beams best first; the first continues the history; with their tokens when not
+    streamed and log-probabilities were asked for), and the prompt's tokens when prompt
+    log-probabilities were."""
 
     index: int
-    new_text: str
-    full_text: str
-    new_tokens: int
-    is_eos: bool
-    finish_reason: str  # vLLM's: stop or length
+    history: History
+    sequences: list[GeneratedSequence]
+    prompt_tokens: int
     execution_time: float
-    cached_prompt_tokens: int
-    prompt_tokens: int = 0
-    stop_reason: int | str | None = None
-    history: History | None = None
-    sequences: list[GeneratedSequence] = []
     prefill: list[TokenInfo] | None = None
 
 

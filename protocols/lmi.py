@@ -411,12 +411,12 @@ class LmiEncoder:
             if not lines:
                 lines.append(Line())
             last = lines[-1]
-            last.generated_text = (prompt if self.request.return_full_text else "") + final.new_text
+            new = final.sequences[0]
+            last.generated_text = (prompt if self.request.return_full_text else "") + new.text
             if self.request.details:
-                reason = stop_cause(final.finish_reason, final.stop_reason, self._stop_ids)
-                last.details = Details(
-                    reason, final.new_tokens, prompt, prefill=self._prefill(final)
-                )
+                reason = stop_cause(new.finish_reason, new.stop_reason, self._stop_ids)
+                prefill = self._prefill(final)
+                last.details = Details(reason, new.generated_tokens, prompt, prefill=prefill)
         return b"".join(self.frame(_ENCODER.encode(line)) for line in lines)
 
     def outputs(self, texts: list[str]) -> bytes:

@@ -81,10 +81,11 @@ def answer_of(
         if outcome.field is not None:
             field = f"$.prompts[{position}].{outcome.field}"
         return BatchAnswer(item.request_id, error=outcome.message, field=field)
+    new = outcome.sequences[0].text
     if only_new_tokens:
-        return BatchAnswer(item.request_id, response=outcome.new_text)
-    prompt = outcome.full_text[: len(outcome.full_text) - len(outcome.new_text)]
-    return BatchAnswer(item.request_id, prompt=prompt, response=outcome.new_text)
+        return BatchAnswer(item.request_id, response=new)
+    full = outcome.history.text
+    return BatchAnswer(item.request_id, prompt=full[: len(full) - len(new)], response=new)
 
 
 def rejected_answer(rejected: Rejected) -> BatchAnswer:

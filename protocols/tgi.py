@@ -276,7 +276,7 @@ class TgiEncoder:
     def _text(self, text: str) -> str:
         return self.call.inputs + text if self.call.return_full_text else text
 
-    def _reason(self, sequence: GeneratedSequence | Finished) -> str:
+    def _reason(self, sequence: GeneratedSequence) -> str:
         return stop_cause(
             sequence.finish_reason, sequence.stop_reason, self.call.options.stop_token_ids
         )
@@ -327,10 +327,11 @@ class TgiEncoder:
             if self.call.top_n:
                 event.top_tokens = self._tops(info)
             if final is not None and i == last:
-                event.generated_text = self._text(final.new_text)
+                new = final.sequences[0]
+                event.generated_text = self._text(new.text)
                 if self.call.details:
                     event.details = StreamDetails(
-                        self._reason(final), final.new_tokens, self.call.seed, final.prompt_tokens
+                        self._reason(new), new.generated_tokens, self.call.seed, final.prompt_tokens
                     )
             out.append(sse_event(_ENCODER.encode(event)))
         return b"".join(out)

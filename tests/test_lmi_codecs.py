@@ -11,7 +11,14 @@ from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untype
 
 from protocols.errors import GenerationError, invalid
 from protocols.eventstream import model_error, model_stream_error, payload_part
-from protocols.generation import Finished, GeneratedSequence, TokenInfo, TopToken
+from protocols.generation import (
+    Finished,
+    GeneratedSequence,
+    History,
+    TokenInfo,
+    TopToken,
+    token_array,
+)
 from protocols.lmi import (
     InvalidPayload,
     LmiEncoder,
@@ -46,18 +53,8 @@ def finished(**extra: Any) -> Finished:
         "sequences": [GeneratedSequence("Deep Learning", 2, "length", None, tokens())],
         **extra,
     }
-    return Finished(
-        index=0,
-        new_text="Deep Learning",
-        full_text=PROMPT + "Deep Learning",
-        new_tokens=2,
-        is_eos=False,
-        finish_reason="length",
-        execution_time=0.1,
-        cached_prompt_tokens=0,
-        prompt_tokens=5,
-        **fields,
-    )
+    history = History(token_array(range(7)), PROMPT + "Deep Learning")
+    return Finished(index=0, history=history, prompt_tokens=5, execution_time=0.1, **fields)
 
 
 def test_rolling_and_dynamic_schemas_and_lmi_defaults() -> None:

@@ -14,10 +14,13 @@ from protocols.generation import (
     Event,
     Failed,
     Finished,
+    GeneratedSequence,
+    History,
     Initialized,
     PromptItem,
     SamplingOptions,
     Started,
+    token_array,
 )
 from protocols.generation_config import STREAMING_BEAM_SEARCH_ERROR
 from protocols.rest_generate import (
@@ -31,6 +34,13 @@ from protocols.rest_generate import (
 )
 
 DEFAULTS = SamplingOptions(max_new_tokens=64, temperature=0.7)
+
+
+def finished_with(new: str, full: str, *, eos: bool, reason: str, elapsed: float = 0.1) -> Finished:
+    """A prompt's end: one new token, `new`, after the rest of `full`."""
+    after = History(token_array([1, 2]), full, eos)
+    sequence = GeneratedSequence(new, 1, reason)
+    return Finished(0, after, [sequence], prompt_tokens=1, execution_time=elapsed)
 
 
 def body(**fields: object) -> bytes:
@@ -107,7 +117,7 @@ def test_frames_group_one_step_by_phase_with_one_event_per_prompt() -> None:
         Initialized(1, "pb"),
         Delta(0, "x", [7]),
         Delta(1, "y", [8]),
-        Finished(0, "x", "pax", 1, False, "length", 0.12345, 0),
+        finished_with("x", "pax", eos=False, reason="length", elapsed=0.12345),
         Failed(1, ErrorKind.ENGINE_ERROR, "boom"),
     ]
     frames = [json.loads(encode_frame(f)) for f in to_frames(step, items, only_new_tokens=False)]
@@ -141,7 +151,7 @@ def test_rest_payloads_and_answers() -> None:
     with pytest.raises(GenerationError) as caught:
         decode_one(body(request_id="r"), DEFAULTS)
     assert caught.value.field == "$.prompt"
-    finished = Finished(0, "new", "old new", 1, True, "stop", 0.1, 0)
+    finished = finished_with("new", "old new", eos=True, reason="stop")
     item = PromptItem("r", "ignored")
     too_long = Failed(1, ErrorKind.CONTEXT_LENGTH_EXCEEDED, "too long", "prompt")
     assert failure_of_one(too_long).field == "$.prompt"
@@ -166,7 +176,7 @@ def test_batch_answers_keep_the_payloads_order() -> None:
         DEFAULTS,
     )
     assert batch.positions == [1]
-    finished = Finished(0, "new", "pnew", 1, False, "length", 0.1, 0)
+    finished = finished_with("new", "pnew", eos=False, reason="length")
     answers = json.loads(encode_answers(batch_answers(batch, {0: finished})))
     assert [a["request_id"] for a in answers] == ["a", "b", None]
     assert answers[1] == {"request_id": "b", "response": "new"}

@@ -69,7 +69,8 @@ async def generate_one(request: Request) -> Response:
         outcome = _outcomes(collected)[0]
         if isinstance(outcome, Failed):
             return error_response(failure_of_one(outcome))
-        return PlainTextResponse(outcome.new_text if one.only_new_tokens else outcome.full_text)
+        new, full = outcome.sequences[0].text, outcome.history.text
+        return PlainTextResponse(new if one.only_new_tokens else full)
 
     return await stream_answer(
         request,

@@ -54,8 +54,9 @@ async def _run(accepted: Accepted, gateway: Gateway, outbox: Outbox) -> None:
                 match event:
                     case Delta(text=text) if text:
                         outbox.put_nowait(encode_frame([Progress(event_id, text)]))
-                    case Finished(new_text=text, is_eos=is_eos):
-                        outbox.put_nowait(encode_frame([Complete(event_id, text, is_eos)]))
+                    case Finished(history=after, sequences=[new, *_]):
+                        done = Complete(event_id, new.text, after.ended_at_eos)
+                        outbox.put_nowait(encode_frame([done]))
                     case Failed(message=message, field=field):
                         outbox.put_nowait(encode_frame([error_event(event_id, message, field)]))
     except Exception as e:  # a bug must still end the START with one terminal event
