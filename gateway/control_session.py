@@ -51,9 +51,9 @@ from protocols.generation import (
     Initialized,
     Queued,
     SamplingOptions,
-    TokenInfo,
     token_array,
 )
+from protocols.holdback import Holdback
 from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
@@ -70,22 +70,20 @@ class _Generation:
         self.token_ids: list[int] = []
         self.prompt_length = 0
         self.text = ""
-        self.pending_ids: list[int] = []  # generated, but their text is not out yet
-        self.last_info: TokenInfo | None = None
+        self.holdback = Holdback()  # generated tokens whose text is not out yet
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self.last_token_at = self.started
         self.finish_reason: str | None = None
 
     @property
-    def completion_tokens(self) -> int:
-        return len(self.token_ids) - self.prompt_length
+    def sequence(self) -> list[int]:
+        """Every token so far, the held-back ones too."""
+        return self.token_ids + self.holdback.held_ids
 
-    def drop_pending(self) -> None:
-        """Forget tokens whose text never went out: they are generated again after a restart."""
-        if self.pending_ids:
-            del self.token_ids[len(self.token_ids) - len(self.pending_ids) :]
-            self.pending_ids.clear()
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.sequence) - self.prompt_length
 
 
 class ControlSession:
@@ -172,7 +170,6 @@ class ControlSession:
     async def _pause(self) -> None:
         gen = self._generation(("generating",), "`pause` needs a running generation")
         await self._interrupt()
-        gen.drop_pending()
         self.state = "paused"
         self._pause_timer = asyncio.create_task(self._expire_pause(gen))
         self.send(self._status("paused", gen, f"paused after {gen.completion_tokens} tokens"))
@@ -194,7 +191,6 @@ class ControlSession:
         running = self.state == "generating"
         if running:
             await self._interrupt()
-            gen.drop_pending()
         gen.options = self._options = options
         self.send(self._status("modified", gen, "parameters changed; the rest follows them"))
         if running:
@@ -230,14 +226,20 @@ class ControlSession:
                 messages = tuple(msgspec.structs.asdict(m) for m in config.messages or ())
             prompt = config.prompt if isinstance(config.prompt, str) else ""
             return GenerationRequest(
-                options=gen.options, prompt=prompt, messages=messages, prompt_field="$.prompt"
+                options=gen.options,
+                prompt=prompt,
+                messages=messages,
+                prompt_field="$.prompt",
+                holdback=gen.holdback,
             )
         remaining = max(gen.options.max_new_tokens - gen.completion_tokens, 1)
         options = msgspec.structs.replace(
             gen.options, max_new_tokens=remaining, min_tokens=min(gen.options.min_tokens, remaining)
         )
-        history = History(token_array(gen.token_ids), "")
-        return GenerationRequest(options=options, history=history, prompt_field="$.prompt")
+        history = History(token_array(gen.sequence), "")
+        return GenerationRequest(
+            options=options, history=history, prompt_field="$.prompt", holdback=gen.holdback
+        )
 
     async def _drive(self, gen: _Generation) -> None:
         """Generate (on): `init` the first time the prompt reaches the engine, then tokens."""
@@ -271,9 +273,6 @@ class ControlSession:
 
     def _on_delta(self, gen: _Generation, delta: Delta) -> None:
         gen.token_ids.extend(delta.token_ids)
-        gen.pending_ids.extend(delta.token_ids)
-        if delta.tokens:
-            gen.last_info = delta.tokens[-1]
         if not delta.text:
             return
         now = time.perf_counter()
@@ -283,18 +282,17 @@ class ControlSession:
         if gen.config.options.stream:
             self.send(self._token(gen, delta, now))
         gen.last_token_at = now
-        gen.pending_ids.clear()
 
     def _token(self, gen: _Generation, delta: Delta, now: float) -> Token:
         options = gen.config.options
         last = delta.finish_reason is not None
         message = Token(delta.text, gen.text, delta.finish_reason, last)
-        if options.include_token_ids and gen.pending_ids:
-            message.token_id = gen.pending_ids[-1]
-            if len(gen.pending_ids) > 1:
-                message.token_ids = list(gen.pending_ids)
-        if options.include_logprobs and gen.last_info is not None:
-            info = gen.last_info
+        if options.include_token_ids and delta.token_ids:
+            message.token_id = delta.token_ids[-1]
+            if len(delta.token_ids) > 1:
+                message.token_ids = delta.token_ids
+        if options.include_logprobs and delta.tokens:
+            info = delta.tokens[-1]
             message.logprobs = [LogprobEntry(info.text, info.logprob)] + [
                 LogprobEntry(alt.text, alt.logprob) for alt in info.alternatives
             ]
@@ -304,7 +302,7 @@ class ControlSession:
 
     def _complete(self, gen: _Generation, reason: str) -> None:
         self._cancel_pause_timer()
-        usage = Usage(gen.prompt_length, gen.completion_tokens, len(gen.token_ids))
+        usage = Usage(gen.prompt_length, gen.completion_tokens, len(gen.sequence))
         message = Completion(gen.text, reason, usage, gen.request_id)
         if gen.config.options.include_timing:
             first = None if gen.first_token_at is None else _ms(gen.first_token_at - gen.started)

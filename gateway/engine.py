@@ -69,7 +69,10 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
 
 
 def sampling_params(
-    options: SamplingOptions, kind: RequestOutputKind = RequestOutputKind.DELTA
+    options: SamplingOptions,
+    kind: RequestOutputKind = RequestOutputKind.DELTA,
+    *,
+    keep_stop_strings: bool = False,
 ) -> SamplingParams:
     sample = options.do_sample and options.temperature > 0
     return SamplingParams(
@@ -86,7 +89,7 @@ def sampling_params(
         seed=options.seed,
         stop=list(options.stop) or None,
         stop_token_ids=list(options.stop_token_ids) or None,
-        include_stop_str_in_output=options.include_stop_str_in_output,
+        include_stop_str_in_output=options.include_stop_str_in_output or keep_stop_strings,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
         prompt_logprobs=options.prompt_logprobs,
@@ -166,6 +169,9 @@ class Engine:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids)))
 
+    def _piece(self, token_id: int, options: SamplingOptions) -> str:
+        return str(self.tokenizer.decode([token_id], options.skip_special_tokens))
+
     def unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
 
@@ -222,14 +228,26 @@ class Engine:
     async def stream(
         self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
     ) -> AsyncGenerator[EngineStep, None]:
-        """The steps of one sequence (options.n must be 1), as the engine produces them."""
+        """The steps of one sequence (options.n must be 1), as the engine produces them.
+
+        Each step's text is all of its tokens' text: a stop string that ends the request is
+        kept (vLLM would hold back text without its tokens; protocols/holdback.py holds both),
+        a stop token's text only when asked for.
+        """
         request_id = f"gw-{next(self._ids)}"
-        outputs = self.llm.generate(tokens_input(token_ids), sampling_params(options), request_id)
+        whole = bool(options.stop) and not options.include_stop_str_in_output
+        asked = (
+            msgspec.structs.replace(options, include_stop_str_in_output=True) if whole else options
+        )
+        params = sampling_params(asked)
+        outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
         first = True
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 step = self._step(output, output.outputs[0], first)
                 first = False
+                if whole and step.is_eos and step.token_ids:
+                    step.text = step.text.removesuffix(self._piece(step.token_ids[-1], options))
                 if meter is not None:
                     meter.step(len(step.token_ids), step.cached_tokens, step.finished)
                 yield step

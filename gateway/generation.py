@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 
-import msgspec
+from msgspec.structs import replace
 
 from gateway.admission import Admission
 from gateway.engine import Engine, EngineStep
@@ -36,6 +36,7 @@ from protocols.generation import (
     Started,
     token_array,
 )
+from protocols.holdback import Holdback
 from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
@@ -135,26 +136,41 @@ async def _engine_events(
         yield Initialized(index, history.text)
         yield _finished(request, history, steps, started)
         return
+    holdback = request.holdback or Holdback()
+    holdback.begin(options.stop, options.include_stop_str_in_output)
     first: EngineStep | None = None
     last: EngineStep | None = None
-    pieces: list[str] = []
+    texts: list[str] = []
     new_ids: list[int] = []
     async for step in engine.stream(token_ids, options, meter):
         if first is None:
             first = step
             yield Initialized(index, history.text)
         last = step
-        pieces.append(step.text)
         new_ids.extend(step.token_ids)
-        if step.text or step.token_ids:
-            reason = (step.finish_reason or "length") if step.finished else None
-            yield Delta(index, step.text, list(step.token_ids), step.tokens, reason)
+        piece = Delta(index, step.text, list(step.token_ids), step.tokens)
+        if step.finished:
+            reason = step.finish_reason or "length"
+            stop_string = step.stop_reason if isinstance(step.stop_reason, str) else None
+            out: Delta | None = holdback.finish(replace(piece, finish_reason=reason), stop_string)
+        else:
+            out = holdback.push(piece)
+        if out is not None:
+            texts.append(out.text)
+            yield out
+        if holdback.stopped_at is not None:
+            # The held text completed a stop string begun before this request: end it here
+            # (leaving the loop closes the engine stream, which aborts the engine request).
+            last = replace(
+                step, finished=True, finish_reason="stop", stop_reason=holdback.stopped_at
+            )
+            break
     if first is None or last is None or not last.finished:
         raise GenerationError(ErrorKind.ENGINE_ERROR, "The engine ended the request unfinished")
     # The steps as one: the end from the last, the prefill figures from the first.
-    whole = msgspec.structs.replace(
+    whole = replace(
         last,
-        text="".join(pieces),
+        text="".join(texts),
         token_ids=new_ids,
         tokens=None,
         cached_tokens=first.cached_tokens,

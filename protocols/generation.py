@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from protocols.errors import ErrorKind, GenerationError
+
+if TYPE_CHECKING:
+    from protocols.holdback import Holdback
 
 # Constraints shared by the neutral options and every wire schema that sets them.
 MaxNewTokens = Annotated[int, Meta(ge=1)]
@@ -102,7 +105,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     The prompt is `history` (continued, its `prompt` ignored), else `messages` rendered with the
     model's chat template, else `prompt`. `request_id`, when set, may not run twice at once.
     `stream`: report each step as a Delta; else only the end. `truncate` keeps the last
-    tokens of the prompt. `prompt_field` is where errors about the prompt point.
+    tokens of the prompt. `prompt_field` is where errors about the prompt point. `holdback`
+    carries held-back text from one engine request of a generation to the next.
     """
 
     options: SamplingOptions
@@ -114,6 +118,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = True
     truncate: int | None = None
     prompt_field: str = "prompt"
+    holdback: Holdback | None = None
 
 
 class GeneratedSequence(msgspec.Struct):

@@ -1,0 +1,64 @@
+"""Text held back with its tokens while it could begin a stop string (protocols/holdback.py)."""
+
+from __future__ import annotations
+
+from protocols.generation import Delta, TokenInfo
+from protocols.holdback import Holdback
+
+
+def piece(text: str, token_id: int) -> Delta:
+    return Delta(0, text, [token_id], [TokenInfo(token_id, text, -0.5)])
+
+
+def pushed(holdback: Holdback, *pieces: Delta) -> list[Delta]:
+    return [out for p in pieces if (out := holdback.push(p)) is not None]
+
+
+def test_text_that_cannot_begin_a_stop_string_goes_out_at_once_with_its_tokens() -> None:
+    holdback = Holdback()
+    holdback.begin(["THE END"], keep_stop=False)
+    out = pushed(holdback, piece("In", 1), piece(" the", 2), piece(" sleepy", 3))
+    assert [(d.text, d.token_ids) for d in out] == [("In", [1]), (" the", [2]), (" sleepy", [3])]
+    assert [t.token_id for d in out for t in d.tokens or ()] == [1, 2, 3]
+
+
+def test_a_possible_start_of_a_stop_string_is_held_with_its_tokens_until_it_is_not() -> None:
+    holdback = Holdback()
+    holdback.begin([" sleepy cat"], keep_stop=False)
+    assert pushed(holdback, piece("In", 1), piece(" the", 2)) == [piece("In", 1), piece(" the", 2)]
+    assert holdback.push(piece(" sleepy", 3)) is None
+    assert holdback.held_ids == [3]
+    out = holdback.push(piece(" town", 4))
+    assert out is not None and (out.text, out.token_ids) == (" sleepy town", [3, 4])
+    assert [t.token_id for t in out.tokens or ()] == [3, 4]
+    assert holdback.held_ids == []
+
+
+def test_the_end_drops_the_stop_string_unless_it_is_kept() -> None:
+    for keep, expected in ((False, " "), (True, " THE END")):
+        holdback = Holdback()
+        holdback.begin(["THE END"], keep_stop=keep)
+        assert holdback.push(piece(" once", 1)) == piece(" once", 1)
+        assert holdback.push(piece(" THE", 2)) is None
+        last = holdback.finish(Delta(0, " END", [3], None, "stop"), "THE END")
+        assert (last.text, last.token_ids, last.finish_reason) == (expected, [2, 3], "stop")
+
+
+def test_a_character_split_over_tokens_goes_out_whole() -> None:
+    holdback = Holdback()
+    holdback.begin([], keep_stop=False)
+    assert holdback.push(piece("", 1)) is None  # the first bytes of a character: no text yet
+    out = holdback.push(piece("🐱", 2))
+    assert out is not None and (out.text, out.token_ids) == ("🐱", [1, 2])
+
+
+def test_a_stop_string_that_spans_two_engine_requests_ends_the_generation() -> None:
+    holdback = Holdback()
+    holdback.begin([" sleepy town"], keep_stop=False)
+    assert pushed(holdback, piece(" the", 1), piece(" sleepy", 2)) == [piece(" the", 1)]
+    # The request ends here (a pause); the next one continues the sequence.
+    holdback.begin([" sleepy town"], keep_stop=False)
+    last = holdback.push(piece(" town", 3))
+    assert holdback.stopped_at == " sleepy town"
+    assert last is not None
+    assert (last.text, last.token_ids, last.finish_reason) == ("", [2, 3], "stop")
