@@ -1,8 +1,11 @@
 """WS `/ws` (batch-events-ws.md): the server's event arrays.
 
-Each frame is a JSON array of events of one phase. `to_frames` turns one engine step of
-neutral events into frames, in the order STARTED, INITIALIZED, PROGRESS, then the terminal
-COMPLETE / ERROR, so no frame holds two events for one request_id.
+Each frame is a JSON array of events of one type, "equivalent to the prompts array":
+`PayloadFrames` turns a payload's neutral events into ACCEPTED (with an ERROR array for the
+prompts that failed validation) once every prompt is checked; STARTED and INITIALIZED once
+each, covering every accepted prompt; PROGRESS one event per prompt that produced text in a
+step; and COMPLETE (with an ERROR array for prompts that failed after acceptance) once, when
+the last prompt ends. No frame holds two events for one request_id.
 """
 
 from __future__ import annotations
@@ -12,7 +15,16 @@ from collections.abc import Sequence
 import msgspec
 
 from protocols.batch_payload import Rejected
-from protocols.generation import Delta, Event, Failed, Finished, Initialized, PromptItem, Started
+from protocols.generation import (
+    Delta,
+    Event,
+    Failed,
+    Finished,
+    Initialized,
+    PromptItem,
+    Queued,
+    Started,
+)
 
 
 class Accepted(msgspec.Struct, tag_field="type", tag="ACCEPTED"):
@@ -62,35 +74,72 @@ def decode_frame(data: bytes | str) -> Frame:
     return _FRAME_DECODER.decode(data)
 
 
-def accepted_frame(items: Sequence[PromptItem]) -> Frame:
-    return [Accepted(item.request_id) for item in items]
+class PayloadFrames:
+    """One payload's frames, from its events as they come (`rejected`: failed decoding)."""
 
+    def __init__(
+        self, items: Sequence[PromptItem], rejected: Sequence[Rejected], *, only_new_tokens: bool
+    ) -> None:
+        self._ids = [item.request_id for item in items]
+        self._only_new_tokens = only_new_tokens
+        self._unchecked = set(range(len(items)))
+        self._refused: Frame = [ErrorEvent(r.request_id, r.error.message) for r in rejected]
+        self._accepted: list[int] = []
+        self._started: dict[int, WireEvent] = {}
+        self._initialized: dict[int, WireEvent] = {}
+        self._progress: dict[int, str] = {}
+        self._done: dict[int, Complete | ErrorEvent] = {}
+        self._phase = 0  # how many of ACCEPTED, STARTED, INITIALIZED were sent
 
-def rejected_frame(rejected: Sequence[Rejected]) -> Frame:
-    return [ErrorEvent(r.request_id, r.error.message) for r in rejected]
+    @property
+    def unfinished(self) -> list[str]:
+        """The accepted prompts whose terminal event was not sent yet."""
+        return [] if self._phase > 3 else [self._ids[i] for i in self._accepted]
 
+    def frames(self, step: Sequence[Event]) -> list[Frame]:
+        for event in step:
+            self._note(event)
+        out: list[Frame] = []
+        if self._phase == 0 and not self._unchecked:
+            out += [[Accepted(self._ids[i]) for i in sorted(self._accepted)], self._refused]
+            self._phase = 1
+        for phase, events in ((1, self._started), (2, self._initialized)):
+            ended_before = sum(i not in events for i in self._done)
+            if self._phase == phase and len(events) + ended_before == len(self._accepted):
+                out.append([events[i] for i in sorted(events)])
+                self._phase += 1
+        if self._phase == 3 and self._progress:
+            out.append([Progress(self._ids[i], t) for i, t in sorted(self._progress.items())])
+            self._progress.clear()
+        if self._phase == 3 and len(self._done) == len(self._accepted):
+            ends = [self._done[i] for i in sorted(self._done)]
+            out += [[e for e in ends if isinstance(e, Complete)]]
+            out += [[e for e in ends if isinstance(e, ErrorEvent)]]
+            self._phase = 4
+        return [frame for frame in out if frame]
 
-def to_frames(
-    events: Sequence[Event], items: Sequence[PromptItem], *, only_new_tokens: bool
-) -> list[Frame]:
-    frames: tuple[Frame, Frame, Frame, Frame] = ([], [], [], [])
-    started, initialized, progress, terminal = frames
-    for event in events:
-        request_id = items[event.index].request_id
+    def _note(self, event: Event) -> None:
+        index, request_id = event.index, self._ids[event.index]
         match event:
-            case Delta(text=text) if text:
-                progress.append(Progress(request_id, text))
+            case Queued():
+                self._unchecked.discard(index)
+                self._accepted.append(index)
+            case Failed(message=message) if index in self._unchecked:
+                self._unchecked.discard(index)
+                self._refused.append(ErrorEvent(request_id, message))
             case Started():
-                started.append(StartedEvent(request_id))
+                self._started[index] = StartedEvent(request_id)
             case Initialized(prompt_text=prompt_text):
-                initialized.append(
-                    InitializedEvent(request_id, "" if only_new_tokens else prompt_text)
-                )
+                text = "" if self._only_new_tokens else prompt_text
+                self._initialized[index] = InitializedEvent(request_id, text)
+            case Delta(text=text) if text:
+                self._progress[index] = self._progress.get(index, "") + text
             case Finished(history=after, sequences=[new, *_]):
-                text = new.text if only_new_tokens else after.text
+                text = new.text if self._only_new_tokens else after.text
                 elapsed = round(event.execution_time, 3)
                 is_eos = after.ended_at_eos
-                terminal.append(Complete(request_id, text, is_eos, new.generated_tokens, elapsed))
+                self._done[index] = Complete(
+                    request_id, text, is_eos, new.generated_tokens, elapsed
+                )
             case Failed(message=message):
-                terminal.append(ErrorEvent(request_id, message))
-    return [frame for frame in frames if frame]
+                self._done[index] = ErrorEvent(request_id, message)

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from protocols.errors import GenerationError, invalid, validation_error
+from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
 from protocols.generation import PromptItem, SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
 from protocols.json_body import decode_json_object
@@ -58,6 +58,7 @@ def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[int], li
     items: list[PromptItem] = []
     positions: list[int] = []
     rejected: list[Rejected] = []
+    seen: set[str] = set()
     for i, entry in enumerate(entries):
         try:
             parsed = msgspec.convert(entry, _PromptEntry)
@@ -66,6 +67,13 @@ def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[int], li
             rid = request_id if isinstance(request_id, str) else None
             rejected.append(Rejected(rid, validation_error(e, f"$.prompts[{i}]"), i))
         else:
+            if parsed.request_id in seen:
+                message = f"request_id {parsed.request_id!r} appears twice in the payload"
+                field = f"$.prompts[{i}].request_id"
+                error = GenerationError(ErrorKind.DUPLICATE_REQUEST_ID, message, field)
+                rejected.append(Rejected(parsed.request_id, error, i))
+                continue
+            seen.add(parsed.request_id)
             items.append(PromptItem(parsed.request_id, parsed.prompt))
             positions.append(i)
     return items, positions, rejected

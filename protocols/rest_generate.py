@@ -26,12 +26,13 @@ class OneRequest(msgspec.Struct, frozen=True):
     stream: bool
 
 
-class BatchAnswer(msgspec.Struct, omit_defaults=True):
-    """One prompt's answer; a prompt that failed carries `error` (and `field`) instead."""
+class BatchAnswer(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One prompt's answer; a prompt that failed has an empty `response` and `error` (and
+    `field`)."""
 
     request_id: str | None
     prompt: str | UnsetType = UNSET
-    response: str | UnsetType = UNSET
+    response: str
     error: str | UnsetType = UNSET
     field: str | UnsetType = UNSET
 
@@ -77,21 +78,28 @@ def answer_of(
     item: PromptItem, outcome: Finished | Failed, *, position: int, only_new_tokens: bool
 ) -> BatchAnswer:
     if isinstance(outcome, Failed):
-        field: str | UnsetType = UNSET
-        if outcome.field is not None:
-            field = f"$.prompts[{position}].{outcome.field}"
-        return BatchAnswer(item.request_id, error=outcome.message, field=field)
+        return _error_answer(item.request_id, _placed(outcome, position))
     new = outcome.sequences[0].text
     if only_new_tokens:
-        return BatchAnswer(item.request_id, response=new)
+        return BatchAnswer(request_id=item.request_id, response=new)
     full = outcome.history.text
-    return BatchAnswer(item.request_id, prompt=full[: len(full) - len(new)], response=new)
+    prompt = full[: len(full) - len(new)]
+    return BatchAnswer(request_id=item.request_id, prompt=prompt, response=new)
+
+
+def _placed(failed: Failed, position: int) -> GenerationError:
+    """A batch prompt's failure, its field rooted at the payload."""
+    field = None if failed.field is None else f"$.prompts[{position}].{failed.field}"
+    return GenerationError(failed.kind, failed.message, field)
+
+
+def _error_answer(request_id: str | None, error: GenerationError) -> BatchAnswer:
+    field: str | UnsetType = UNSET if error.field is None else error.field
+    return BatchAnswer(request_id=request_id, response="", error=error.message, field=field)
 
 
 def rejected_answer(rejected: Rejected) -> BatchAnswer:
-    error = rejected.error
-    field: str | UnsetType = UNSET if error.field is None else error.field
-    return BatchAnswer(rejected.request_id, error=error.message, field=field)
+    return _error_answer(rejected.request_id, rejected.error)
 
 
 def batch_answers(batch: BatchRequest, outcomes: dict[int, Finished | Failed]) -> list[BatchAnswer]:
@@ -102,6 +110,16 @@ def batch_answers(batch: BatchRequest, outcomes: dict[int, Finished | Failed]) -
             item, outcomes[index], position=position, only_new_tokens=batch.only_new_tokens
         )
     return [placed[position] for position in sorted(placed)]
+
+
+def first_failure(batch: BatchRequest, outcomes: dict[int, Finished | Failed]) -> GenerationError:
+    """The error of the first prompt in the payload, when every prompt failed validation."""
+    failures = [(r.position, r.error) for r in batch.rejected]
+    for index, position in enumerate(batch.positions):
+        outcome = outcomes[index]
+        if isinstance(outcome, Failed):
+            failures.append((position, _placed(outcome, position)))
+    return min(failures, key=lambda failure: failure[0])[1]
 
 
 def encode_answers(answers: Sequence[BatchAnswer]) -> bytes:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
-from protocols.batch_events import decode_frame, encode_frame, to_frames
-from protocols.batch_payload import decode_batch
-from protocols.errors import ErrorKind, GenerationError
+from protocols.batch_events import PayloadFrames, decode_frame, encode_frame
+from protocols.batch_payload import Rejected, decode_batch
+from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import (
     Delta,
     Event,
@@ -18,6 +19,7 @@ from protocols.generation import (
     History,
     Initialized,
     PromptItem,
+    Queued,
     SamplingOptions,
     Started,
     token_array,
@@ -110,39 +112,43 @@ def test_streaming_beam_search_is_the_specs_error_but_non_streaming_is_fine() ->
     assert quiet.options.num_beams == 2 and not quiet.rejected
 
 
-def test_frames_group_one_step_by_phase_with_one_event_per_prompt() -> None:
-    items = [PromptItem("a", "pa"), PromptItem("b", "pb")]
-    step: list[Event] = [
-        Started(1),
-        Initialized(1, "pb"),
-        Delta(0, "x", [7]),
-        Delta(1, "y", [8]),
-        finished_with("x", "pax", eos=False, reason="length", elapsed=0.12345),
-        Failed(1, ErrorKind.ENGINE_ERROR, "boom"),
+def test_payload_frames_send_each_phase_once_for_every_accepted_prompt() -> None:
+    items = [PromptItem("a", "pa"), PromptItem("b", "pb"), PromptItem("c", "pc")]
+    undecodable = Rejected("z", invalid("bad", "$.prompts[3].prompt"), 3)
+    frames = PayloadFrames(items, [undecodable], only_new_tokens=False)
+
+    def sent(*step: Event) -> list[list[tuple[str, str | None]]]:
+        wire = [[msgspec.to_builtins(e) for e in frame] for frame in frames.frames(step)]
+        return [[(e["type"], e["request_id"]) for e in frame] for frame in wire]
+
+    too_long = Failed(2, ErrorKind.CONTEXT_LENGTH_EXCEEDED, "too long", "prompt")
+    assert sent(Queued(0)) == []  # b and c are not checked yet
+    assert sent(Queued(1), too_long) == [
+        [("ACCEPTED", "a"), ("ACCEPTED", "b")],
+        [("ERROR", "z"), ("ERROR", "c")],
     ]
-    frames = [json.loads(encode_frame(f)) for f in to_frames(step, items, only_new_tokens=False)]
-    assert frames == [
-        [{"type": "STARTED", "request_id": "b"}],
-        [{"type": "INITIALIZED", "request_id": "b", "text": "pb"}],
+    assert sent(Started(1)) == []
+    assert sent(Started(0), Initialized(0, "pa"), Delta(0, "x", [7])) == [
+        [("STARTED", "a"), ("STARTED", "b")]
+    ]
+    step: list[Event] = [Initialized(1, "pb"), Delta(1, "y", [8]), Delta(0, "z", [9])]
+    out = frames.frames(step)
+    assert [[msgspec.to_builtins(e) for e in frame] for frame in out] == [
         [
-            {"type": "PROGRESS", "request_id": "a", "text": "x"},
+            {"type": "INITIALIZED", "request_id": "a", "text": "pa"},
+            {"type": "INITIALIZED", "request_id": "b", "text": "pb"},
+        ],
+        [
+            {"type": "PROGRESS", "request_id": "a", "text": "xz"},
             {"type": "PROGRESS", "request_id": "b", "text": "y"},
         ],
-        [
-            {
-                "type": "COMPLETE",
-                "request_id": "a",
-                "text": "pax",
-                "is_eos": False,
-                "new_tokens_count": 1,
-                "execution_time": 0.123,
-            },
-            {"type": "ERROR", "request_id": "b", "error": "boom"},
-        ],
     ]
-    assert decode_frame(encode_frame(to_frames(step, items, only_new_tokens=True)[1])) == [
-        to_frames(step, items, only_new_tokens=True)[1][0]
-    ]
+    assert decode_frame(encode_frame(out[1])) == out[1]
+    assert sent(finished_with("xz", "paxz", eos=False, reason="length")) == []
+    assert frames.unfinished == ["a", "b"]
+    boom = Failed(1, ErrorKind.ENGINE_ERROR, "boom")
+    assert sent(boom) == [[("COMPLETE", "a")], [("ERROR", "b")]]
+    assert frames.unfinished == []
 
 
 def test_rest_payloads_and_answers() -> None:
@@ -166,7 +172,7 @@ def test_rest_payloads_and_answers() -> None:
     ) == [
         {"request_id": "r", "response": "new"},
         {"request_id": "r", "prompt": "old ", "response": "new"},
-        {"request_id": "r", "error": "too long", "field": "$.prompts[3].prompt"},
+        {"request_id": "r", "response": "", "error": "too long", "field": "$.prompts[3].prompt"},
     ]
 
 

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 import websockets
 
-from clients import CHAT, connect, events_of, frames_until_done, greedy, payload, run_ws
+from clients import (
+    CHAT,
+    MAX_MODEL_LEN,
+    UNENDING,
+    connect,
+    events_of,
+    frames_until_done,
+    greedy,
+    payload,
+    run_ws,
+)
 from protocols.generation import SamplingOptions
 from serving import RunningServer
 
@@ -47,27 +57,46 @@ def test_only_new_tokens_false_sends_prompt_in_initialized_and_complete(
     assert events[-1]["text"] == PROMPT + progress
 
 
-def test_batch_is_accepted_in_one_array_and_progress_coalesces(server: RunningServer) -> None:
+def test_batch_arrays_as_the_spec_draws_them(server: RunningServer) -> None:
     ids = [f"b{i}" for i in range(4)]
+    refused = [("b1", PROMPT), ("empty", ""), ("long", "word " * MAX_MODEL_LEN)]
     message = payload(
         *[(r, CHAT.format(f"Count to {i + 3}.")) for i, r in enumerate(ids)],
+        *refused,
         generation_config=greedy(16, ignore_eos=True),
     )
-    frames = run_ws(server.ws, message, set(ids))
+    frames = run_ws(server.ws, message, {*ids, "empty", "long"})
+    types = [frame[0]["type"] for frame in frames]
+    assert all(len({e["type"] for e in frame}) == 1 for frame in frames)
+    # Validation before ACCEPTED: the refused prompts get their ERROR instead.
     assert frames[0] == [{"type": "ACCEPTED", "request_id": r} for r in ids]
-    for frame in frames:
-        assert len({e["type"] for e in frame}) == 1 or {e["type"] for e in frame} <= {
-            "COMPLETE",
-            "ERROR",
-        }
+    assert [(e["type"], e["request_id"]) for e in frames[1]] == [("ERROR", r) for r, _ in refused]
+    assert "twice" in frames[1][0]["error"] and "context" in frames[1][2]["error"]
+    # STARTED, INITIALIZED and COMPLETE: one array each, covering every accepted prompt.
+    assert types[2:4] == ["STARTED", "INITIALIZED"] and types[-1] == "COMPLETE"
+    assert set(types[4:-1]) == {"PROGRESS"}
+    for phase in (frames[2], frames[3], frames[-1]):
+        assert [e["request_id"] for e in phase] == ids
+    for frame in frames[4:-1]:
         assert len([e["request_id"] for e in frame]) == len({e["request_id"] for e in frame})
-    progress_frames = [f for f in frames if f[0]["type"] == "PROGRESS"]
     # Four prompts decoding together: most engine steps advance several of them at once.
-    assert max(len(f) for f in progress_frames) >= 2
-    assert sum(len(f) > 1 for f in progress_frames) >= len(progress_frames) // 2
-    for r in ids:
-        complete = events_of(frames, r)[-1]
-        assert complete["type"] == "COMPLETE" and complete["new_tokens_count"] == 16
+    assert sum(len(f) > 1 for f in frames[4:-1]) >= len(frames[4:-1]) // 2
+    for r, complete in zip(ids, frames[-1], strict=True):
+        progress = [e["text"] for e in events_of(frames[4:-1], r)]
+        assert complete["new_tokens_count"] == 16 and complete["text"] == "".join(progress)
+
+
+def test_a_request_id_in_flight_is_refused_before_acceptance(server: RunningServer) -> None:
+    busy = payload(("busy", PROMPT), generation_config=greedy(UNENDING, ignore_eos=True))
+    with connect(server.ws + "/ws") as first, connect(server.ws + "/ws") as second:
+        first.send(busy)
+        assert json.loads(first.recv()) == [{"type": "ACCEPTED", "request_id": "busy"}]
+        second.send(payload(("busy", PROMPT), ("free", PROMPT), generation_config=greedy(2)))
+        frames = frames_until_done(second, {"busy", "free"})
+    assert frames[0] == [{"type": "ACCEPTED", "request_id": "free"}]
+    [refusal] = frames[1]
+    assert refusal["request_id"] == "busy" and "already generating" in refusal["error"]
+    assert events_of(frames, "free")[-1]["type"] == "COMPLETE"
 
 
 def test_stream_response_false_sends_no_progress(server: RunningServer) -> None:

@@ -14,16 +14,9 @@ from starlette.websockets import WebSocket
 
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
 from gateway.state import Gateway
-from protocols.batch_events import (
-    ErrorEvent,
-    accepted_frame,
-    encode_frame,
-    rejected_frame,
-    to_frames,
-)
+from protocols.batch_events import ErrorEvent, PayloadFrames, encode_frame
 from protocols.batch_payload import decode_batch
 from protocols.errors import GenerationError
-from protocols.generation import Failed, Finished
 from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
@@ -39,30 +32,22 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
     except GenerationError as e:
         outbox.put_nowait(encode_frame([ErrorEvent(None, e.message)]))
         return
-    if batch.items:
-        outbox.put_nowait(encode_frame(accepted_frame(batch.items)))
-    if batch.rejected:
-        outbox.put_nowait(encode_frame(rejected_frame(batch.rejected)))
+    frames = PayloadFrames(batch.items, batch.rejected, only_new_tokens=batch.only_new_tokens)
     if not batch.items:
+        outbox.put_nowait(encode_frame(frames.frames([])[0]))
         return
-    unfinished = {item.request_id for item in batch.items}
     steps = gateway.batches.run_prompts(
         batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS
     )
     try:
         async with aclosing(steps):
             async for step in steps:
-                for frame in to_frames(step, batch.items, only_new_tokens=batch.only_new_tokens):
+                for frame in frames.frames(step):
                     outbox.put_nowait(encode_frame(frame))
-                unfinished.difference_update(
-                    batch.items[e.index].request_id
-                    for e in step
-                    if isinstance(e, Finished | Failed)
-                )
     except Exception as e:  # a bug must still end every accepted prompt with one event
         log.exception("payload failed")
         message = f"Internal error: {type(e).__name__}: {e}"
-        outbox.put_nowait(encode_frame([ErrorEvent(rid, message) for rid in sorted(unfinished)]))
+        outbox.put_nowait(encode_frame([ErrorEvent(rid, message) for rid in frames.unfinished]))
 
 
 routes = [WebSocketRoute("/ws", batch_events)]

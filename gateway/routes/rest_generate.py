@@ -18,7 +18,7 @@ from gateway.routes.http_errors import status_of
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
-from protocols.generation import Delta, Event, Failed, Finished, Initialized
+from protocols.generation import Delta, Event, Failed, Finished, Initialized, Queued
 from protocols.names import Protocol
 from protocols.rest_generate import (
     batch_answers,
@@ -27,6 +27,7 @@ from protocols.rest_generate import (
     encode_answers,
     encode_error,
     failure_of_one,
+    first_failure,
 )
 
 Step = list[Event]
@@ -110,8 +111,10 @@ async def generate_batch(request: Request) -> Response:
     collected = await collect(request, steps)
     if collected is None:
         return client_gone()
-    answers = batch_answers(batch, _outcomes(collected))
-    return Response(encode_answers(answers), media_type="application/json")
+    outcomes = _outcomes(collected)
+    if not any(isinstance(e, Queued) for step in collected for e in step):
+        return error_response(first_failure(batch, outcomes))
+    return Response(encode_answers(batch_answers(batch, outcomes)), media_type="application/json")
 
 
 routes = [
