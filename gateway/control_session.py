@@ -17,6 +17,7 @@ from contextlib import aclosing
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from gateway.config import served_model_name
 from gateway.state import Gateway
@@ -65,6 +66,7 @@ class _Generation:
 
     def __init__(self, request_id: str, config: Config, options: SamplingOptions) -> None:
         self.request_id = request_id
+        self.announced = False  # its `init` went out
         self.config = config
         self.options = options
         self.token_ids: list[int] = []
@@ -137,7 +139,8 @@ class ControlSession:
         return self._gen
 
     def _current_id(self) -> str | None:
-        return self._gen.request_id if self._gen is not None else self._last_request_id
+        """The latest generation an `init` announced."""
+        return self._last_request_id
 
     def _configure(self, config: Config) -> None:
         if self.state in ("generating", "paused"):
@@ -158,7 +161,6 @@ class ControlSession:
         assert self._config is not None and self._options is not None
         gen = _Generation(f"gen_{uuid.uuid4().hex[:12]}", self._config, self._options)
         self._gen = gen
-        self._last_request_id = gen.request_id
         self.state = "generating"
         self._task = asyncio.create_task(self._drive(gen))
 
@@ -202,7 +204,7 @@ class ControlSession:
             raise invalid("`regenerate` needs a `config` first")
         abandoned = self._gen if self.state in ("generating", "paused") else None
         await self._cancel()
-        if abandoned is not None and self.state != "done":
+        if abandoned is not None and abandoned.announced and self.state != "done":
             self._complete(abandoned, CANCELLED)  # every init gets exactly one completion
         self._start()
 
@@ -213,7 +215,7 @@ class ControlSession:
         await self.gateway.feedback.add(
             request_id, self.model, feedback.rating, feedback.text, feedback.position
         )
-        self.send(Status("feedback_recorded", 100.0, f"feedback on {request_id} saved"))
+        self.send(Status("feedback_recorded", 100.0, f"feedback on {request_id} saved", 0.0))
 
     # --- the generation task ------------------------------------------------------------------
 
@@ -253,6 +255,7 @@ class ControlSession:
                     case Queued(token_ids=token_ids) if not gen.prompt_length:
                         gen.token_ids = list(token_ids)
                         gen.prompt_length = len(gen.token_ids)
+                        gen.announced, self._last_request_id = True, gen.request_id
                         info = ModelInfo(max_tokens=self._max_model_len())
                         self.send(Init(gen.request_id, self.model, info))
                     case Initialized(prompt_text=text) if gen.config.options.echo_prompt:
@@ -303,7 +306,7 @@ class ControlSession:
     def _complete(self, gen: _Generation, reason: str) -> None:
         self._cancel_pause_timer()
         usage = Usage(gen.prompt_length, gen.completion_tokens, len(gen.sequence))
-        message = Completion(gen.text, reason, usage, gen.request_id)
+        message = Completion(gen.text, reason, usage, _announced_id(gen))
         if gen.config.options.include_timing:
             first = None if gen.first_token_at is None else _ms(gen.first_token_at - gen.started)
             message.timing = CompletionTiming(first, _ms(time.perf_counter() - gen.started))
@@ -313,7 +316,7 @@ class ControlSession:
     def _fail(self, gen: _Generation, error: GenerationError) -> None:
         self._cancel_pause_timer()
         self.state = "done"
-        self.send(error_message(error, gen.request_id))
+        self.send(error_message(error, gen.request_id if gen.announced else None))
 
     async def _expire_pause(self, gen: _Generation) -> None:
         await asyncio.sleep(self.gateway.settings.pause_timeout_seconds)
@@ -343,8 +346,17 @@ class ControlSession:
             self._pause_timer = None
 
     def _status(self, operation: str, gen: _Generation, message: str) -> Status:
-        progress = 100.0 * gen.completion_tokens / gen.options.max_new_tokens
-        return Status(operation, round(min(progress, 100.0), 1), message)
+        done, limit = gen.completion_tokens, gen.options.max_new_tokens
+        progress = round(min(100.0 * done / limit, 100.0), 1)
+        eta = None  # from the pace of the tokens so far, once there are two
+        if done >= 2 and gen.first_token_at is not None:
+            pace = (gen.last_token_at - gen.first_token_at) / (done - 1)
+            eta = round(max(limit - done, 0) * pace, 2)
+        return Status(operation, progress, message, eta)
+
+
+def _announced_id(gen: _Generation) -> str | UnsetType:
+    return gen.request_id if gen.announced else UNSET
 
 
 def _ms(seconds: float) -> float:

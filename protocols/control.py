@@ -25,7 +25,7 @@ Rating = Annotated[float, Meta(ge=-1.0, le=1.0)]
 LOGPROB_ALTERNATIVES = 5  # alternatives sent with each token when include_logprobs is set
 
 
-class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class Parameters(msgspec.Struct, kw_only=True):
     max_tokens: MaxNewTokens | UnsetType = UNSET
     temperature: Temperature | UnsetType = UNSET
     top_p: TopP | UnsetType = UNSET
@@ -36,25 +36,25 @@ class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ignore_eos: bool | UnsetType = UNSET
 
 
-class RestOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class RestOptions(msgspec.Struct, kw_only=True):
     echo_prompt: bool = False
     include_token_ids: bool = False
     include_logprobs: bool = False
     include_timing: bool = False
 
 
-class Options(RestOptions, forbid_unknown_fields=True, kw_only=True):
+class Options(RestOptions, kw_only=True):
     stream: bool = True
 
 
 # --- client -> server ----------------------------------------------------------------------
 
 
-class _ClientMessage(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True):
     """A message from the client, tagged by `type`."""
 
 
-class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+class ChatMessage(msgspec.Struct):
     """An extension: a conversation, rendered with the served model's chat template."""
 
     role: Literal["system", "user", "assistant"]
@@ -91,11 +91,11 @@ ClientMessage = Config | Control | Feedback
 # --- server -> client ----------------------------------------------------------------------
 
 
-class Status(msgspec.Struct, tag="status", tag_field="type", omit_defaults=True):
+class Status(msgspec.Struct, tag="status", tag_field="type"):
     operation: str
     progress: float
     message: str
-    eta_seconds: float | None = None
+    eta_seconds: float | None  # null when there is nothing to estimate from yet
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -258,13 +258,15 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-class RestRequest(Parameters, forbid_unknown_fields=True, kw_only=True):
-    """The spec's REST body: the config's parameters flat beside the prompt."""
+class RestRequest(Parameters, kw_only=True):
+    """The spec's REST body: the config's parameters flat beside the prompt (or nested in
+    `parameters`, as in a WebSocket `config`; a flat one wins over the same nested one)."""
 
     prompt: str | UnsetType = UNSET
     messages: Messages | UnsetType = UNSET
     model: str | None = None
     stream: bool = False
+    parameters: Parameters = msgspec.field(default_factory=Parameters)
     options: RestOptions = msgspec.field(default_factory=RestOptions)
 
 
@@ -284,7 +286,9 @@ def rest_config(raw: bytes) -> Config:
         raise validation_error(e) from e
     except msgspec.DecodeError as e:
         raise invalid(f"Malformed JSON: {e}", "$") from e
-    parameters = Parameters(**{name: getattr(body, name) for name in Parameters.__struct_fields__})
+    given = {name: getattr(body, name) for name in Parameters.__struct_fields__}
+    nested = msgspec.structs.asdict(body.parameters)
+    parameters = Parameters(**{k: v if v is not UNSET else nested[k] for k, v in given.items()})
     options = Options(stream=body.stream, **msgspec.structs.asdict(body.options))
     return Config(
         prompt=body.prompt,

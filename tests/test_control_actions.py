@@ -66,6 +66,7 @@ def test_pause_stops_compute_and_resume_continues_without_loss_or_repeat(
         ws.send(control("pause"))
         paused = until(ws, "status")
         assert paused[-1]["operation"] == "paused"
+        assert paused[-1]["eta_seconds"] >= 0  # from the pace of the tokens so far
         before += paused[:-1]
         idle_engine()  # nothing runs in the engine while paused
         # A marker answered at once: whatever was sent while paused would come before it.
@@ -265,6 +266,13 @@ def test_rest_generate_json_and_sse(server: RunningServer) -> None:
         server.http + "/v1/generate", json={"prompt": "x", "top_k": "many"}, timeout=None
     )
     assert bad.status_code == 422 and bad.json()["field"] == "$.top_k"
+    nested = {"type": "config", "prompt": STORY, "parameters": {"max_tokens": 3, "temperature": 0}}
+    answer = httpx.post(server.http + "/v1/generate", json=nested, timeout=None)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    assert (
+        answer.json()["generated_text"]
+        == result["generated_text"][: len(answer.json()["generated_text"])]
+    )
     too_long = httpx.post(
         server.http + "/v1/generate", json={"prompt": "word " * 3000}, timeout=None
     )

@@ -26,6 +26,7 @@ from gateway.routes.streaming import chained, client_gone, collect, stream_answe
 from gateway.routes.websocket_payloads import write_frames
 from gateway.state import gateway_of
 from protocols.control import (
+    ClientMessage,
     Completion,
     Config,
     Error,
@@ -63,18 +64,21 @@ async def control_ws(websocket: WebSocket) -> None:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 break
+            decoded: ClientMessage | None = None
             try:
                 decoded = decode_client(message.get("text") or message.get("bytes") or b"")
             except GenerationError as e:
-                session.send(error_message(e))
-                continue
+                if session.state != "new" or e.field != "$.type":  # a bad config may be retried
+                    session.send(error_message(e))
+                    continue
             if session.state == "new" and not isinstance(decoded, Config):
                 first = invalid("The first message must be a `config` message", "$.type")
                 session.send(error_message(first, recoverable=False, recovery_action="reconnect"))
                 await outbox.join()
                 await websocket.close(POLICY_VIOLATION)
                 break
-            await session.handle(decoded)
+            if decoded is not None:
+                await session.handle(decoded)
     finally:
         connections.dec()
         await session.close()
