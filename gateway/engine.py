@@ -13,17 +13,18 @@ import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
+from functools import partial
 from typing import Any
 
 import msgspec
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
 from vllm.inputs.engine import tokens_input
 from vllm.logprobs import Logprob
-from vllm.sampling_params import BeamSearchParams, RequestOutputKind
+from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from gateway.beams import beam_search
 from gateway.config import EngineSettings
 from gateway.cpu_defaults import cpu_flags, engine_environment, reported_flags, resolve_dtype
 from gateway.metrics import StreamMeter
@@ -33,6 +34,7 @@ from protocols.generation import SamplingOptions, TokenInfo, TopToken
 log = logging.getLogger(__name__)
 GIB = 1 << 30
 _FAILED = frozenset({"error", "abort"})
+_MAX_LOGPROBS = 20  # vLLM's default max_logprobs: beams beyond 10 see fewer candidates
 
 
 class EngineStep(msgspec.Struct):
@@ -108,16 +110,17 @@ def _engine_failure(reason: str | None) -> GenerationError:
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
 
 
+def _eos_token_ids(llm: AsyncLLM, tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's end of sequence and the generation config's, as transformers uses."""
+    configured = llm.model_config.try_get_generation_config().get("eos_token_id")
+    ids = configured if isinstance(configured, list) else [configured]
+    return frozenset(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None)
+
+
 def _text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
     if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
     return str(tokenizer.decode([token_id]))
-
-
-class _BeamSearcher(BeamSearchOnlineMixin):
-    def __init__(self, llm: AsyncLLM) -> None:
-        self.engine_client = llm
-        self.renderer = llm.renderer
 
 
 class Engine:
@@ -126,9 +129,9 @@ class Engine:
     def __init__(self, llm: AsyncLLM, max_model_len: int, dtype_reason: str = "") -> None:
         self.llm = llm
         self._ids = itertools.count()
-        self._beams = _BeamSearcher(llm)
         self.tokenizer: Any = llm.get_tokenizer()
         self._special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+        self.eos_token_ids = _eos_token_ids(llm, self.tokenizer)
         self.max_model_len = max_model_len
         self.dtype = str(llm.model_config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
@@ -295,43 +298,62 @@ class Engine:
     async def beam_search(
         self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
     ) -> list[EngineStep]:
-        """vLLM's beam search, run to the end: the best `options.n` beams, best first.
+        """Beam search as transformers does it (gateway/beams.py), run to the end: the best
+        `options.n` beams, best first, each step's beams one engine request each.
 
         Beam search reports no log-probabilities: each token's is NaN.
         """
         room = self.max_model_len - len(token_ids)
-        params = BeamSearchParams(
-            beam_width=options.num_beams,
-            max_tokens=min(options.max_new_tokens, room),
-            ignore_eos=options.ignore_eos,
-            temperature=options.temperature if options.do_sample else 0.0,
-            length_penalty=options.length_penalty,
-            include_stop_str_in_output=options.include_stop_str_in_output,
-            skip_special_tokens=options.skip_special_tokens,
-        )
+        sample = options.do_sample and options.temperature > 0
         request_id = f"gw-beam-{next(self._ids)}"
-        outputs = self._beams.beam_search(tokens_input(token_ids), request_id, params)
-        async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            async for output in outputs:
-                beams = output.outputs[: options.n]
-                if not beams or beams[0].finish_reason in _FAILED:
-                    raise _engine_failure(beams[0].finish_reason if beams else "no beam")
-                if meter is not None:
-                    meter.step(sum(len(b.token_ids) for b in beams), 0, True)
-                return [
-                    EngineStep(
-                        b.text,
-                        b.token_ids,
-                        True,
-                        _is_eos(b.finish_reason, b.stop_reason),
-                        b.finish_reason,
-                        0,
-                        [self._token(t, None) for t in b.token_ids],
-                        stop_reason=b.stop_reason,
-                    )
-                    for b in beams
-                ]
-        raise _engine_failure("no output")
+        async with self._tracked(request_id, len(token_ids), meter):
+            found = await beam_search(
+                token_ids,
+                partial(self._next_tokens, request_id),
+                num_beams=options.num_beams,
+                max_new_tokens=min(options.max_new_tokens, room),
+                eos_token_ids=frozenset() if options.ignore_eos else self.eos_token_ids,
+                length_penalty=options.length_penalty,
+                early_stopping=options.early_stopping,
+                temperature=options.temperature if sample else None,
+                seed=options.seed,
+            )
+        beams = found[: options.n]
+        if meter is not None:
+            meter.step(sum(len(b.token_ids) for b in beams), 0, True)
+        return [
+            EngineStep(
+                str(self.tokenizer.decode(b.token_ids, options.skip_special_tokens)),
+                b.token_ids,
+                True,
+                b.ended_at_eos,
+                "stop" if b.ended_at_eos else "length",
+                0,
+                [self._token(t, None) for t in b.token_ids],
+            )
+            for b in beams
+        ]
+
+    async def _next_tokens(
+        self, request_id: str, sequences: list[list[int]], count: int
+    ) -> list[dict[int, float]]:
+        """Each sequence's `count` likeliest next tokens, with their log-probabilities."""
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, logprobs=min(count, 20), detokenize=False
+        )
+
+        async def one(i: int, sequence: list[int]) -> dict[int, float]:
+            outputs = self.llm.generate(tokens_input(sequence), params, f"{request_id}-{i}")
+            async with aclosing(outputs):
+                async for output in outputs:
+                    if output.finished:
+                        completion = output.outputs[0]
+                        if completion.finish_reason in _FAILED or not completion.logprobs:
+                            raise _engine_failure(completion.finish_reason)
+                        return {t: lp.logprob for t, lp in completion.logprobs[0].items()}
+            raise _engine_failure("no output")
+
+        return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(sequences))))
 
     def shutdown(self) -> None:
         self.llm.shutdown()

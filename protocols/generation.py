@@ -47,6 +47,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: RepetitionPenalty = 1.0
     num_beams: NumBeams = 1
     length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False  # transformers' meaning (gateway/beams.py)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False

@@ -101,6 +101,7 @@ class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     details: bool
     return_full_text: bool
     tgi_compat: bool
+    ignored: tuple[str, ...] = ()  # parameters given that the engine cannot honour
 
 
 class InvalidPayload(Exception):
@@ -112,7 +113,7 @@ class InvalidPayload(Exception):
         self.dynamic = dynamic
 
 
-# Parameters vLLM's beam search cannot apply, with the values that ask nothing of it.
+# Parameters beam search (gateway/beams.py) does not apply, with the values that ask nothing.
 _BEAM_NO_OPS: dict[str, tuple[object, ...]] = {
     "repetition_penalty": (None, 1.0),
     "presence_penalty": (None, 0.0),
@@ -125,11 +126,14 @@ _BEAM_NO_OPS: dict[str, tuple[object, ...]] = {
     "spaces_between_special_tokens": (None, True),
 }
 _SAMPLING_NO_OPS: dict[str, tuple[object, ...]] = {
-    "seed": (None,),
     "top_k": (None, 0, -1),
     "top_p": (None, 1.0),
     "min_p": (None, 0.0),
 }
+
+
+# Parameters the spec lists that vLLM has no equivalent for, with the values that ask nothing.
+_IGNORED: dict[str, tuple[object, ...]] = {"typical_p": (None, 1.0)}
 
 
 def output_form(stream: bool | None, formatter: str, tgi_compat: bool) -> Output:
@@ -177,6 +181,7 @@ def decode_lmi(
         details=details,
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,
+        ignored=tuple(name for name, no_op in _IGNORED.items() if getattr(p, name) not in no_op),
     )
 
 
@@ -184,10 +189,6 @@ def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:
     n, beams = p.n or 1, p.num_beams or 1
     best_of = p.best_of or n
     sampling = bool(p.do_sample) and p.temperature != 0
-    if p.typical_p not in (None, 1.0):
-        raise refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
-    if p.early_stopping:
-        raise refuse("early_stopping", "vLLM's beam search has no early_stopping option")
     for name, count in (("n", n), ("best_of", best_of), ("num_beams", beams)):
         if count > 1 and streaming:
             raise refuse(name, f"{name} > 1 only works without streaming")
@@ -227,6 +228,7 @@ def lmi_options(
         repetition_penalty=p.repetition_penalty or 1.0,
         num_beams=beams,
         length_penalty=1.0 if p.length_penalty is None else p.length_penalty,
+        early_stopping=bool(p.early_stopping),
         seed=p.seed,
         stop=tuple(p.stop_sequences or ()),
         ignore_eos=bool(p.ignore_eos_token),

@@ -37,6 +37,9 @@ def gateway_settings(**env: str) -> Settings:
     """Settings as a user would write them, from environment-style strings; no .env read."""
     base = {
         "ENFORCE_EAGER": "true",
+        # The same numbers on every machine (bfloat16 keeps about 3 digits, and some CPUs
+        # emulate it): greedy and beam answers can then be compared with transformers' own.
+        "DTYPE": "float32",
         "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "KV_CACHE_GIB": "1",
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),

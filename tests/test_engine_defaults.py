@@ -1,4 +1,6 @@
-"""The engine's dtype follows the CPU, and the server says which it chose and why."""
+"""The engine's dtype follows the settings and the CPU, and the server says which it chose
+and why. (The test engine asks for float32, tests/serving.py; what "auto" picks on each kind
+of CPU is tests/test_cpu_defaults.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from serving import RunningServer
 
 
 def test_info_and_metrics_report_the_dtype_chosen_for_this_cpu(server: RunningServer) -> None:
-    dtype, reason = resolve_dtype("auto", "cpu", cpu_flags())
+    dtype, reason = resolve_dtype(server.gateway.settings.engine.dtype, "cpu", cpu_flags())
     info = httpx.get(server.http + "/info").json()
     assert info["model_dtype"] == f"torch.{dtype}"
     metrics = httpx.get(server.http + "/metrics").text

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from clients import (
     CHAT,
@@ -264,12 +266,23 @@ def test_dynamic_batch_answers_a_list_and_streams_outputs(server: RunningServer)
     ]
 
 
+def test_spec_parameters_are_accepted_and_those_vllm_lacks_ignored_with_a_warning(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.routes.lmi")
+    typical = invoke(server, {"inputs": PROMPT, "parameters": {"typical_p": 0.9}})
+    assert typical.status_code == 200 and typical.json()["generated_text"]
+    assert "typical_p" in caplog.text
+    beams = {"num_beams": 2, "early_stopping": True, "max_new_tokens": 8}
+    stopped = invoke(server, {"inputs": PROMPT, "parameters": beams})
+    assert stopped.status_code == 200 and stopped.json()["generated_text"]
+
+
 def test_payload_validation_answers_424_naming_the_field(server: RunningServer) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"inputs": PROMPT, "parameters": {"top_k": "x"}}, "$.parameters.top_k"),
         ({"inputs": PROMPT, "parameters": {"max_new_tokens": 0}}, "$.parameters.max_new_tokens"),
         ({"inputs": PROMPT, "parameters": {"num_beams": 2}, "stream": True}, "num_beams"),
-        ({"inputs": PROMPT, "parameters": {"typical_p": 0.9}}, "typical_p"),
         ({"inputs": PROMPT, "parameters": {"do_sample": True, "nn": 2}}, "field `nn`"),
         ({"input": PROMPT}, "field `input`"),
         ({"inputs": "word " * 3000}, "$.inputs"),  # longer than the context

@@ -108,6 +108,9 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
     assert o.include_stop_str_in_output and o.ignore_eos
     assert (o.logprobs, o.prompt_logprobs, request.top_n) == (3, 1, 3)
     assert not o.skip_special_tokens and not o.spaces_between_special_tokens
+    assert request.ignored == ()  # typical_p 1.0 asks nothing of the engine
+    ignored = lmi({"inputs": PROMPT, "parameters": {"typical_p": 0.5, "early_stopping": True}})
+    assert ignored.ignored == ("typical_p",) and ignored.options.early_stopping is True
     assert request.truncate == 100
 
 
@@ -141,8 +144,6 @@ def test_output_forms_follow_stream_formatter_and_tgi_mode() -> None:
         ({"inputs": PROMPT, "extra": 1}, "$.extra", "unknown field"),
         ({"parameters": {}}, "$.inputs", "missing required field"),
         ({"inputs": ""}, "$.inputs", "length >= 1"),
-        ({"inputs": PROMPT, "parameters": {"typical_p": 0.5}}, "$.parameters.typical_p", "vLLM"),
-        ({"inputs": PROMPT, "parameters": {"early_stopping": True}}, "early_stopping", "beam"),
         ({"inputs": PROMPT, "parameters": {"n": 2}}, "$.parameters.n", "do_sample"),
         (
             {"inputs": PROMPT, "parameters": {"do_sample": True, "n": 3, "best_of": 2}},

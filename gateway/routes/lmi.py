@@ -8,6 +8,7 @@ response ends, its generation is closed, which aborts the engine requests.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import NamedTuple
@@ -38,6 +39,9 @@ from protocols.lmi import (
 from protocols.names import Protocol
 
 JSON = "application/json"
+
+
+log = logging.getLogger(__name__)
 
 
 class Whole(NamedTuple):
@@ -98,6 +102,8 @@ async def answer(
         )
     except InvalidPayload as e:
         return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
+    if lmi.ignored:
+        log.warning("ignored LMI parameters vLLM cannot honour: %s", ", ".join(lmi.ignored))
     encoder = LmiEncoder(lmi)
     steps = gateway.batches.run(requests_of(lmi), protocol)
     if lmi.output == "json":
