@@ -54,6 +54,9 @@ class GenerationService:
         self.metrics.watch_admission(lambda: admission.waiting, lambda: admission.running)
         self._in_flight: set[str] = set()
 
+    def is_generating(self, request_id: str) -> bool:
+        return request_id in self._in_flight
+
     async def generate(
         self, request: GenerationRequest, protocol: Protocol
     ) -> AsyncGenerator[Event, None]:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from control_client import Message, config, control, tokens_of, until
 
-from clients import CHAT, connect
+from clients import CHAT, connect, events_of, greedy, payload, run_ws
 from serving import RunningServer
 
 if TYPE_CHECKING:
@@ -147,3 +147,11 @@ def test_pause_resume_modify_and_regenerate_lose_nothing(
             assert completion["generated_text"] == whole.text, actions
             assert completion["finish_reason"] == whole.finish_reason, actions
             assert completion["usage"]["completion_tokens"] == len(whole.ids), actions
+
+
+def test_progress_events_carry_whole_tokens_with_a_stop_list(server: RunningServer) -> None:
+    config = greedy(12) | {"stop": [" sleepy cat"]}
+    frames = run_ws(server.ws, payload(("held", ROBOT), generation_config=config), {"held"})
+    progress = [e["text"] for e in events_of(frames, "held") if e["type"] == "PROGRESS"]
+    assert " sleepy town" in progress  # held at " sleepy", out with the token after it
+    assert "".join(progress) == events_of(frames, "held")[-1]["text"]

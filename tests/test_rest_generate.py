@@ -108,8 +108,24 @@ def test_one_bad_prompt_fails_alone_in_a_batch(server: RunningServer) -> None:
         },
     ).json()
     assert answers[0]["request_id"] == "good" and answers[0]["response"]
-    assert answers[1]["request_id"] == "bad"
+    assert answers[1]["request_id"] == "bad" and answers[1]["response"] == ""
     assert answers[1]["field"] == "$.prompts[1].prompt"
+
+
+def test_a_batch_whose_every_prompt_is_invalid_answers_422(server: RunningServer) -> None:
+    prompts = [
+        {"request_id": "empty", "prompt": ""},
+        {"request_id": "long", "prompt": "word " * 3000},
+        {"request_id": "empty", "prompt": PROMPT},  # a request_id twice
+    ]
+    answer = httpx.post(
+        server.http + "/api/generate-batch",
+        timeout=None,
+        json={"prompts": prompts, "generation_config": greedy(4)},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["type"] == "invalid_request"
+    assert answer.json()["field"] == "$.prompts[0].prompt"
 
 
 def test_bad_input_gets_4xx_json_naming_the_field(server: RunningServer) -> None:
