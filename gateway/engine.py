@@ -91,6 +91,7 @@ def sampling_params(
         seed=options.seed,
         stop=list(options.stop) or None,
         stop_token_ids=list(options.stop_token_ids) or None,
+        logit_bias=dict(options.logit_bias) or None,
         include_stop_str_in_output=options.include_stop_str_in_output or keep_stop_strings,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,

@@ -58,6 +58,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: Penalty = 0.0
     n: Count = 1  # sequences to return (non-streaming)
     stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     logprobs: LogprobCount | None = None  # alternatives per generated token; 0: the chosen only
     prompt_logprobs: LogprobCount | None = None

@@ -15,3 +15,5 @@ class Protocol(enum.StrEnum):
     LMI = "lmi"  # POST /invocations and /predictions/{model}, lmi-invocations.md
     SAGEMAKER = "sagemaker"  # the SageMaker runtime paths boto3 calls (LMI schema)
     TGI = "tgi"  # TGI's POST /, /generate, /generate_stream
+    OPENAI_CHAT = "openai_chat"  # POST /v1/chat/completions (also TGI's Messages API)
+    OPENAI_COMPLETIONS = "openai_completions"  # POST /v1/completions

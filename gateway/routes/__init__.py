@@ -8,6 +8,7 @@ from gateway.routes import (
     health,
     lmi,
     metrics,
+    openai,
     rest_generate,
     sagemaker,
     tgi,
@@ -15,5 +16,17 @@ from gateway.routes import (
     ws_events,
 )
 
-_MODULES = (health, metrics, batch_ws, rest_generate, control, ws_events, lmi, sagemaker, tgi, ui)
+_MODULES = (
+    health,
+    metrics,
+    batch_ws,
+    rest_generate,
+    control,
+    ws_events,
+    lmi,
+    sagemaker,
+    tgi,
+    openai,
+    ui,
+)
 ROUTES: list[BaseRoute] = [route for module in _MODULES for route in module.routes]

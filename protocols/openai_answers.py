@@ -1,0 +1,230 @@
+"""OpenAI's answers: chat completions and completions, whole or as `chat.completion.chunk` /
+`text_completion` server-sent events ending in `data: [DONE]`, and OpenAI's error object."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, assert_never
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from protocols.errors import ErrorKind, GenerationError
+from protocols.generation import Delta, Finished, GeneratedSequence, TokenInfo, top_tokens
+from protocols.openai_requests import OpenAICall
+from protocols.sse import sse_event
+
+DONE = b"data: [DONE]\n\n"
+_ENCODER = msgspec.json.Encoder()
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[TokenLogprob]
+
+
+class TextLogprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class Message(msgspec.Struct, omit_defaults=True):
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: Message
+    logprobs: ChatLogprobs | None
+    finish_reason: str
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Message
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class TextChoice(msgspec.Struct):
+    index: int
+    text: str
+    logprobs: TextLogprobs | None
+    finish_reason: str | None
+
+
+class Answer(msgspec.Struct, omit_defaults=True):
+    """Every answer shape: `object` tells which."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[Any]  # ChatChoice, ChunkChoice or TextChoice
+    usage: Usage | UnsetType | None = UNSET
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+def error_of(error: GenerationError) -> tuple[int, bytes]:
+    """The status the `openai` client maps to its exception classes, and OpenAI's body."""
+    status, kind = _status(error.kind)
+    code = error.kind.value if error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED else None
+    return status, _ENCODER.encode(ErrorBody(ErrorDetail(error.message, kind, error.field, code)))
+
+
+def not_found(message: str) -> bytes:
+    return _ENCODER.encode(ErrorBody(ErrorDetail(message, "NotFoundError", "model", 404)))
+
+
+def _status(kind: ErrorKind) -> tuple[int, str]:
+    match kind:
+        case ErrorKind.INVALID_REQUEST | ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+            return 400, "invalid_request_error"
+        case ErrorKind.DUPLICATE_REQUEST_ID:
+            return 409, "invalid_request_error"
+        case ErrorKind.RATE_LIMITED:
+            return 429, "rate_limit_error"
+        case ErrorKind.ENGINE_ERROR:
+            return 500, "server_error"
+        case ErrorKind.ENGINE_UNAVAILABLE:
+            return 503, "server_error"
+        case _:
+            assert_never(kind)
+
+
+class OpenAIEncoder:
+    """One call's answer: `chat` picks chat completions over text completions."""
+
+    def __init__(self, call: OpenAICall, *, chat: bool) -> None:
+        self.call = call
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self._object = "chat.completion" if chat else "text_completion"
+        self._chunk = "chat.completion.chunk" if chat else "text_completion"
+        self._usage = Usage(0, 0, 0)
+
+    def document(self, finished: list[Finished]) -> bytes:
+        """The whole answer, from each prompt's Finished in order."""
+        choices: list[ChatChoice | TextChoice] = []
+        for prompt, done in enumerate(finished):
+            self.count(done, first=True)
+            for j, sequence in enumerate(done.sequences):
+                choices.append(self._choice(prompt * self.call.choices + j, sequence))
+        answer = Answer(self.id, self._object, self.created, self.call.model, choices, self._usage)
+        return _ENCODER.encode(answer)
+
+    def count(self, done: Finished, *, first: bool) -> None:
+        """Add a Finished to the usage; `first`: the first choice of its prompt."""
+        generated = sum(s.generated_tokens for s in done.sequences)
+        prompt = done.prompt_tokens if first else 0
+        u = self._usage
+        self._usage = Usage(u.prompt_tokens + prompt, u.completion_tokens + generated, 0)
+        self._usage.total_tokens = self._usage.prompt_tokens + self._usage.completion_tokens
+
+    def opening(self, index: int) -> bytes:
+        """A chat choice's first chunk: the role."""
+        return self._event([ChunkChoice(index, Message(role="assistant", content=""))])
+
+    def chunk(self, delta: Delta) -> bytes:
+        logprobs = self._chat_logprobs(delta.tokens) if self.chat else None
+        if self.chat:
+            choice: ChunkChoice | TextChoice = ChunkChoice(
+                delta.index, Message(content=delta.text), logprobs, delta.finish_reason
+            )
+        else:
+            text_logprobs = self._text_logprobs(delta.tokens, 0)
+            choice = TextChoice(delta.index, delta.text, text_logprobs, delta.finish_reason)
+        return self._event([choice])
+
+    def closing(self) -> bytes:
+        """The usage chunk (when asked for), then [DONE]."""
+        if not self.call.include_usage:
+            return DONE
+        usage = Answer(self.id, self._chunk, self.created, self.call.model, [], self._usage)
+        return sse_event(_ENCODER.encode(usage)) + DONE
+
+    def failure(self, error: GenerationError) -> bytes:
+        return sse_event(error_of(error)[1]) + DONE
+
+    def _event(self, choices: list[Any]) -> bytes:
+        usage: Usage | UnsetType | None = None if self.call.include_usage else UNSET
+        answer = Answer(self.id, self._chunk, self.created, self.call.model, choices, usage)
+        return sse_event(_ENCODER.encode(answer))
+
+    def _choice(self, index: int, sequence: GeneratedSequence) -> ChatChoice | TextChoice:
+        reason = sequence.finish_reason
+        if self.chat:
+            message = Message(role="assistant", content=sequence.text)
+            return ChatChoice(index, message, self._chat_logprobs(sequence.tokens), reason)
+        text = sequence.text
+        if self.call.echo_prompts is not None:
+            text = self.call.echo_prompts[index // self.call.choices] + text
+        return TextChoice(index, text, self._text_logprobs(sequence.tokens, 0), reason)
+
+    def _chat_logprobs(self, tokens: list[TokenInfo] | None) -> ChatLogprobs | None:
+        top = self.call.top_logprobs
+        if top is None or tokens is None:
+            return None
+        return ChatLogprobs(
+            [
+                TokenLogprob(
+                    t.text,
+                    t.logprob,
+                    list(t.text.encode()),
+                    [_top(a.text, a.logprob) for a in top_tokens(t, top)],
+                )
+                for t in tokens
+            ]
+        )
+
+    def _text_logprobs(self, tokens: list[TokenInfo] | None, offset: int) -> TextLogprobs | None:
+        top = self.call.top_logprobs
+        if top is None or tokens is None:
+            return None
+        offsets, at = [], offset
+        for t in tokens:
+            offsets.append(at)
+            at += len(t.text)
+        return TextLogprobs(
+            [t.text for t in tokens],
+            [t.logprob for t in tokens],
+            [{a.text: a.logprob for a in top_tokens(t, top)} for t in tokens],
+            offsets,
+        )
+
+
+def _top(text: str, logprob: float) -> TopLogprob:
+    return TopLogprob(text, logprob, list(text.encode()))

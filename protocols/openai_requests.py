@@ -1,0 +1,207 @@
+"""OpenAI's `/v1/chat/completions` and `/v1/completions` requests, decoded to the neutral
+vocabulary (no I/O). Fields this server does not know are ignored, as vLLM's server does;
+known fields with bad values are 400s naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from protocols.errors import invalid, validation_error
+from protocols.generation import (
+    Count,
+    GenerationRequest,
+    LogprobCount,
+    MaxNewTokens,
+    MinP,
+    MinTokens,
+    Penalty,
+    RepetitionPenalty,
+    SamplingOptions,
+    TopK,
+    TopP,
+)
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Stop = str | Annotated[list[str], Meta(max_length=16)]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    """What both routes take: OpenAI's sampling fields and vLLM's extensions."""
+
+    model: str
+    max_tokens: MaxNewTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Count = 1
+    stop: Stop | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # vLLM's extensions, for the same engine
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool = False
+    min_tokens: MinTokens = 0
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: MaxNewTokens | None = None
+    logprobs: bool = False
+    top_logprobs: LogprobCount | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | Annotated[list[str], Meta(min_length=1)]
+    logprobs: LogprobCount | None = None
+    echo: bool = False
+
+
+class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
+    """A decoded request: one GenerationRequest per prompt (or per prompt and choice when
+    streaming), `choices` choices per prompt."""
+
+    model: str
+    requests: list[GenerationRequest]
+    choices: int
+    stream: bool
+    include_usage: bool
+    top_logprobs: int | None  # set: report log-probabilities, with this many alternatives
+    echo_prompts: list[str] | None = None
+
+
+def decode_chat(raw: bytes, context: int) -> OpenAICall:
+    body = _decode(raw, ChatRequest)
+    if body.tools:
+        raise invalid("Tools are not supported: this model's chat template has none", "tools")
+    if body.response_format is not None and body.response_format.get("type") != "text":
+        raise invalid("Only the `text` response_format is supported so far", "response_format")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    messages = tuple(_message(m, i) for i, m in enumerate(body.messages))
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    limit = body.max_completion_tokens or body.max_tokens or context
+    options = _options(body, limit, top)
+    prompt = GenerationRequest(options=options, messages=messages, prompt_field="messages")
+    return _call(body, [prompt], top)
+
+
+def decode_completion(raw: bytes, context: int) -> OpenAICall:
+    body = _decode(raw, CompletionRequest)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    options = _options(body, body.max_tokens or 16, body.logprobs)  # OpenAI's default: 16
+    requests = [
+        GenerationRequest(options=options, prompt=p, prompt_field="prompt") for p in prompts
+    ]
+    return _call(body, requests, body.logprobs, prompts if body.echo else None)
+
+
+def _decode(raw: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as e:
+        raise validation_error(e) from e
+    except msgspec.DecodeError as e:
+        raise invalid(f"Malformed JSON: {e}", "$") from e
+
+
+def _message(message: ChatMessage, index: int) -> dict[str, Any]:
+    content = message.content
+    if isinstance(content, list):
+        content = "\n".join(part.text for part in content)
+    if content is None:
+        raise invalid("A message needs `content`", f"messages[{index}].content")
+    return {"role": message.role, "content": content}
+
+
+def _options(body: _Common, limit: int, top_logprobs: int | None) -> SamplingOptions:
+    temperature = 1.0 if body.temperature is None else body.temperature
+    return SamplingOptions(
+        max_new_tokens=limit,
+        do_sample=temperature > 0,
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=-1 if body.top_k is None else body.top_k,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        seed=body.seed,
+        stop=(body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ()),
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+        logit_bias=tuple(_bias(body.logit_bias or {})),
+        logprobs=top_logprobs,
+        n=1 if body.stream else body.n,
+    )
+
+
+def _bias(bias: dict[str, float]) -> list[tuple[int, float]]:
+    try:
+        return [(int(token), value) for token, value in bias.items()]
+    except ValueError as e:
+        raise invalid("logit_bias keys must be token ids", "logit_bias") from e
+
+
+def _call(
+    body: _Common,
+    prompts: list[GenerationRequest],
+    top_logprobs: int | None,
+    echo_prompts: list[str] | None = None,
+) -> OpenAICall:
+    """Streaming answers each choice from a request of its own (the engine streams one
+    sequence per request); otherwise one request per prompt generates all `n`."""
+    per_prompt = body.n if body.stream else 1
+    requests = [
+        msgspec.structs.replace(p, index=i * per_prompt + j, stream=body.stream)
+        for i, p in enumerate(prompts)
+        for j in range(per_prompt)
+    ]
+    usage = body.stream_options is not None and body.stream_options.include_usage
+    return OpenAICall(
+        model=body.model,
+        requests=requests,
+        choices=body.n,
+        stream=body.stream,
+        include_usage=usage,
+        top_logprobs=top_logprobs,
+        echo_prompts=echo_prompts,
+    )
+
+
+# What TGI's clients send for "the model this server serves": TGI's docs write "tgi";
+# huggingface_hub's InferenceClient(base_url=...) sends "dummy".
+ANY_MODEL = frozenset({"tgi", "dummy"})
+
+
+def unknown_model(call: OpenAICall, served: str) -> str | None:
+    """Why `model` is refused (404), or None: it names the served model (or any, as TGI's
+    clients do)."""
+    if call.model == served or call.model in ANY_MODEL:
+        return None
+    return f"The model `{call.model}` does not exist; this server serves `{served}`"

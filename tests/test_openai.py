@@ -1,0 +1,153 @@
+"""OpenAI's API with the official `openai` client (sync and async) and `huggingface_hub`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+from huggingface_hub import InferenceClient
+
+from clients import CHAT
+from serving import RunningServer
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_served_model(server: RunningServer) -> None:
+    [model] = client(server).models.list().data
+    assert model.id == MODEL
+
+
+def test_chat_completion_answers_with_the_chat_template_and_usage(server: RunningServer) -> None:
+    answer = client(server).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=12,  # type: ignore[arg-type]
+    )
+    [choice] = answer.choices
+    assert "Paris" in (choice.message.content or "") and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert answer.usage is not None and answer.usage.completion_tokens <= 12
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+    parts = [{"role": "user", "content": [{"type": "text", "text": QUESTION[0]["content"]}]}]
+    same = client(server).chat.completions.create(
+        model=MODEL,
+        messages=parts,
+        temperature=0,
+        max_completion_tokens=12,  # type: ignore[arg-type]
+    )
+    assert same.choices[0].message.content == choice.message.content
+
+
+def test_chat_streams_chunks_then_usage_then_done(server: RunningServer) -> None:
+    whole = client(server).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=12,  # type: ignore[arg-type]
+    )
+    stream = client(server).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and not any(finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_n_choices_and_logprobs(server: RunningServer) -> None:
+    answer = client(server).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,  # type: ignore[arg-type]
+        n=2,
+        temperature=1.0,
+        seed=3,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert [c.index for c in answer.choices] == [0, 1]
+    for choice in answer.choices:
+        assert choice.logprobs is not None and choice.logprobs.content
+        for token in choice.logprobs.content:
+            assert len(token.top_logprobs) == 2 and token.logprob <= 0
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == sum(
+        len(c.logprobs.content) for c in answer.choices if c.logprobs and c.logprobs.content
+    )
+
+
+def test_completions_whole_and_streamed(server: RunningServer) -> None:
+    prompt = CHAT.format("Name a color.")
+    whole = client(server).completions.create(
+        model=MODEL, prompt=prompt, temperature=0, max_tokens=8, logprobs=1
+    )
+    [choice] = whole.choices
+    assert choice.text and choice.logprobs is not None
+    assert "".join(choice.logprobs.tokens or []) == choice.text
+    streamed = client(server).completions.create(
+        model=MODEL, prompt=prompt, temperature=0, max_tokens=8, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == choice.text
+    two = client(server).completions.create(
+        model=MODEL, prompt=[prompt, prompt], temperature=0, max_tokens=8
+    )
+    assert [c.text for c in two.choices] == [choice.text, choice.text]
+
+
+def test_the_async_client_streams_concurrently(server: RunningServer) -> None:
+    async def ask(api: openai.AsyncOpenAI, n: int) -> str:
+        stream = await api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Count to {n}."}],
+            temperature=0,
+            max_tokens=10,
+            stream=True,
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main() -> list[str]:
+        api = openai.AsyncOpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
+        return await asyncio.gather(*(ask(api, n) for n in range(3, 7)))
+
+    assert all(asyncio.run(main()))
+
+
+def test_errors_in_openais_shape_and_status(server: RunningServer) -> None:
+    api = client(server)
+    with pytest.raises(openai.BadRequestError) as bad:
+        api.chat.completions.create(model=MODEL, messages=QUESTION, temperature=5)  # type: ignore[arg-type]
+    assert bad.value.status_code == 400 and "temperature" in str(bad.value)
+    with pytest.raises(openai.NotFoundError):
+        api.chat.completions.create(model="gpt-9", messages=QUESTION)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError) as long:
+        api.completions.create(model=MODEL, prompt="word " * 3000, max_tokens=4)
+    assert long.value.code == "context_length_exceeded"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools)  # type: ignore[arg-type]
+    assert "tools" in str(refused.value).lower()
+
+
+def test_huggingface_hub_chat_completion(server: RunningServer) -> None:
+    hub = InferenceClient(base_url=server.http)
+    answer = hub.chat_completion(QUESTION, max_tokens=12, temperature=0)
+    text = answer.choices[0].message.content
+    assert text and "Paris" in text
+    streamed = hub.chat_completion(QUESTION, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
