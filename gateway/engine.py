@@ -21,7 +21,7 @@ from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs.engine import tokens_input
 from vllm.logprobs import Logprob
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.beams import beam_search
@@ -92,6 +92,11 @@ def sampling_params(
         stop=list(options.stop) or None,
         stop_token_ids=list(options.stop_token_ids) or None,
         logit_bias=dict(options.logit_bias) or None,
+        structured_outputs=(
+            None
+            if options.json_schema is None
+            else StructuredOutputsParams(json=options.json_schema)
+        ),
         include_stop_str_in_output=options.include_stop_str_in_output or keep_stop_strings,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
@@ -100,6 +105,10 @@ def sampling_params(
         spaces_between_special_tokens=options.spaces_between_special_tokens,
         output_kind=kind,
     )
+
+
+def _structured(json_schema: str | None) -> StructuredOutputsParams | None:
+    return None if json_schema is None else StructuredOutputsParams(json=json_schema)
 
 
 def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:

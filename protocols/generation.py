@@ -59,6 +59,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     n: Count = 1  # sequences to return (non-streaming)
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    json_schema: str | None = None  # the answer must be JSON valid against it (a JSON text)
     include_stop_str_in_output: bool = False
     logprobs: LogprobCount | None = None  # alternatives per generated token; 0: the chosen only
     prompt_logprobs: LogprobCount | None = None

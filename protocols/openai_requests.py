@@ -73,7 +73,7 @@ class ChatRequest(_Common, kw_only=True):
     logprobs: bool = False
     top_logprobs: LogprobCount | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -99,14 +99,14 @@ def decode_chat(raw: bytes, context: int) -> OpenAICall:
     body = _decode(raw, ChatRequest)
     if body.tools:
         raise invalid("Tools are not supported: this model's chat template has none", "tools")
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        raise invalid("Only the `text` response_format is supported so far", "response_format")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     messages = tuple(_message(m, i) for i, m in enumerate(body.messages))
     top = (body.top_logprobs or 0) if body.logprobs else None
     limit = body.max_completion_tokens or body.max_tokens or context
     options = _options(body, limit, top)
+    if body.response_format is not None:
+        options = msgspec.structs.replace(options, json_schema=_schema(body.response_format))
     prompt = GenerationRequest(options=options, messages=messages, prompt_field="messages")
     return _call(body, [prompt], top)
 
@@ -119,6 +119,31 @@ def decode_completion(raw: bytes, context: int) -> OpenAICall:
         GenerationRequest(options=options, prompt=p, prompt_field="prompt") for p in prompts
     ]
     return _call(body, requests, body.logprobs, prompts if body.echo else None)
+
+
+class JsonSchema(msgspec.Struct, kw_only=True):
+    name: str = "answer"
+    schema_: dict[str, Any] = msgspec.field(default_factory=dict, name="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+def _schema(response_format: ResponseFormat) -> str | None:
+    """The JSON schema vLLM's structured output is held to (a JSON object: `{"type":
+    "object"}`), or None for free text."""
+    match response_format.type:
+        case "text":
+            return None
+        case "json_object":
+            return '{"type": "object"}'
+        case "json_schema":
+            if response_format.json_schema is None:
+                raise invalid("json_schema needs its `json_schema`", "response_format.json_schema")
+            return msgspec.json.encode(response_format.json_schema.schema_).decode()
 
 
 def _decode(raw: bytes, kind: type[Any]) -> Any:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
+import jsonschema
 import openai
 import pytest
 from huggingface_hub import InferenceClient
@@ -151,3 +153,35 @@ def test_huggingface_hub_chat_completion(server: RunningServer) -> None:
     assert text and "Paris" in text
     streamed = hub.chat_completion(QUESTION, max_tokens=12, temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+
+
+def test_json_schema_output_parses_and_validates(server: RunningServer) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "is_capital": {"type": "boolean"},
+        },
+        "required": ["city", "is_capital"],
+        "additionalProperties": False,
+    }
+    answer = client(server).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        temperature=0,
+        max_tokens=300,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "city", "schema": schema, "strict": True},
+        },
+    )
+    assert answer.choices[0].finish_reason == "stop", answer.choices[0].message.content
+    jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
+    anything = client(server).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": 'Answer in JSON: {"capital": ...}. France?'}],
+        temperature=0,
+        max_tokens=100,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
