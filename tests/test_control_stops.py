@@ -76,7 +76,8 @@ class Reference(NamedTuple):
 
 
 def reference(server: RunningServer, stop: list[str], max_tokens: int) -> Reference:
-    parameters = {"max_new_tokens": max_tokens, "do_sample": False, "details": True}
+    parameters: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": False}
+    parameters["details"] = True
     parameters |= {"logprobs": 3, "stop_sequences": stop}
     body = {"inputs": ROBOT, "parameters": parameters}
     answer = httpx.post(server.http + "/invocations", json=body, timeout=None)

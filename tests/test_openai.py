@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 from huggingface_hub import InferenceClient
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from clients import CHAT
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of France?"}
+]
 
 
 def client(server: RunningServer) -> openai.OpenAI:
@@ -26,38 +30,40 @@ def test_models_lists_the_served_model(server: RunningServer) -> None:
     assert model.id == MODEL
 
 
-def test_chat_completion_answers_with_the_chat_template_and_usage(server: RunningServer) -> None:
-    answer = client(server).chat.completions.create(
+def greedy_answer(server: RunningServer) -> Any:
+    return client(server).chat.completions.create(
         model=MODEL,
         messages=QUESTION,
         temperature=0,
-        max_tokens=12,  # type: ignore[arg-type]
+        max_tokens=12,
     )
+
+
+def test_chat_completion_answers_with_the_chat_template_and_usage(server: RunningServer) -> None:
+    answer = greedy_answer(server)
     [choice] = answer.choices
     assert "Paris" in (choice.message.content or "") and choice.message.role == "assistant"
     assert choice.finish_reason in ("stop", "length")
     assert answer.usage is not None and answer.usage.completion_tokens <= 12
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
-    parts = [{"role": "user", "content": [{"type": "text", "text": QUESTION[0]["content"]}]}]
+    text = "What is the capital of France?"
+    parts: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": [{"type": "text", "text": text}]}
+    ]
     same = client(server).chat.completions.create(
         model=MODEL,
         messages=parts,
         temperature=0,
-        max_completion_tokens=12,  # type: ignore[arg-type]
+        max_completion_tokens=12,
     )
     assert same.choices[0].message.content == choice.message.content
 
 
 def test_chat_streams_chunks_then_usage_then_done(server: RunningServer) -> None:
-    whole = client(server).chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,
-        temperature=0,
-        max_tokens=12,  # type: ignore[arg-type]
-    )
+    whole = greedy_answer(server)
     stream = client(server).chat.completions.create(
         model=MODEL,
-        messages=QUESTION,  # type: ignore[arg-type]
+        messages=QUESTION,
         temperature=0,
         max_tokens=12,
         stream=True,
@@ -75,7 +81,7 @@ def test_chat_streams_chunks_then_usage_then_done(server: RunningServer) -> None
 def test_n_choices_and_logprobs(server: RunningServer) -> None:
     answer = client(server).chat.completions.create(
         model=MODEL,
-        messages=QUESTION,  # type: ignore[arg-type]
+        messages=QUESTION,
         n=2,
         temperature=1.0,
         seed=3,
@@ -133,25 +139,28 @@ def test_the_async_client_streams_concurrently(server: RunningServer) -> None:
 def test_errors_in_openais_shape_and_status(server: RunningServer) -> None:
     api = client(server)
     with pytest.raises(openai.BadRequestError) as bad:
-        api.chat.completions.create(model=MODEL, messages=QUESTION, temperature=5)  # type: ignore[arg-type]
+        api.chat.completions.create(model=MODEL, messages=QUESTION, temperature=5)
     assert bad.value.status_code == 400 and "temperature" in str(bad.value)
     with pytest.raises(openai.NotFoundError):
-        api.chat.completions.create(model="gpt-9", messages=QUESTION)  # type: ignore[arg-type]
+        api.chat.completions.create(model="gpt-9", messages=QUESTION)
     with pytest.raises(openai.BadRequestError) as long:
         api.completions.create(model=MODEL, prompt="word " * 3000, max_tokens=4)
     assert long.value.code == "context_length_exceeded"
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    tools: list[ChatCompletionFunctionToolParam] = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
     with pytest.raises(openai.BadRequestError) as refused:
-        api.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools)  # type: ignore[arg-type]
+        api.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools)
     assert "tools" in str(refused.value).lower()
 
 
 def test_huggingface_hub_chat_completion(server: RunningServer) -> None:
     hub = InferenceClient(base_url=server.http)
-    answer = hub.chat_completion(QUESTION, max_tokens=12, temperature=0)
+    question: list[dict[str, Any]] = [dict(m) for m in QUESTION]
+    answer = hub.chat_completion(question, max_tokens=12, temperature=0)
     text = answer.choices[0].message.content
     assert text and "Paris" in text
-    streamed = hub.chat_completion(QUESTION, max_tokens=12, temperature=0, stream=True)
+    streamed = hub.chat_completion(question, max_tokens=12, temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
 
 
