@@ -41,6 +41,8 @@ class Holdback:
         When the held text completes a stop string that began in an earlier request,
         `stopped_at` is set and the Delta returned is the generation's last.
         """
+        if piece.text and not self.held and not self._stops:
+            return piece  # the common case, once per token: nothing to hold
         self.held.append(piece)
         text = _text(self.held)
         if (stopped := self._spanning(text)) is not None:
