@@ -17,7 +17,6 @@ from contextlib import aclosing
 from typing import Literal
 
 import msgspec
-from msgspec import UNSET, UnsetType
 
 from gateway.config import served_model_name
 from gateway.state import Gateway
@@ -66,7 +65,7 @@ class _Generation:
 
     def __init__(self, request_id: str, config: Config, options: SamplingOptions) -> None:
         self.request_id = request_id
-        self.announced = False  # its `init` went out
+        self.announced_id: str | None = None  # request_id, once its `init` went out
         self.config = config
         self.options = options
         self.token_ids: list[int] = []
@@ -204,7 +203,7 @@ class ControlSession:
             raise invalid("`regenerate` needs a `config` first")
         abandoned = self._gen if self.state in ("generating", "paused") else None
         await self._cancel()
-        if abandoned is not None and abandoned.announced and self.state != "done":
+        if abandoned is not None and abandoned.announced_id and self.state != "done":
             self._complete(abandoned, CANCELLED)  # every init gets exactly one completion
         self._start()
 
@@ -255,7 +254,7 @@ class ControlSession:
                     case Queued(token_ids=token_ids) if not gen.prompt_length:
                         gen.token_ids = list(token_ids)
                         gen.prompt_length = len(gen.token_ids)
-                        gen.announced, self._last_request_id = True, gen.request_id
+                        gen.announced_id = self._last_request_id = gen.request_id
                         info = ModelInfo(max_tokens=self._max_model_len())
                         self.send(Init(gen.request_id, self.model, info))
                     case Initialized(prompt_text=text) if gen.config.options.echo_prompt:
@@ -306,7 +305,7 @@ class ControlSession:
     def _complete(self, gen: _Generation, reason: str) -> None:
         self._cancel_pause_timer()
         usage = Usage(gen.prompt_length, gen.completion_tokens, len(gen.sequence))
-        message = Completion(gen.text, reason, usage, _announced_id(gen))
+        message = Completion(gen.text, reason, usage, gen.announced_id)
         if gen.config.options.include_timing:
             first = None if gen.first_token_at is None else _ms(gen.first_token_at - gen.started)
             message.timing = CompletionTiming(first, _ms(time.perf_counter() - gen.started))
@@ -316,7 +315,7 @@ class ControlSession:
     def _fail(self, gen: _Generation, error: GenerationError) -> None:
         self._cancel_pause_timer()
         self.state = "done"
-        self.send(error_message(error, gen.request_id if gen.announced else None))
+        self.send(error_message(error, gen.announced_id))
 
     async def _expire_pause(self, gen: _Generation) -> None:
         await asyncio.sleep(self.gateway.settings.pause_timeout_seconds)
@@ -353,10 +352,6 @@ class ControlSession:
             pace = (gen.last_token_at - gen.first_token_at) / (done - 1)
             eta = round(max(limit - done, 0) * pace, 2)
         return Status(operation, progress, message, eta)
-
-
-def _announced_id(gen: _Generation) -> str | UnsetType:
-    return gen.request_id if gen.announced else UNSET
 
 
 def _ms(seconds: float) -> float:

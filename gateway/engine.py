@@ -92,11 +92,7 @@ def sampling_params(
         stop=list(options.stop) or None,
         stop_token_ids=list(options.stop_token_ids) or None,
         logit_bias=dict(options.logit_bias) or None,
-        structured_outputs=(
-            None
-            if options.json_schema is None
-            else StructuredOutputsParams(json=options.json_schema)
-        ),
+        structured_outputs=_structured(options.json_schema),
         include_stop_str_in_output=options.include_stop_str_in_output or keep_stop_strings,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,

@@ -151,13 +151,13 @@ async def _engine_events(
             yield Initialized(index, history.text)
         last = step
         new_ids.extend(step.token_ids)
-        piece = Delta(index, step.text, list(step.token_ids), step.tokens)
         if step.finished:
             reason = step.finish_reason or "length"
+            piece = Delta(index, step.text, list(step.token_ids), step.tokens, reason)
             stop_string = step.stop_reason if isinstance(step.stop_reason, str) else None
-            out: Delta | None = holdback.finish(replace(piece, finish_reason=reason), stop_string)
+            out: Delta | None = holdback.finish(piece, stop_string)
         else:
-            out = holdback.push(piece)
+            out = holdback.push(Delta(index, step.text, list(step.token_ids), step.tokens))
         if out is not None:
             texts.append(out.text)
             yield out

@@ -146,7 +146,7 @@ class Completion(msgspec.Struct, tag="completion", tag_field="type", omit_defaul
     generated_text: str
     finish_reason: str
     usage: Usage
-    request_id: str | UnsetType = UNSET
+    request_id: str | None = None
     timing: CompletionTiming | UnsetType = UNSET
 
 

@@ -105,7 +105,8 @@ def error_of(error: GenerationError) -> tuple[int, bytes]:
 
 
 def not_found(message: str) -> bytes:
-    return _ENCODER.encode(ErrorBody(ErrorDetail(message, "NotFoundError", "model", 404)))
+    detail = ErrorDetail(message, "invalid_request_error", "model", "model_not_found")
+    return _ENCODER.encode(ErrorBody(detail))
 
 
 def _status(kind: ErrorKind) -> tuple[int, str]:
@@ -134,7 +135,7 @@ class OpenAIEncoder:
         self.created = int(time.time())
         self._object = "chat.completion" if chat else "text_completion"
         self._chunk = "chat.completion.chunk" if chat else "text_completion"
-        self._usage = Usage(0, 0, 0)
+        self._prompt_tokens = self._completion_tokens = 0
 
     def document(self, finished: list[Finished]) -> bytes:
         """The whole answer, from each prompt's Finished in order."""
@@ -143,16 +144,20 @@ class OpenAIEncoder:
             self.count(done, first=True)
             for j, sequence in enumerate(done.sequences):
                 choices.append(self._choice(prompt * self.call.choices + j, sequence))
-        answer = Answer(self.id, self._object, self.created, self.call.model, choices, self._usage)
+        answer = Answer(self.id, self._object, self.created, self.call.model, choices, self.usage)
         return _ENCODER.encode(answer)
 
     def count(self, done: Finished, *, first: bool) -> None:
         """Add a Finished to the usage; `first`: the first choice of its prompt."""
         generated = sum(s.generated_tokens for s in done.sequences)
         prompt = done.prompt_tokens if first else 0
-        u = self._usage
-        self._usage = Usage(u.prompt_tokens + prompt, u.completion_tokens + generated, 0)
-        self._usage.total_tokens = self._usage.prompt_tokens + self._usage.completion_tokens
+        self._prompt_tokens += prompt
+        self._completion_tokens += generated
+
+    @property
+    def usage(self) -> Usage:
+        prompt, completion = self._prompt_tokens, self._completion_tokens
+        return Usage(prompt, completion, prompt + completion)
 
     def opening(self, index: int) -> bytes:
         """A chat choice's first chunk: the role."""
@@ -165,7 +170,7 @@ class OpenAIEncoder:
                 delta.index, Message(content=delta.text), logprobs, delta.finish_reason
             )
         else:
-            text_logprobs = self._text_logprobs(delta.tokens, 0)
+            text_logprobs = self._text_logprobs(delta.tokens)
             choice = TextChoice(delta.index, delta.text, text_logprobs, delta.finish_reason)
         return self._event([choice])
 
@@ -173,7 +178,7 @@ class OpenAIEncoder:
         """The usage chunk (when asked for), then [DONE]."""
         if not self.call.include_usage:
             return DONE
-        usage = Answer(self.id, self._chunk, self.created, self.call.model, [], self._usage)
+        usage = Answer(self.id, self._chunk, self.created, self.call.model, [], self.usage)
         return sse_event(_ENCODER.encode(usage)) + DONE
 
     def failure(self, error: GenerationError) -> bytes:
@@ -192,7 +197,7 @@ class OpenAIEncoder:
         text = sequence.text
         if self.call.echo_prompts is not None:
             text = self.call.echo_prompts[index // self.call.choices] + text
-        return TextChoice(index, text, self._text_logprobs(sequence.tokens, 0), reason)
+        return TextChoice(index, text, self._text_logprobs(sequence.tokens), reason)
 
     def _chat_logprobs(self, tokens: list[TokenInfo] | None) -> ChatLogprobs | None:
         top = self.call.top_logprobs
@@ -210,11 +215,12 @@ class OpenAIEncoder:
             ]
         )
 
-    def _text_logprobs(self, tokens: list[TokenInfo] | None, offset: int) -> TextLogprobs | None:
+    def _text_logprobs(self, tokens: list[TokenInfo] | None) -> TextLogprobs | None:
+        """Offsets count from the start of this choice's text in this answer or chunk."""
         top = self.call.top_logprobs
         if top is None or tokens is None:
             return None
-        offsets, at = [], offset
+        offsets, at = [], 0
         for t in tokens:
             offsets.append(at)
             at += len(t.text)

@@ -33,8 +33,9 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
         outbox.put_nowait(encode_frame([ErrorEvent(None, e.message)]))
         return
     frames = PayloadFrames(batch.items, batch.rejected, only_new_tokens=batch.only_new_tokens)
-    if not batch.items:
-        outbox.put_nowait(encode_frame(frames.frames([])[0]))
+    if not batch.items:  # nothing to run: the refusals are all there is
+        for frame in frames.frames([]):
+            outbox.put_nowait(encode_frame(frame))
         return
     steps = gateway.batches.run_prompts(
         batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS
