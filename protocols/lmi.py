@@ -136,6 +136,21 @@ _SAMPLING_NO_OPS: dict[str, tuple[object, ...]] = {
 _IGNORED: dict[str, tuple[object, ...]] = {"typical_p": (None, 1.0)}
 
 
+class _ChatProbe(msgspec.Struct):
+    messages: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+_CHAT_PROBE = msgspec.json.Decoder(_ChatProbe)
+
+
+def is_chat(raw: bytes) -> bool:
+    """DJL Serving's rule: a body that holds `messages` is a chat-completions request."""
+    try:
+        return bool(_CHAT_PROBE.decode(raw).messages)
+    except msgspec.DecodeError:
+        return False  # the LMI decoder names what is wrong
+
+
 def output_form(stream: bool | None, formatter: str, tgi_compat: bool) -> Output:
     """As DJL: a set formatter wins; `stream` alone means jsonlines (SSE in TGI mode)."""
     if formatter in MEDIA_TYPES:

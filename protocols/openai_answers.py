@@ -101,7 +101,8 @@ def error_of(error: GenerationError) -> tuple[int, bytes]:
     """The status the `openai` client maps to its exception classes, and OpenAI's body."""
     status, kind = _status(error.kind)
     code = error.kind.value if error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED else None
-    return status, _ENCODER.encode(ErrorBody(ErrorDetail(error.message, kind, error.field, code)))
+    param = error.field.removeprefix("$").removeprefix(".") or None if error.field else None
+    return status, _ENCODER.encode(ErrorBody(ErrorDetail(error.message, kind, param, code)))
 
 
 def not_found(message: str) -> bytes:
@@ -126,11 +127,16 @@ def _status(kind: ErrorKind) -> tuple[int, str]:
 
 
 class OpenAIEncoder:
-    """One call's answer: `chat` picks chat completions over text completions."""
+    """One call's answer: `chat` picks chat completions over text completions; `lines` frames
+    a stream as JSON lines (LMI's chat streaming) rather than server-sent events ending in
+    `[DONE]`. `served` names the model when the request named none."""
 
-    def __init__(self, call: OpenAICall, *, chat: bool) -> None:
+    def __init__(self, call: OpenAICall, served: str, *, chat: bool, lines: bool = False) -> None:
         self.call = call
         self.chat = chat
+        self.model = call.model or served
+        self._frame = _line if lines else sse_event
+        self._done = b"" if lines else DONE
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self._object = "chat.completion" if chat else "text_completion"
@@ -144,7 +150,7 @@ class OpenAIEncoder:
             self.count(done, first=True)
             for j, sequence in enumerate(done.sequences):
                 choices.append(self._choice(prompt * self.call.choices + j, sequence))
-        answer = Answer(self.id, self._object, self.created, self.call.model, choices, self.usage)
+        answer = Answer(self.id, self._object, self.created, self.model, choices, self.usage)
         return _ENCODER.encode(answer)
 
     def count(self, done: Finished, *, first: bool) -> None:
@@ -177,17 +183,17 @@ class OpenAIEncoder:
     def closing(self) -> bytes:
         """The usage chunk (when asked for), then [DONE]."""
         if not self.call.include_usage:
-            return DONE
-        usage = Answer(self.id, self._chunk, self.created, self.call.model, [], self.usage)
-        return sse_event(_ENCODER.encode(usage)) + DONE
+            return self._done
+        usage = Answer(self.id, self._chunk, self.created, self.model, [], self.usage)
+        return self._frame(_ENCODER.encode(usage)) + self._done
 
     def failure(self, error: GenerationError) -> bytes:
-        return sse_event(error_of(error)[1]) + DONE
+        return self._frame(error_of(error)[1]) + self._done
 
     def _event(self, choices: list[Any]) -> bytes:
         usage: Usage | UnsetType | None = None if self.call.include_usage else UNSET
-        answer = Answer(self.id, self._chunk, self.created, self.call.model, choices, usage)
-        return sse_event(_ENCODER.encode(answer))
+        answer = Answer(self.id, self._chunk, self.created, self.model, choices, usage)
+        return self._frame(_ENCODER.encode(answer))
 
     def _choice(self, index: int, sequence: GeneratedSequence) -> ChatChoice | TextChoice:
         reason = sequence.finish_reason
@@ -230,6 +236,10 @@ class OpenAIEncoder:
             [{a.text: a.logprob for a in top_tokens(t, top)} for t in tokens],
             offsets,
         )
+
+
+def _line(data: bytes) -> bytes:
+    return data + b"\n"
 
 
 def _top(text: str, logprob: float) -> TopLogprob:

@@ -36,7 +36,7 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 class _Common(msgspec.Struct, kw_only=True):
     """What both routes take: OpenAI's sampling fields and vLLM's extensions."""
 
-    model: str
+    model: str | None = None  # None: the served model, as vLLM's server reads it
     max_tokens: MaxNewTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -86,7 +86,7 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
     """A decoded request: one GenerationRequest per prompt (or per prompt and choice when
     streaming), `choices` choices per prompt."""
 
-    model: str
+    model: str | None
     requests: list[GenerationRequest]
     choices: int
     stream: bool
@@ -98,7 +98,7 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
 def decode_chat(raw: bytes, context: int) -> OpenAICall:
     body = _decode(raw, ChatRequest)
     if body.tools:
-        raise invalid("Tools are not supported: this model's chat template has none", "tools")
+        raise invalid("Tools are not supported: this server parses no tool calls", "tools")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     messages = tuple(_message(m, i) for i, m in enumerate(body.messages))
@@ -227,6 +227,6 @@ ANY_MODEL = frozenset({"tgi", "dummy"})
 def unknown_model(call: OpenAICall, served: str) -> str | None:
     """Why `model` is refused (404), or None: it names the served model (or any, as TGI's
     clients do)."""
-    if call.model == served or call.model in ANY_MODEL:
+    if call.model is None or call.model == served or call.model in ANY_MODEL:
         return None
     return f"The model `{call.model}` does not exist; this server serves `{served}`"

@@ -424,3 +424,42 @@ def test_ping_is_503_while_loading_then_answers_past_a_full_queue(
             assert slots() == (2, 2)
         client.leave()  # which stops their generations
     idle_engine()
+
+
+CHAT_BODY: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+    "max_tokens": 12,
+}
+
+
+def test_a_body_with_messages_is_a_chat_completion(server: RunningServer) -> None:
+    whole = invoke(server, CHAT_BODY)
+    assert whole.status_code == 200, whole.text
+    answer = whole.json()
+    assert answer["object"] == "chat.completion"
+    [choice] = answer["choices"]
+    assert choice["message"]["role"] == "assistant" and "Paris" in choice["message"]["content"]
+    assert answer["usage"]["completion_tokens"] <= 12
+    by_name = httpx.post(server.http + "/predictions/any", json=CHAT_BODY, timeout=None)
+    assert by_name.json()["choices"][0]["message"] == choice["message"]
+
+    streamed = invoke(server, CHAT_BODY | {"stream": True})
+    assert streamed.headers["content-type"] == "application/jsonlines"
+    chunks = lines(streamed)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+    as_sse = invoke(server, CHAT_BODY | {"stream": True}, headers={"Accept": "text/event-stream"})
+    assert as_sse.text.endswith("data: [DONE]\n\n")
+    assert events(httpx.Response(200, text=as_sse.text.removesuffix("data: [DONE]\n\n")))
+
+
+def test_a_bad_chat_body_gets_openais_error(server: RunningServer) -> None:
+    response = invoke(server, CHAT_BODY | {"temperature": "hot"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "temperature" and error["type"] == "invalid_request_error"

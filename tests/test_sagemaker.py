@@ -167,3 +167,33 @@ def test_a_client_that_closes_the_stream_stops_its_generation(
     idle_engine()
     after = settled_metrics(server.http)
     assert outcomes_since(before, after, "sagemaker") == {"cancelled": 1}
+
+
+CHAT_BODY = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+    "max_tokens": 12,
+}
+
+
+def test_boto3_chat_completions_whole_and_streamed(server: RunningServer) -> None:
+    client = runtime(server)
+    whole = client.invoke_endpoint(EndpointName="e", Body=json.dumps(CHAT_BODY))
+    answer = json.loads(whole["Body"].read())
+    [choice] = answer["choices"]
+    assert answer["object"] == "chat.completion" and "Paris" in choice["message"]["content"]
+
+    streamed = client.invoke_endpoint_with_response_stream(
+        EndpointName="e", Body=json.dumps(CHAT_BODY | {"stream": True})
+    )
+    assert streamed["ContentType"] == "application/jsonlines"
+    chunks = [json.loads(line) for line in parts(streamed).decode().splitlines()]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+    with pytest.raises(client.exceptions.ModelError) as caught:
+        client.invoke_endpoint(EndpointName="e", Body=json.dumps(CHAT_BODY | {"n": 0}))
+    assert caught.value.response["OriginalStatusCode"] == 400
+    assert json.loads(caught.value.response["OriginalMessage"])["error"]["param"] == "n"

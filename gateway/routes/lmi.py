@@ -1,5 +1,9 @@
 """POST `/invocations` and `/predictions/{model_name}`: the LMI schema (lmi-invocations.md).
 
+A body with `messages` is a chat-completions request (DJL Serving's rule) and answers as
+/v1/chat/completions does, its stream as JSON lines of `chat.completion.chunk` (DJL's
+`jsonlines_chat` framing) unless SSE is asked for.
+
 `answer()` prepares a request's whole answer, or its stream, without writing it, so the
 SageMaker runtime routes reuse it and change only the framing. A stream commits to 200 only
 once its first token exists, so errors before that keep their 4xx/5xx status. Whatever way a
@@ -9,22 +13,24 @@ response ends, its generation is closed, which aborts the engine requests.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.streaming import (
-    CLIENT_GONE_STATUS,
-    ClosingStream,
-    chained,
-    closer,
-    open_stream,
-    until_disconnect,
+from gateway.routes.openai import prepare
+from gateway.routes.prepared import (
+    CLIENT_GONE,
+    JSON,
+    Chunk,
+    Prepared,
+    Streamed,
+    Whole,
+    to_response,
 )
+from gateway.routes.streaming import chained, closer, open_stream, until_disconnect
 from gateway.state import gateway_of
 from protocols.errors import ErrorKind, named
 from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
@@ -33,36 +39,13 @@ from protocols.lmi import (
     LmiEncoder,
     LmiRequest,
     decode_lmi,
+    is_chat,
     lmi_status,
     payload_error,
 )
 from protocols.names import Protocol
 
-JSON = "application/json"
-
-
 log = logging.getLogger(__name__)
-
-
-class Whole(NamedTuple):
-    status: int
-    body: bytes
-    media_type: str
-
-
-class Chunk(NamedTuple):
-    data: bytes
-    failure: str | None = None  # set on the stream's last chunk when its generation failed
-
-
-class Streamed(NamedTuple):
-    media_type: str
-    chunks: AsyncIterator[Chunk]
-    close: Callable[[], Awaitable[None]]
-
-
-Prepared = Whole | Streamed
-CLIENT_GONE = Whole(CLIENT_GONE_STATUS, b"", JSON)  # never seen by anyone: the client has left
 
 
 def formatter_of(accept: str | None, configured: str) -> str:
@@ -91,6 +74,9 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
 async def answer(
     request: Request, raw: bytes, accept: str | None, protocol: Protocol = Protocol.LMI
 ) -> Prepared:
+    if is_chat(raw):
+        lines = formatter_of(accept, "jsonlines") != "sse"
+        return await prepare(request, raw, chat=True, protocol=protocol, lines=lines)
     gateway = gateway_of(request)
     settings = gateway.settings
     try:
@@ -195,17 +181,6 @@ async def _outputs(
                 texts[event.index] += event.text
         if any(texts):
             yield Chunk(encoder.outputs(texts))
-
-
-def to_response(prepared: Prepared, headers: Mapping[str, str] | None = None) -> Response:
-    if isinstance(prepared, Whole):
-        return Response(prepared.body, prepared.status, headers, prepared.media_type)
-    return ClosingStream(_data(prepared.chunks), prepared.media_type, prepared.close, headers)
-
-
-async def _data(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
-    async for chunk in chunks:
-        yield chunk.data
 
 
 async def invocations(request: Request) -> Response:

@@ -7,7 +7,6 @@ path (gateway/batch.py over gateway/generation.py).
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from functools import partial
 
 import msgspec
 from starlette.requests import Request
@@ -15,7 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config import served_model_name
-from gateway.routes.streaming import chained, client_gone, collect, stream_answer
+from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Prepared, Streamed, Whole, to_response
+from gateway.routes.streaming import chained, closer, collect, open_stream
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished
@@ -23,8 +23,8 @@ from protocols.names import Protocol
 from protocols.openai_answers import OpenAIEncoder, error_of, not_found
 from protocols.openai_requests import decode_chat, decode_completion, unknown_model
 
-JSON = "application/json"
 SSE = "text/event-stream"
+JSON_LINES = "application/jsonlines"
 SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 Step = list[Event]
 
@@ -34,47 +34,56 @@ def _context(gateway: Gateway) -> int:
     return engine.max_model_len if engine is not None else gateway.settings.engine.max_model_len
 
 
-def _error(error: GenerationError) -> Response:
+def _error(error: GenerationError) -> Whole:
     status, body = error_of(error)
-    return Response(body, status, media_type=JSON)
+    return Whole(status, body, JSON)
 
 
-async def _serve(request: Request, *, chat: bool) -> Response:
+async def prepare(
+    request: Request, raw: bytes, *, chat: bool, protocol: Protocol, lines: bool = False
+) -> Prepared:
+    """The answer to a chat (or text) completions request; `lines`: stream JSON lines (LMI's
+    chat framing) rather than server-sent events."""
     gateway = gateway_of(request)
     decode = decode_chat if chat else decode_completion
     try:
-        call = decode(await request.body(), _context(gateway))
+        call = decode(raw, _context(gateway))
     except GenerationError as e:
         return _error(e)
-    why = unknown_model(call, served_model_name(gateway.settings.engine))
+    served = served_model_name(gateway.settings.engine)
+    why = unknown_model(call, served)
     if why is not None:
-        return Response(not_found(why), 404, media_type=JSON)
-    protocol = Protocol.OPENAI_CHAT if chat else Protocol.OPENAI_COMPLETIONS
-    encoder = OpenAIEncoder(call, chat=chat)
+        return Whole(404, not_found(why), JSON)
+    encoder = OpenAIEncoder(call, served, chat=chat, lines=lines)
     steps = gateway.batches.run(call.requests, protocol)
     if not call.stream:
         collected = await collect(request, steps)
         if collected is None:
-            return client_gone()
+            return CLIENT_GONE
         ends = {e.index: e for step in collected for e in step if isinstance(e, Finished | Failed)}
         outcomes = [ends[i] for i in sorted(ends)]
         failed = next((o for o in outcomes if isinstance(o, Failed)), None)
         if failed is not None:
             return _error(failed.error())
         done = [o for o in outcomes if isinstance(o, Finished)]
-        return Response(encoder.document(done), media_type=JSON)
-    return await stream_answer(
-        request,
-        steps,
-        ready=lambda step: any(isinstance(e, Delta | Finished | Failed) for e in step),
-        refuse=_refusal,
-        body=partial(_chunks, encoder=encoder),
-        media_type=SSE,
-        headers=SSE_HEADERS,
-    )
+        return Whole(200, encoder.document(done), JSON)
+    head = await open_stream(request, steps, _has_output)
+    if head is None:
+        return CLIENT_GONE
+    refused = _refusal(head)
+    if refused is not None:
+        await steps.aclose()
+        return refused
+    chunks = _chunks(head, steps, encoder)
+    media_type = JSON_LINES if lines else SSE
+    return Streamed(media_type, chunks, closer(chunks, steps), None if lines else SSE_HEADERS)
 
 
-def _refusal(head: list[Step]) -> Response | None:
+def _has_output(step: Step) -> bool:
+    return any(isinstance(e, Delta | Finished | Failed) for e in step)
+
+
+def _refusal(head: list[Step]) -> Whole | None:
     """A prompt that failed before anything streamed keeps its status."""
     failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
     streamed = any(isinstance(e, Delta) for step in head for e in step)
@@ -83,7 +92,7 @@ def _refusal(head: list[Step]) -> Response | None:
 
 async def _chunks(
     head: list[Step], rest: AsyncIterator[Step], encoder: OpenAIEncoder
-) -> AsyncGenerator[bytes, None]:
+) -> AsyncGenerator[Chunk, None]:
     opened: set[int] = set()
     async for step in chained(head, rest):
         for event in step:
@@ -91,22 +100,25 @@ async def _chunks(
                 case Delta(index=index):
                     if encoder.chat and index not in opened:
                         opened.add(index)
-                        yield encoder.opening(index)
-                    yield encoder.chunk(event)
+                        yield Chunk(encoder.opening(index))
+                    yield Chunk(encoder.chunk(event))
                 case Finished(index=index):
                     encoder.count(event, first=index % encoder.call.choices == 0)
                 case Failed():
-                    yield encoder.failure(event.error())
+                    yield Chunk(encoder.failure(event.error()), event.message)
                     return
-    yield encoder.closing()
+    yield Chunk(encoder.closing())
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _serve(request, chat=True)
+    raw = await request.body()
+    return to_response(await prepare(request, raw, chat=True, protocol=Protocol.OPENAI_CHAT))
 
 
 async def completions(request: Request) -> Response:
-    return await _serve(request, chat=False)
+    raw = await request.body()
+    protocol = Protocol.OPENAI_COMPLETIONS
+    return to_response(await prepare(request, raw, chat=False, protocol=protocol))
 
 
 class _Model(msgspec.Struct):

@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.lmi import CLIENT_GONE, JSON, Chunk, Streamed, Whole, answer, to_response
+from gateway.routes.lmi import answer
+from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Streamed, Whole, to_response
 from gateway.routes.streaming import ClosingStream, until_disconnect
 from protocols.eventstream import MEDIA_TYPE, model_error, model_stream_error, payload_part
 from protocols.names import Protocol

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.lmi import JSON
+from gateway.routes.prepared import JSON
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
