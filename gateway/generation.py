@@ -205,6 +205,7 @@ def _finished(
             for s in steps
         ],
         prefill=step.prompt_tokens,
+        cached_tokens=step.cached_tokens,
     )
 
 

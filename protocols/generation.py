@@ -169,7 +169,8 @@ class Finished(msgspec.Struct):
     """The prompt's end: the whole `history` after it, every sequence generated (one, or `n`,
     or the beams best first; the first continues the history; with their tokens when not
     streamed and log-probabilities were asked for), and the prompt's tokens when prompt
-    log-probabilities were."""
+    log-probabilities were; `cached_tokens`: how many prompt tokens the engine's prefix cache
+    held."""
 
     index: int
     history: History
@@ -177,6 +178,7 @@ class Finished(msgspec.Struct):
     prompt_tokens: int
     execution_time: float
     prefill: list[TokenInfo] | None = None
+    cached_tokens: int = 0
 
 
 class Failed(msgspec.Struct, frozen=True):

@@ -19,10 +19,15 @@ DONE = b"data: [DONE]\n\n"
 _ENCODER = msgspec.json.Encoder()
 
 
+class PromptDetails(msgspec.Struct):
+    cached_tokens: int  # read from vLLM's prefix cache
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptDetails
 
 
 class TopLogprob(msgspec.Struct):
@@ -141,7 +146,7 @@ class OpenAIEncoder:
         self.created = int(time.time())
         self._object = "chat.completion" if chat else "text_completion"
         self._chunk = "chat.completion.chunk" if chat else "text_completion"
-        self._prompt_tokens = self._completion_tokens = 0
+        self._prompt_tokens = self._completion_tokens = self._cached_tokens = 0
 
     def document(self, finished: list[Finished]) -> bytes:
         """The whole answer, from each prompt's Finished in order."""
@@ -155,15 +160,15 @@ class OpenAIEncoder:
 
     def count(self, done: Finished, *, first: bool) -> None:
         """Add a Finished to the usage; `first`: the first choice of its prompt."""
-        generated = sum(s.generated_tokens for s in done.sequences)
-        prompt = done.prompt_tokens if first else 0
-        self._prompt_tokens += prompt
-        self._completion_tokens += generated
+        self._completion_tokens += sum(s.generated_tokens for s in done.sequences)
+        if first:
+            self._prompt_tokens += done.prompt_tokens
+            self._cached_tokens += done.cached_tokens
 
     @property
     def usage(self) -> Usage:
         prompt, completion = self._prompt_tokens, self._completion_tokens
-        return Usage(prompt, completion, prompt + completion)
+        return Usage(prompt, completion, prompt + completion, PromptDetails(self._cached_tokens))
 
     def opening(self, index: int) -> bytes:
         """A chat choice's first chunk: the role."""

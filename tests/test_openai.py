@@ -194,3 +194,23 @@ def test_json_schema_output_parses_and_validates(server: RunningServer) -> None:
         response_format={"type": "json_object"},
     )
     assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
+
+
+def test_a_ten_turn_conversation_reads_its_history_from_the_prefix_cache(
+    server: RunningServer,
+) -> None:
+    # Long enough that the history spans several KV blocks (128 tokens each on vLLM's CPU
+    # backend): the engine caches whole blocks only.
+    rules = " ".join(f"Rule {i}: answer briefly and politely, in plain English." for i in range(40))
+    history: list[ChatCompletionMessageParam] = [{"role": "system", "content": rules}]
+    shares = []
+    for turn in range(10):
+        history.append({"role": "user", "content": f"Turn {turn}: name a colour."})
+        answer = client(server).chat.completions.create(
+            model=MODEL, messages=history, temperature=0, max_tokens=6
+        )
+        usage = answer.usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        shares.append((usage.prompt_tokens_details.cached_tokens or 0) / usage.prompt_tokens)
+        history.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+    assert all(share > 0.5 for share in shares[1:]), shares
