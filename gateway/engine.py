@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
 from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -110,6 +111,12 @@ def _structured(json_schema: str | None) -> StructuredOutputsParams | None:
 def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
     # "stop" with a string stop_reason was a stop string; otherwise an EOS / stop token.
     return finish_reason == "stop" and not isinstance(stop_reason, str)
+
+
+def _refusal(error: VLLMValidationError) -> GenerationError:
+    """vLLM's own check of a request ours let through: the structured-output grammar."""
+    message = f"The engine cannot hold the output to this request's schema: {error}"
+    return GenerationError(ErrorKind.UNPROCESSABLE, message)
 
 
 def _engine_failure(reason: str | None) -> GenerationError:
@@ -293,9 +300,14 @@ class Engine:
             await self.llm.abort(request_id)
             raise
         except Exception as e:
+            failure = _refusal(e) if isinstance(e, VLLMValidationError) else e
             if meter is not None:
-                kind = e.kind if isinstance(e, GenerationError) else ErrorKind.ENGINE_ERROR
+                kind = (
+                    failure.kind if isinstance(failure, GenerationError) else ErrorKind.ENGINE_ERROR
+                )
                 meter.outcome = kind.value
+            if failure is not e:
+                raise failure from e
             raise
         finally:
             if meter is not None:

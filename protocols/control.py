@@ -173,7 +173,7 @@ CANCELLED = "cancelled"
 def _shape(kind: ErrorKind) -> tuple[str, bool, str]:
     """The spec's (error type, recoverable, recovery_action) for a kind."""
     match kind:
-        case ErrorKind.INVALID_REQUEST | ErrorKind.DUPLICATE_REQUEST_ID:
+        case ErrorKind.INVALID_REQUEST | ErrorKind.UNPROCESSABLE | ErrorKind.DUPLICATE_REQUEST_ID:
             return "invalid_request", True, "fix_request"
         case ErrorKind.CONTEXT_LENGTH_EXCEEDED:
             return "context_length_exceeded", True, "shorten_prompt"

@@ -9,6 +9,7 @@ import msgspec
 
 class ErrorKind(enum.StrEnum):
     INVALID_REQUEST = "invalid_request"
+    UNPROCESSABLE = "unprocessable"  # well-formed, but the engine cannot do what it asks
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     RATE_LIMITED = "rate_limited"
     DUPLICATE_REQUEST_ID = "duplicate_request_id"

@@ -341,6 +341,7 @@ def lmi_status(kind: ErrorKind) -> int:
     match kind:
         case (
             ErrorKind.INVALID_REQUEST
+            | ErrorKind.UNPROCESSABLE
             | ErrorKind.CONTEXT_LENGTH_EXCEEDED
             | ErrorKind.DUPLICATE_REQUEST_ID
             | ErrorKind.ENGINE_ERROR

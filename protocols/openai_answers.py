@@ -119,6 +119,8 @@ def _status(kind: ErrorKind) -> tuple[int, str]:
     match kind:
         case ErrorKind.INVALID_REQUEST | ErrorKind.CONTEXT_LENGTH_EXCEEDED:
             return 400, "invalid_request_error"
+        case ErrorKind.UNPROCESSABLE:
+            return 422, "invalid_request_error"
         case ErrorKind.DUPLICATE_REQUEST_ID:
             return 409, "invalid_request_error"
         case ErrorKind.RATE_LIMITED:

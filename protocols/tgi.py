@@ -235,7 +235,9 @@ _ENCODER = msgspec.json.Encoder()
 def _status(kind: ErrorKind) -> tuple[int, str, str]:
     """(status, error_type, message prefix) as TGI's router answers each kind."""
     match kind:
-        case ErrorKind.INVALID_REQUEST | ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+        case (
+            ErrorKind.INVALID_REQUEST | ErrorKind.UNPROCESSABLE | ErrorKind.CONTEXT_LENGTH_EXCEEDED
+        ):
             return 422, "validation", "Input validation error: "
         case ErrorKind.DUPLICATE_REQUEST_ID:
             return 422, "validation", "Input validation error: "

@@ -214,3 +214,20 @@ def test_a_ten_turn_conversation_reads_its_history_from_the_prefix_cache(
         shares.append((usage.prompt_tokens_details.cached_tokens or 0) / usage.prompt_tokens)
         history.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
     assert all(share > 0.5 for share in shares[1:]), shares
+
+
+def test_a_schema_the_engine_cannot_hold_output_to_is_unprocessable(
+    server: RunningServer,
+) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client(server).chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "odd", "schema": {"type": "no-such-type"}},
+            },
+        )
+    assert caught.value.status_code == 422 and "schema" in str(caught.value)
+    assert greedy_answer(server).choices[0].message.content  # the server still answers

@@ -9,7 +9,9 @@ from protocols.errors import ErrorKind
 
 def status_of(kind: ErrorKind) -> int:
     match kind:
-        case ErrorKind.INVALID_REQUEST | ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+        case (
+            ErrorKind.INVALID_REQUEST | ErrorKind.UNPROCESSABLE | ErrorKind.CONTEXT_LENGTH_EXCEEDED
+        ):
             return 422
         case ErrorKind.DUPLICATE_REQUEST_ID:
             return 409
