@@ -32,6 +32,7 @@ from gateway_bench.clients import (
     INPROCESS,
     INPROCESS_LOGPROBS,
     VLLM_SERVER,
+    VLLM_SERVER_CHAT,
     VLLM_SERVER_DEFAULTS,
     VLLM_SERVER_LOGPROBS,
     Client,
@@ -81,6 +82,7 @@ def _failed(protocol: Client, error: BaseException) -> TargetResult:
         notes=f"not measured: {type(error).__name__}: {error}",
         steps=[],
         logprobs=protocol.logprobs,
+        compared_with=protocol.compared_with,
     )
 
 
@@ -204,6 +206,7 @@ class _Run:
             context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
             await self.measure(VLLM_SERVER, context, endpoint.start_s)
             await self.measure(VLLM_SERVER_LOGPROBS, context)
+            await self.measure(VLLM_SERVER_CHAT, context)
 
     async def vllm_server_defaults(self, model: str, out: Path) -> None:
         async with self._vllm(model, out, defaults=True) as endpoint:
@@ -342,7 +345,7 @@ async def run_benchmark(
                 ceilings = [INPROCESS, INPROCESS_LOGPROBS]
                 await run.guarded(ceilings, lambda: run.ceiling(engine, model))
             if options.vllm_server:
-                servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS]
+                servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS, VLLM_SERVER_CHAT]
                 await run.guarded(servers, lambda: run.vllm_server(model, out))
             if _vllm_defaults(options):
                 defaults = [VLLM_SERVER_DEFAULTS]

@@ -14,6 +14,7 @@ _STYLE: dict[str, dict[str, Any]] = {
     "vllm-server": {"color": "grey", "linestyle": "--", "linewidth": 2.0, "zorder": 4},
     "vllm-server-logprobs": {"color": "grey", "linestyle": ":", "linewidth": 1.5, "zorder": 4},
     "vllm-server-defaults": {"color": "grey", "linestyle": "-.", "linewidth": 1.5, "zorder": 4},
+    "vllm-server-chat": {"color": "black", "linestyle": "--", "linewidth": 1.5, "zorder": 4},
 }
 
 

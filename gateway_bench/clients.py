@@ -7,8 +7,8 @@ tokens each read carries, calls `record.counted(k, text)` per read and returns
 `record.finish_counted()`. It raises on any error.
 
 The gateway's answers are decoded with the project's own wire types (`protocols/`), so the
-bench reads exactly what the gateway writes; only vLLM's OpenAI server, which no module of
-`protocols/` describes, has small Structs here naming the fields the bench reads.
+bench reads exactly what the gateway writes; the OpenAI routes, whose answers the bench sends
+to vLLM's server and to the gateway alike, have small Structs here naming the fields it reads.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ async def vllm_completions_logprobs(worker: Worker, request: Request) -> Record:
 
 async def _completions(worker: Worker, request: Request, logprobs: int | None) -> Record:
     body: dict[str, Any] = {
-        "model": worker.context.model,
+        **_model(worker),
         "prompt": request.prompt,
         "max_tokens": request.max_new_tokens,
         "temperature": 0,
@@ -103,6 +103,61 @@ async def _completions(worker: Worker, request: Request, logprobs: int | None) -
                     c.text and c.logprobs is None for c in chunk.choices
                 ):
                     raise BenchError("logprobs were asked for and vLLM returned none")
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            if text:
+                record.arrive()
+    if tokens is None:
+        raise BenchError("the stream ended without usage")
+    return record.finish(tokens)
+
+
+# --- Chat completions, streamed: vLLM's server and the gateway, the very same request --------
+
+
+def _model(worker: Worker) -> dict[str, Any]:
+    """vLLM's server is told its model's name; the gateway serves its one model unnamed."""
+    return {"model": worker.context.model} if worker.context.model else {}
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _ChatChoice(msgspec.Struct):
+    delta: _Delta = msgspec.field(default_factory=_Delta)
+
+
+class _ChatChunk(msgspec.Struct):
+    choices: list[_ChatChoice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_CHAT_CHUNK = msgspec.json.Decoder(_ChatChunk)
+
+
+async def chat_completions(worker: Worker, request: Request) -> Record:
+    body: dict[str, Any] = {
+        **_model(worker),
+        "messages": [{"role": "user", "content": request.prompt}],
+        "max_tokens": request.max_new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    record, tokens = start(), None
+    async with worker.post("/v1/chat/completions", body) as r:
+        async for payloads in sse_reads(r):
+            text = False
+            for payload in payloads:
+                if payload == b"[DONE]":
+                    continue
+                chunk = _CHAT_CHUNK.decode(payload)
+                if chunk.error is not None:
+                    raise BenchError(f"error event: {chunk.error}")
+                text = text or any(c.delta.content for c in chunk.choices)
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             if text:
@@ -324,6 +379,7 @@ class Client:
     notes: str = ""
     # Every token on the wire carries its log-probability, which the engine must compute.
     logprobs: bool = False
+    compared_with: TargetKind = "vllm-server"  # the vLLM server target on the same route
 
 
 INPROCESS = Client(
@@ -368,6 +424,15 @@ VLLM_SERVER_DEFAULTS = Client(
     "vllm-server-defaults",
     "reported",
     notes="as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment",
+)
+VLLM_SERVER_CHAT = Client(
+    "vllm-server-chat",
+    "vLLM OpenAI server, chat",
+    chat_completions,
+    "vllm-server-chat",
+    "reported",
+    notes="streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
+    "include_usage; the reference for the gateway's chat route",
 )
 GATEWAY_CLIENTS: tuple[Client, ...] = (
     Client(
@@ -430,5 +495,24 @@ GATEWAY_CLIENTS: tuple[Client, ...] = (
         "counted",
         notes="parameters.ignore_eos_token (a gateway extension); tokens counted from the stream",
         logprobs=True,
+    ),
+    Client(
+        Protocol.OPENAI_CHAT,
+        "POST /v1/chat/completions",
+        chat_completions,
+        "gateway",
+        "reported",
+        notes="the very request sent to vLLM's server (its chat row): stream, include_usage, "
+        "ignore_eos; usage.completion_tokens",
+        compared_with="vllm-server-chat",
+    ),
+    Client(
+        Protocol.OPENAI_COMPLETIONS,
+        "POST /v1/completions",
+        vllm_completions,
+        "gateway",
+        "reported",
+        notes="the very request sent to vLLM's server: stream, include_usage, ignore_eos; "
+        "usage.completion_tokens",
     ),
 )

@@ -116,7 +116,8 @@ class _References:
     server_logprobs: StepResult | None
 
     @classmethod
-    def at(cls, targets: list[TargetResult], concurrency: int) -> _References:
+    def at(cls, targets: list[TargetResult], concurrency: int, server: TargetKind) -> _References:
+        """`server`: the vLLM server target on the same route as the measured one."""
         by_kind: dict[TargetKind, TargetResult] = {t.kind: t for t in targets}
 
         def step(kind: TargetKind) -> StepResult | None:
@@ -124,7 +125,7 @@ class _References:
 
         return cls(
             step("ceiling"),
-            step("vllm-server"),
+            step(server),
             step("ceiling-logprobs"),
             step("vllm-server-logprobs"),
         )
@@ -247,9 +248,13 @@ def evaluate(
     for goal in table:
         match goal:
             case ProtocolGoal():
-                refs = _References.at(targets, goal.concurrency)
                 goals += [
-                    _protocol_goal(goal, t, refs, output_tokens)
+                    _protocol_goal(
+                        goal,
+                        t,
+                        _References.at(targets, goal.concurrency, t.compared_with),
+                        output_tokens,
+                    )
                     for t in targets
                     if t.kind == "gateway"
                 ]

@@ -44,12 +44,12 @@ def _reference(targets: list[TargetResult], kind: str) -> dict[int, StepResult]:
 
 def _figures_table(report: BenchReport) -> list[str]:
     ceiling = _reference(report.targets, "ceiling")
-    server = _reference(report.targets, "vllm-server")
     header = ["target", "conc", "req", "err", "tokens", "tok/s", "÷ ceiling", "÷ vLLM"]
     header += ["TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99"]
     header += ["frontend CPU ms/token", "other CPU"]
     rows = []
     for target in report.targets:
+        server = _reference(report.targets, target.compared_with)
         for s in target.steps:
             c, v = ceiling.get(s.concurrency), server.get(s.concurrency)
             rows.append(
@@ -77,9 +77,9 @@ def _figures_table(report: BenchReport) -> list[str]:
 
 def _ratios_table(report: BenchReport) -> list[str]:
     ceiling = _reference(report.targets, "ceiling")
-    server = _reference(report.targets, "vllm-server")
     rows = []
     for target in report.targets:
+        server = _reference(report.targets, target.compared_with)
         for s in target.steps:
             c, v = ceiling.get(s.concurrency), server.get(s.concurrency)
             cells = [
@@ -216,6 +216,7 @@ def markdown(report: BenchReport, chart: str | None = CHART) -> str:
         "tok/s: output tokens per second of wall time. Latencies in ms, measured at the "
         "client: TTFT to the first text, ITL between text messages, E2E to the end. "
         "÷ ceiling and ÷ vLLM: this figure over the in-process ceiling's and vLLM's server's "
+        "(on the same route: its chat row for the chat route, else streaming /v1/completions) "
         "at the same concurrency (above 1 is better for tok/s, below 1 for latencies). "
         "frontend CPU: CPU time of the serving process itself (the gateway, vLLM's API "
         "server; for the ceiling the bench process, its frontend and client), without vLLM's "

@@ -12,6 +12,7 @@ TargetKind = Literal[
     "vllm-server",
     "vllm-server-logprobs",
     "vllm-server-defaults",
+    "vllm-server-chat",
     "gateway",
 ]
 TokenSource = Literal["counted", "reported", "requested"]
@@ -48,6 +49,7 @@ class TargetResult(msgspec.Struct, kw_only=True):
     warmup_errors: int = 0
     start_s: float | None = None  # engine / server start-up, when the bench started it
     logprobs: bool = False  # every token on the wire carries its log-probability
+    compared_with: TargetKind = "vllm-server"  # the vLLM server target on the same route
 
 
 class ContinuationPoint(msgspec.Struct, kw_only=True):

@@ -131,4 +131,5 @@ async def sweep(
         steps=steps,
         warmup_errors=sum(1 for r in warm_records if r.error is not None),
         logprobs=client.logprobs,
+        compared_with=client.compared_with,
     )

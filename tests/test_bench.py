@@ -119,7 +119,12 @@ def test_command_line_options() -> None:
 
 
 def _target(
-    name: str, kind: str, tok_s: float, ttft: float, logprobs: bool = False
+    name: str,
+    kind: str,
+    tok_s: float,
+    ttft: float,
+    logprobs: bool = False,
+    compared_with: str = "vllm-server",
 ) -> TargetResult:
     step = StepResult(
         concurrency=32,
@@ -144,6 +149,7 @@ def _target(
         notes="",
         steps=[step],
         logprobs=logprobs,
+        compared_with=compared_with,  # type: ignore[arg-type]
     )
 
 
@@ -181,3 +187,15 @@ def test_protocol_goals_compare_with_the_ceiling_and_vllm_at_32() -> None:
     assert fast.passed is False and "0.99 x ceiling" in fast.requirement
     names = [g.name for g in goals.evaluate([], None, None, 64)]
     assert names == ["Continuation by request_id", "Idle WebSocket memory", "Concurrent streams"]
+
+
+def test_the_chat_route_is_judged_against_vllms_chat_route() -> None:
+    references = [
+        _target("ceiling", "ceiling", 440.0, 800.0),
+        _target("vllm-server", "vllm-server", 420.0, 700.0),
+        _target("vllm-server-chat", "vllm-server-chat", 400.0, 900.0),
+    ]
+    chat = _target("chat", "gateway", 425.0, 850.0, compared_with="vllm-server-chat")
+    [judged] = [g for g in goals.evaluate([*references, chat], None, None, 64) if "chat" in g.name]
+    assert judged.passed is True  # above vLLM's chat route, below its TTFT (not /v1/completions')
+    assert "1.06 x vLLM; TTFT p50 850.0 vs 900.0 ms" in judged.measured
