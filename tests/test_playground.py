@@ -10,7 +10,7 @@ import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -18,11 +18,13 @@ from playwright.sync_api import (
     BrowserContext,
     Locator,
     Page,
+    Request,
     ViewportSize,
     expect,
     sync_playwright,
 )
 
+from clients import outcomes_since, settled_metrics
 from serving import LoopThread, RunningServer, loading_server
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ STATS = re.compile(r"^\d+ tokens · first token \d+ ms · \d+\.\d tokens/s$")
 # and waits; its assertions take no 0, so theirs is a day (pytest-timeout ends a test first).
 NO_TIMEOUT = 0
 ASSERTIONS_TIMEOUT_MS = 24 * 3600 * 1000
+CHAT_API = "Chat API (/v1/chat/completions)"
+CONTROL = "Control protocol (/generate)"
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +114,28 @@ def tokens_shown(page: Page) -> int:
 def send(page: Page, message: str) -> None:
     page.get_by_label("Message", exact=True).fill(message)
     page.get_by_label("Message", exact=True).press("Enter")
+
+
+def to_chat_api(request: Request) -> bool:
+    return request.method == "POST" and request.url.endswith("/v1/chat/completions")
+
+
+def body_of(request: Request) -> dict[str, Any]:
+    body = request.post_data_json
+    assert isinstance(body, dict), request.post_data
+    return body
+
+
+def sent_messages(page: Page, message: str) -> list[dict[str, Any]]:
+    """Sends `message` in chat-API mode; the `messages` of the POST that carried it."""
+    with page.expect_request(to_chat_api) as sent:
+        send(page, message)
+    body = body_of(sent.value)
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert "model" not in body
+    messages: list[dict[str, Any]] = body["messages"]
+    assert messages[-1] == {"role": "user", "content": message}
+    return messages
 
 
 def screenshot(page: Page, name: str) -> None:
@@ -223,6 +249,122 @@ def test_chat_streams_and_is_steered_from_the_page(
         box = page.get_by_role("button", name=name).bounding_box()
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
     screenshot(page, "playground-phone.png")
+    idle_engine()
+
+
+def test_chat_api_mode_streams_stops_and_shows_errors(
+    server: RunningServer, page: Page, idle_engine: Callable[[], None]
+) -> None:
+    page.goto(server.http + "/ui")
+    mode = page.get_by_label("Mode")
+    mode.select_option(label=CHAT_API)
+    # The control protocol's own features are not offered.
+    expect(page.get_by_role("button", name="Pause")).to_be_hidden()
+    expect(page.locator("#connection")).to_be_hidden()
+    page.get_by_label("Max tokens").fill("24")
+    page.get_by_label("Temperature").press("Home")
+    expect(page.locator("#temperature-value")).to_have_text("0")
+    state = answer(page).locator(".state")
+
+    first = "What is the capital of France?"
+    assert sent_messages(page, first) == [{"role": "user", "content": first}]
+    expect(page.locator(".message.user .text")).to_have_text(first)
+    wait_longer_than(page, 0)
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    assert 0 < tokens_shown(page) <= 24
+    expect(answer(page).get_by_role("button", name="Good answer")).to_be_hidden()
+    first_answer = answer(page).locator(".text").text_content()
+    assert first_answer
+
+    # A second turn carries the system prompt and the conversation so far.
+    page.locator("summary", has_text="System prompt").click()
+    page.get_by_label("System prompt").fill("You are a helpful assistant.")
+    second = "And of Italy?"
+    assert sent_messages(page, second) == [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": first_answer},
+        {"role": "user", "content": second},
+    ]
+    expect(page.locator(".message.assistant")).to_have_count(2)
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    second_answer = answer(page).locator(".text").text_content()
+
+    # The conversation is the page's, whichever way it goes: a turn over the control protocol...
+    mode.select_option(label=CONTROL)
+    expect(page.locator("#connection")).to_have_text("connected")
+    expect(page.get_by_role("button", name="Pause")).to_be_visible()
+    send(page, "Thanks!")
+    expect(page.locator(".message.assistant")).to_have_count(3)
+    expect(state).to_have_text(FINISHED)
+    third_answer = answer(page).locator(".text").text_content()
+
+    # ...is in the history the chat API gets next. A long answer, stopped midway: the page
+    # aborts the request and the server cancels the generation (it would otherwise go on).
+    mode.select_option(label=CHAT_API)
+    page.get_by_label("Max tokens").fill("1500")
+    idle_engine()
+    before = settled_metrics(server.http)
+    history = sent_messages(page, LONG)
+    assert [m["content"] for m in history if m["role"] == "assistant"] == [
+        first_answer,
+        second_answer,
+        third_answer,
+    ]
+    seen = [wait_longer_than(page, 0)]
+    for _ in range(3):
+        seen.append(wait_longer_than(page, seen[-1]))
+    assert seen == sorted(set(seen))
+    expect(state).to_have_text("generating…")
+    expect(answer(page).locator(".stats")).to_contain_text("tokens so far")
+    expect(page.get_by_role("button", name="Regenerate")).to_be_disabled()
+    expect(page.get_by_label("Mode")).to_be_disabled()
+    page.get_by_role("button", name="Stop").click()
+    expect(state).to_have_text("stopped")
+    stopped = length(page)
+    assert 0 < tokens_shown(page) < 1500
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    expect(page.get_by_role("button", name="Stop")).to_be_disabled()
+    idle_engine()
+    assert outcomes_since(before, settled_metrics(server.http), "openai_chat") == {"cancelled": 1}
+    assert length(page) == stopped
+
+    # An error from the server: OpenAI's body, shown on the answer, which is marked failed.
+    page.get_by_label("Max tokens").fill("0")
+    with page.expect_response(lambda r: to_chat_api(r.request)) as refused:
+        send(page, "Hello?")
+    assert refused.value.status == 400
+    error = refused.value.json()["error"]
+    assert error["param"] == "max_tokens"
+    expect(page.locator(".message.assistant")).to_have_count(5)
+    expect(state).to_have_text(f"error: {error['message']}")
+    expect(answer(page)).to_have_class(re.compile(r"\bfailed\b"))
+
+    # Regenerate sends the same conversation again, with the settings as they are now.
+    page.get_by_label("Max tokens").fill("24")
+    with page.expect_request(to_chat_api) as again:
+        page.get_by_role("button", name="Regenerate").click()
+    assert body_of(again.value)["messages"][-1] == {"role": "user", "content": "Hello?"}
+    expect(answer(page).locator(".attempt")).to_have_text("attempt 2")
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    expect(answer(page)).not_to_have_class(re.compile(r"\bfailed\b"))
+    expect(page.locator(".message.assistant")).to_have_count(5)
+    screenshot(page, "playground-chat-api.png")
+    page.set_viewport_size(PHONE)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    for control in (page.get_by_label("Mode"), page.get_by_role("button", name="Stop")):
+        box = control.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    screenshot(page, "playground-chat-api-phone.png")
+
+    # The mode is remembered; back to the control protocol for what comes after.
+    page.reload()
+    expect(page.get_by_label("Mode")).to_have_value("chat")
+    expect(page.get_by_role("button", name="Pause")).to_be_hidden()
+    page.get_by_label("Mode").select_option(label=CONTROL)
     idle_engine()
 
 

@@ -1,4 +1,5 @@
-// The chat playground: one WebSocket to /generate (docs/CONTROL.md), plain DOM, no framework.
+// The chat playground: one WebSocket to /generate (docs/CONTROL.md), or, in chat-API mode,
+// streamed POSTs to /v1/chat/completions (docs/OPENAI.md); plain DOM, no framework.
 // Model output is only ever put on the page with textContent.
 "use strict";
 
@@ -9,10 +10,12 @@ const el = {
   stop: $("stop"), pause: $("pause"), regenerate: $("regenerate"), newChat: $("new-chat"),
   temperature: $("temperature"), temperatureValue: $("temperature-value"),
   maxTokens: $("max-tokens"), notice: $("notice"), form: $("composer"), input: $("input"),
-  send: $("send"), system: $("system"), template: $("message-template"),
+  send: $("send"), system: $("system"), template: $("message-template"), mode: $("mode"),
 };
 
 const FINISH = { length: "max tokens reached", stop: "done", cancelled: "stopped" };
+const CHAT_API = "/v1/chat/completions";
+const MODE_KEY = "playground.mode";
 
 const conversation = [];  // sent with each turn: {role, content}
 let socket = null;    // the page's one WebSocket; opened again on the next send once it closes
@@ -25,6 +28,7 @@ let awaitingInit = false;  // after `regenerate`, what comes before the next ini
 let pendingControls = 0;   // controls sent and not yet acknowledged
 const modifies = [];       // temperatures sent with `modify`, in the order of their acks
 let healthTimer = null;
+let mode = storedMode();   // "control": the WebSocket protocol; "chat": the chat API
 
 // --- the socket ----------------------------------------------------------------------------
 
@@ -64,7 +68,7 @@ function onClose(ws) {
   if (socket !== ws) return;
   socket = null;
   showConnection("closed", "disconnected · reconnects on send");
-  if (turn) endTurn(null, "connection lost", true);
+  if (controlTurn()) endTurn(null, "connection lost", true);
   if (latest) showFeedbackButtons(latest.node, false);
 }
 
@@ -91,11 +95,11 @@ function onStatus(status) {
       return showLoading(status);
     case "paused":
       acknowledged();
-      if (turn) setPhase("paused");
+      if (controlTurn()) setPhase("paused");
       return notice(`Paused (${status.message}).`);
     case "resumed":
       acknowledged();
-      if (turn) setPhase("generating");
+      if (controlTurn()) setPhase("generating");
       return notice("Resumed.");
     case "modified":
       acknowledged();
@@ -110,7 +114,7 @@ function onStatus(status) {
 function onInit(init) {
   hideLoading();
   el.model.textContent = init.model;
-  if (!turn) return;
+  if (!controlTurn()) return;
   if (awaitingInit) acknowledged();
   awaitingInit = false;
   if (turn.regenerating) {  // a resume before the first token sends init again: not counted
@@ -124,7 +128,7 @@ function onInit(init) {
 }
 
 function onToken(token) {
-  if (!turn || awaitingInit) return;
+  if (!controlTurn() || awaitingInit) return;
   turn.tokens += 1;
   text(turn.node).textContent = token.generated_text;
   stats(turn.node).textContent = `${turn.tokens} tokens so far`;
@@ -132,7 +136,7 @@ function onToken(token) {
 }
 
 function onCompletion(completion) {
-  if (!turn || awaitingInit) return;  // the cancelled answer a regenerate replaced
+  if (!controlTurn() || awaitingInit) return;  // the cancelled answer a regenerate replaced
   text(turn.node).textContent = completion.generated_text;
   stats(turn.node).textContent = describe(completion);
   endTurn(completion.generated_text, FINISH[completion.finish_reason] || completion.finish_reason);
@@ -142,7 +146,7 @@ function onError(error) {
   // A control that crossed the end of the answer is refused; the answer itself is fine.
   const refusedControl = error.error === "invalid_request" && pendingControls > 0;
   if (refusedControl) acknowledged();
-  if (turn && !refusedControl) {
+  if (controlTurn() && !refusedControl) {
     awaitingInit = false;
     endTurn(text(turn.node).textContent || null, `error: ${error.message}`, true);
   } else {
@@ -205,7 +209,7 @@ async function submit() {
 }
 
 async function regenerate() {
-  if (turn?.phase === "connecting") return;
+  if (turn?.phase === "connecting" || turn?.mode === "chat") return;
   if (turn) {
     awaitingInit = true;
     turn.regenerating = true;
@@ -224,12 +228,13 @@ async function startAnswer(node, again) {
   if (latest && latest.node !== node) showFeedbackButtons(latest.node, false);
   latest = null;
   showFeedbackButtons(node, false);
-  turn = { node, phase: "connecting", tokens: 0, regenerating: again };
+  turn = { node, phase: "connecting", tokens: 0, regenerating: again, mode };
   text(node).textContent = "";
   stats(node).textContent = "";
   node.querySelector(".feedback-state").textContent = "";
   for (const thumb of node.querySelectorAll(".thumb")) thumb.removeAttribute("aria-pressed");
   node.classList.remove("failed");
+  if (mode === "chat") return streamChat();
   setPhase("connecting");
   const config = {
     type: "config",
@@ -264,13 +269,154 @@ function endTurn(answer, state, failed = false) {
   if (answer) conversation.push({ role: "assistant", content: answer });
   node.querySelector(".state").textContent = state;
   node.classList.toggle("failed", failed);
-  if (failed) held = null;  // a refused config leaves the server holding the one before
+  const viaSocket = turn.mode === "control";
+  if (failed && viaSocket) held = null;  // a refused config leaves the server holding the one before
   turn = null;
   awaitingInit = false;
   pendingControls = 0;
   modifies.length = 0;
-  latest = { node, socket };
-  showFeedbackButtons(node, !failed && socket !== null);
+  latest = { node, socket: viaSocket ? socket : null };  // feedback is for the socket's answers
+  showFeedbackButtons(node, !failed && latest.socket !== null);
+  updateButtons();
+}
+
+// The turn in progress when it goes over the WebSocket: only that one hears its messages.
+function controlTurn() {
+  return turn?.mode === "control" ? turn : null;
+}
+
+// --- chat-API mode -------------------------------------------------------------------------
+
+// One answer from POST /v1/chat/completions, streamed as server-sent events. Stop aborts the
+// fetch, which closes the connection: the server then stops the generation.
+async function streamChat() {
+  const current = turn;
+  const abort = new AbortController();
+  current.abort = abort;
+  const body = {
+    messages: chatMessages(),
+    stream: true,
+    stream_options: { include_usage: true },
+    temperature: Number(el.temperature.value),
+    // As typed, so the server's own validation shows (an empty field: the page's default).
+    max_tokens: el.maxTokens.value === "" ? 256 : Number(el.maxTokens.value),
+  };
+  const got = {
+    started: performance.now(), text: "", chunks: 0, firstTokenMs: null, finish: null, usage: null,
+  };
+  // The page's clock, from the request to the end of the answer.
+  const summary = (usage) => describe({
+    usage,
+    timing: { first_token_ms: got.firstTokenMs, total_ms: performance.now() - got.started },
+  });
+  setPhase("waiting");
+  try {
+    const response = await fetch(CHAT_API, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(body),
+      signal: abort.signal,
+      cache: "no-store",
+    });
+    if (!response.ok) return endTurn(null, `error: ${await errorMessage(response)}`, true);
+    for await (const data of serverSentEvents(response.body)) {
+      if (data === "[DONE]") break;
+      const chunk = JSON.parse(data);
+      if (chunk.error) {
+        return endTurn(got.text || null, `error: ${chunk.error.message}`, true);
+      }
+      onChunk(current, chunk, got);
+    }
+    if (!got.finish) return endTurn(got.text || null, "connection lost", true);
+    stats(current.node).textContent = summary(got.usage ?? { completion_tokens: got.chunks });
+    endTurn(got.text || null, FINISH[got.finish] || got.finish);
+  } catch (e) {
+    if (!abort.signal.aborted) return endTurn(got.text || null, "connection lost", true);
+    // Stopped: no usage comes, so the count is of the chunks received (a token each).
+    if (got.chunks) stats(current.node).textContent = summary({ completion_tokens: got.chunks });
+    endTurn(got.text || null, FINISH.cancelled);
+  }
+}
+
+function onChunk(current, chunk, got) {
+  if (chunk.model) el.model.textContent = chunk.model;
+  if (chunk.usage) got.usage = chunk.usage;
+  const choice = chunk.choices?.find((c) => c.index === 0);
+  if (!choice) return;
+  hideLoading();
+  if (current.phase !== "generating") {
+    if (current.regenerating) {
+      current.node.dataset.attempt = String(Number(current.node.dataset.attempt || 1) + 1);
+      current.node.querySelector(".attempt").textContent = `attempt ${current.node.dataset.attempt}`;
+    }
+    setPhase("generating");
+  }
+  const content = choice.delta?.content;
+  if (content) {
+    if (got.firstTokenMs === null) got.firstTokenMs = performance.now() - got.started;
+    got.text += content;
+    got.chunks += 1;
+    text(current.node).textContent = got.text;
+    stats(current.node).textContent = `${got.chunks} tokens so far`;
+    followScroll();
+  }
+  if (choice.finish_reason) got.finish = choice.finish_reason;
+}
+
+// The `data:` of each event of a text/event-stream body, as it arrives.
+async function* serverSentEvents(body) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      buffer += decoder.decode(value, { stream: !done });
+      let end;
+      while ((end = /\r?\n\r?\n/.exec(buffer))) {
+        const lines = buffer.slice(0, end.index).split(/\r?\n/);
+        buffer = buffer.slice(end.index + end[0].length);
+        const data = lines.filter((line) => line.startsWith("data:"))
+          .map((line) => line.slice(5).replace(/^ /, ""));
+        if (data.length) yield data.join("\n");
+      }
+      if (done) return;
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+}
+
+async function errorMessage(response) {
+  try {
+    const body = await response.json();
+    if (body?.error?.message) return body.error.message;
+  } catch { /* not OpenAI's error body */ }
+  return `HTTP ${response.status} ${response.statusText}`.trim();
+}
+
+// --- the mode ------------------------------------------------------------------------------
+
+function storedMode() {
+  try {
+    return localStorage.getItem(MODE_KEY) === "chat" ? "chat" : "control";
+  } catch {
+    return "control";
+  }
+}
+
+function applyMode() {
+  el.mode.value = mode;
+  const chat = mode === "chat";
+  el.connection.hidden = chat;  // the WebSocket's state: not what chat-API mode uses
+  el.pause.hidden = chat;
+  for (const node of document.querySelectorAll("[data-for-mode]")) {
+    node.hidden = node.dataset.forMode !== mode;
+  }
+  if (latest) {
+    const rateable = latest.socket !== null && latest.socket === socket;
+    showFeedbackButtons(latest.node, !chat && rateable && !latest.node.classList.contains("failed"));
+  }
   updateButtons();
 }
 
@@ -301,7 +447,10 @@ function updateButtons() {
   el.stop.disabled = !sent;
   el.pause.disabled = phase !== "generating" && phase !== "paused";
   el.pause.textContent = phase === "paused" ? "Resume" : "Pause";
-  el.regenerate.disabled = phase === "idle" ? latest === null : !sent;
+  el.regenerate.disabled = phase === "idle" ? latest === null : !sent || turn.mode === "chat";
+  el.mode.disabled = phase !== "idle";
+  // Changing it mid-answer is the control protocol's `modify`: the chat API has no such thing.
+  el.temperature.disabled = phase !== "idle" && turn.mode === "chat";
 }
 
 // --- the page ------------------------------------------------------------------------------
@@ -367,6 +516,7 @@ el.input.addEventListener("keydown", (event) => {
 });
 el.stop.addEventListener("click", () => {
   if (!turn || turn.phase === "connecting") return;
+  if (turn.mode === "chat") return turn.abort.abort();
   control("stop");
   turn.node.querySelector(".state").textContent = "stopping…";
 });
@@ -380,7 +530,7 @@ el.temperature.addEventListener("input", () => {
   el.temperatureValue.textContent = el.temperature.value;
 });
 el.temperature.addEventListener("change", () => {
-  if (!turn || turn.phase === "connecting") return;  // it applies to the next answer
+  if (!controlTurn() || turn.phase === "connecting") return;  // it applies to the next answer
   const temperature = Number(el.temperature.value);
   modifies.push(temperature);
   control("modify", { temperature });
@@ -401,5 +551,17 @@ el.newChat.addEventListener("click", () => {
   updateButtons();
 });
 
-updateButtons();
+el.mode.addEventListener("change", () => {
+  if (turn) {  // the select is disabled during an answer
+    el.mode.value = mode;
+    return;
+  }
+  mode = el.mode.value === "chat" ? "chat" : "control";
+  try {
+    localStorage.setItem(MODE_KEY, mode);
+  } catch { /* remembered for this page only */ }
+  applyMode();
+});
+
+applyMode();
 openSocket().catch(() => {});  // early, so the loading status shows before the first message
