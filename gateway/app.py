@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from gateway.admission import Admission
+from gateway.api_keys import KeyRing
+from gateway.auth import ApiKeyMiddleware
 from gateway.batch import BatchRunner
 from gateway.config import Settings, served_model_name
 from gateway.continuation import ContinuationStore
@@ -65,4 +70,9 @@ def create_app(
             if owns_engine:
                 await holder.stop()
 
-    return Starlette(routes=ROUTES, lifespan=lifespan)
+    ring = KeyRing(settings.api_keys, settings.api_keys_file)
+    if settings.api_keys_file and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: ring.reload())
+    open_paths = frozenset(p.strip() for p in settings.auth_open_paths.split(",") if p.strip())
+    keys = Middleware(ApiKeyMiddleware, ring=ring, open_paths=open_paths)
+    return Starlette(routes=ROUTES, lifespan=lifespan, middleware=[keys])

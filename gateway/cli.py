@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 from pathlib import Path
@@ -52,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "export-feedback":
         return _export_feedback(Path(args.db) if args.db else feedback_path(settings))
-    return _serve(settings, args.host or settings.host, args.port or settings.port)
+    try:
+        return _serve(settings, args.host or settings.host, args.port or settings.port)
+    except ConfigError as e:
+        print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
+        return 2
 
 
 def _export_feedback(path: Path) -> int:
@@ -73,8 +78,25 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+    app = create_app(settings)
+    if not (settings.api_keys or settings.api_keys_file) and not _is_loopback(host):
+        logging.getLogger("gateway").warning(
+            "no API keys (API_KEYS, API_KEYS_FILE): anyone who can reach %s:%d can use every "
+            "route (docs/SECURITY.md)",
+            host,
+            port,
+        )
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

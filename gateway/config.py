@@ -72,6 +72,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     option_tgi_compat: bool = False
     option_output_formatter: Literal["", "json", "jsonlines", "sse"] = ""
     lmi_max_new_tokens: Positive = 30
+    # API keys (docs/SECURITY.md): none set, the gateway is open.
+    api_keys: str = ""  # comma-separated; `key:name` names a key
+    api_keys_file: str = ""  # one key per line, `key:name`; re-read on SIGHUP
+    auth_open_paths: str = "/health,/ping,/metrics,/ui,/ui/*"  # need no key
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
 

@@ -179,6 +179,8 @@ def _shape(kind: ErrorKind) -> tuple[str, bool, str]:
             return "context_length_exceeded", True, "shorten_prompt"
         case ErrorKind.RATE_LIMITED:
             return "rate_limited", True, "retry"
+        case ErrorKind.UNAUTHORIZED:
+            return "unauthorized", False, "none"
         case ErrorKind.ENGINE_ERROR:
             return "internal_error", True, "retry"
         case ErrorKind.ENGINE_UNAVAILABLE:

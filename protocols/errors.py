@@ -12,6 +12,7 @@ class ErrorKind(enum.StrEnum):
     UNPROCESSABLE = "unprocessable"  # well-formed, but the engine cannot do what it asks
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     RATE_LIMITED = "rate_limited"
+    UNAUTHORIZED = "unauthorized"  # no API key, or not one of the gateway's
     DUPLICATE_REQUEST_ID = "duplicate_request_id"
     ENGINE_ERROR = "engine_error"
     ENGINE_UNAVAILABLE = "engine_unavailable"

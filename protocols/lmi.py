@@ -349,6 +349,8 @@ def lmi_status(kind: ErrorKind) -> int:
             return 424
         case ErrorKind.RATE_LIMITED:
             return 429
+        case ErrorKind.UNAUTHORIZED:
+            return 401
         case ErrorKind.ENGINE_UNAVAILABLE:
             return 503
         case _:

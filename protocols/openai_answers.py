@@ -105,9 +105,15 @@ class ErrorBody(msgspec.Struct):
 def error_of(error: GenerationError) -> tuple[int, bytes]:
     """The status the `openai` client maps to its exception classes, and OpenAI's body."""
     status, kind = _status(error.kind)
-    code = error.kind.value if error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED else None
+    code = _CODES.get(error.kind)
     param = error.field.removeprefix("$").removeprefix(".") or None if error.field else None
     return status, _ENCODER.encode(ErrorBody(ErrorDetail(error.message, kind, param, code)))
+
+
+_CODES = {
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED: "context_length_exceeded",
+    ErrorKind.UNAUTHORIZED: "invalid_api_key",
+}
 
 
 def not_found(message: str) -> bytes:
@@ -125,6 +131,8 @@ def _status(kind: ErrorKind) -> tuple[int, str]:
             return 409, "invalid_request_error"
         case ErrorKind.RATE_LIMITED:
             return 429, "rate_limit_error"
+        case ErrorKind.UNAUTHORIZED:
+            return 401, "invalid_request_error"
         case ErrorKind.ENGINE_ERROR:
             return 500, "server_error"
         case ErrorKind.ENGINE_UNAVAILABLE:

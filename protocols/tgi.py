@@ -243,6 +243,8 @@ def _status(kind: ErrorKind) -> tuple[int, str, str]:
             return 422, "validation", "Input validation error: "
         case ErrorKind.RATE_LIMITED:
             return 429, "overloaded", "Model is overloaded: "
+        case ErrorKind.UNAUTHORIZED:
+            return 401, "authentication", ""
         case ErrorKind.ENGINE_ERROR:
             return 424, "generation", "Request failed during generation: "
         case ErrorKind.ENGINE_UNAVAILABLE:

@@ -19,6 +19,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as _connect
+from websockets.typing import Subprotocol
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TERMINAL = {"COMPLETE", "ERROR"}
@@ -41,9 +42,12 @@ def payload(*prompts: tuple[str, str], **fields: Any) -> str:
     return json.dumps(body)
 
 
-def connect(url: str) -> ClientConnection:
+def connect(url: str, subprotocols: list[str] | None = None) -> ClientConnection:
     """A websockets client with no opening deadline and no keepalive pings (no clocks)."""
-    connection: ClientConnection = _connect(url, open_timeout=None, ping_interval=None)
+    offered = [Subprotocol(s) for s in subprotocols] if subprotocols else None
+    connection: ClientConnection = _connect(
+        url, open_timeout=None, ping_interval=None, subprotocols=offered
+    )
     return connection
 
 

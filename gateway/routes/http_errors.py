@@ -13,6 +13,8 @@ def status_of(kind: ErrorKind) -> int:
             ErrorKind.INVALID_REQUEST | ErrorKind.UNPROCESSABLE | ErrorKind.CONTEXT_LENGTH_EXCEEDED
         ):
             return 422
+        case ErrorKind.UNAUTHORIZED:
+            return 401
         case ErrorKind.DUPLICATE_REQUEST_ID:
             return 409
         case ErrorKind.RATE_LIMITED:
