@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 from huggingface_hub import InferenceClient
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from clients import CHAT
-from serving import RunningServer
+from clients import CHAT, wait_ready
+from serving import (
+    LoopThread,
+    RunningServer,
+    failing_loader,
+    gateway_settings,
+    start_server,
+)
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION: list[ChatCompletionMessageParam] = [
@@ -231,3 +242,62 @@ def test_a_schema_the_engine_cannot_hold_output_to_is_unprocessable(
         )
     assert caught.value.status_code == 422 and "schema" in str(caught.value)
     assert greedy_answer(server).choices[0].message.content  # the server still answers
+
+
+FAULT = "Fail in the engine, please."  # fails once admitted (serving.failing_loader)
+
+
+def test_overload_is_429_rate_limit(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[[], None]
+) -> None:
+    tight = client(make_server(MAX_RUNNING_REQUESTS="1", MAX_WAITING_REQUESTS="0"))
+    busy = tight.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=1000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    with busy:
+        next(iter(busy))  # generating: the one slot is taken
+        with pytest.raises(openai.RateLimitError) as refused:
+            tight.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+        assert refused.value.status_code == 429
+    idle_engine()
+
+
+def test_engine_failures_are_500_or_an_error_event_then_done(
+    loop_thread: LoopThread, engine: Engine, idle_engine: Callable[[], None]
+) -> None:
+    settings = gateway_settings(MAX_RUNNING_REQUESTS="1")  # the second prompt starts later
+    failing = start_server(loop_thread, settings, failing_loader(engine, FAULT))
+    try:
+        wait_ready(failing.http)
+        with pytest.raises(openai.InternalServerError) as before:
+            client(failing).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": FAULT}], stream=True
+            )
+        assert before.value.status_code == 500
+        body = {"prompt": ["Hello", FAULT], "max_tokens": 4, "stream": True}
+        streamed = httpx.post(failing.http + "/v1/completions", json=body, timeout=None)
+        assert streamed.status_code == 200
+        events = [e.removeprefix("data: ") for e in streamed.text.split("\n\n") if e]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"
+        assert any(json.loads(e).get("choices") for e in events[:-2])  # the first prompt streamed
+    finally:
+        failing.stop()
+    idle_engine()
+
+
+def test_an_engine_that_failed_to_start_is_503(loop_thread: LoopThread) -> None:
+    async def no_engine() -> Engine:
+        raise RuntimeError("no model here")
+
+    broken = start_server(loop_thread, gateway_settings(), no_engine)
+    try:
+        with pytest.raises(openai.InternalServerError) as unavailable:
+            client(broken).chat.completions.create(model=MODEL, messages=QUESTION)
+        assert unavailable.value.status_code == 503
+        assert "no model here" in str(unavailable.value)
+    finally:
+        broken.stop()
