@@ -45,17 +45,28 @@ async def inprocess_logprobs(worker: Worker, request: Request) -> Record:
     return await generate(worker.llm, request, logprobs=0)
 
 
-# --- vLLM's OpenAI server: streaming /v1/completions ----------------------------------------
-# No module of protocols/ describes vLLM's answers: these name the fields the bench reads.
+# --- OpenAI's routes, streamed: vLLM's server and the gateway -------------------------------
+# The same request goes to both: these Structs name the fields the bench reads.
 
 
 class _Usage(msgspec.Struct):
     completion_tokens: int
 
 
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
 class _Choice(msgspec.Struct):
+    """A completions choice (`text`) or a chat chunk's (`delta.content`)."""
+
     text: str = ""
+    delta: _Delta = msgspec.field(default_factory=_Delta)
     logprobs: Any = None
+
+    @property
+    def has_text(self) -> bool:
+        return bool(self.text or self.delta.content)
 
 
 class _Chunk(msgspec.Struct):
@@ -65,6 +76,23 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
+
+
+def _model(worker: Worker) -> dict[str, Any]:
+    """vLLM's server is told its model's name; the gateway serves its one model unnamed."""
+    return {"model": worker.context.model} if worker.context.model else {}
+
+
+def _streamed(worker: Worker, request: Request) -> dict[str, Any]:
+    """What both routes' requests share: greedy, every token generated, usage at the end."""
+    return {
+        **_model(worker),
+        "max_tokens": request.max_new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 async def vllm_completions(worker: Worker, request: Request) -> Record:
@@ -77,19 +105,22 @@ async def vllm_completions_logprobs(worker: Worker, request: Request) -> Record:
 
 
 async def _completions(worker: Worker, request: Request, logprobs: int | None) -> Record:
-    body: dict[str, Any] = {
-        **_model(worker),
-        "prompt": request.prompt,
-        "max_tokens": request.max_new_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = {**_streamed(worker, request), "prompt": request.prompt}
     if logprobs is not None:
         body["logprobs"] = logprobs
+    return await _openai_stream(worker, "/v1/completions", body, logprobs is not None)
+
+
+async def chat_completions(worker: Worker, request: Request) -> Record:
+    """Streaming /v1/chat/completions, the prompt as one user message: the very same request
+    to vLLM's server and to the gateway."""
+    body = {**_streamed(worker, request), "messages": [{"role": "user", "content": request.prompt}]}
+    return await _openai_stream(worker, "/v1/chat/completions", body, False)
+
+
+async def _openai_stream(worker: Worker, path: str, body: dict[str, Any], logprobs: bool) -> Record:
     record, tokens = start(), None
-    async with worker.post("/v1/completions", body) as r:
+    async with worker.post(path, body) as r:
         async for payloads in sse_reads(r):
             text = False
             for payload in payloads:
@@ -97,67 +128,10 @@ async def _completions(worker: Worker, request: Request, logprobs: int | None) -
                     continue
                 chunk = _CHUNK.decode(payload)
                 if chunk.error is not None:
-                    raise BenchError(f"vLLM error: {chunk.error}")
-                text = text or any(c.text for c in chunk.choices)
-                if logprobs is not None and any(
-                    c.text and c.logprobs is None for c in chunk.choices
-                ):
-                    raise BenchError("logprobs were asked for and vLLM returned none")
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            if text:
-                record.arrive()
-    if tokens is None:
-        raise BenchError("the stream ended without usage")
-    return record.finish(tokens)
-
-
-# --- Chat completions, streamed: vLLM's server and the gateway, the very same request --------
-
-
-def _model(worker: Worker) -> dict[str, Any]:
-    """vLLM's server is told its model's name; the gateway serves its one model unnamed."""
-    return {"model": worker.context.model} if worker.context.model else {}
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-
-
-class _ChatChoice(msgspec.Struct):
-    delta: _Delta = msgspec.field(default_factory=_Delta)
-
-
-class _ChatChunk(msgspec.Struct):
-    choices: list[_ChatChoice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-_CHAT_CHUNK = msgspec.json.Decoder(_ChatChunk)
-
-
-async def chat_completions(worker: Worker, request: Request) -> Record:
-    body: dict[str, Any] = {
-        **_model(worker),
-        "messages": [{"role": "user", "content": request.prompt}],
-        "max_tokens": request.max_new_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    record, tokens = start(), None
-    async with worker.post("/v1/chat/completions", body) as r:
-        async for payloads in sse_reads(r):
-            text = False
-            for payload in payloads:
-                if payload == b"[DONE]":
-                    continue
-                chunk = _CHAT_CHUNK.decode(payload)
-                if chunk.error is not None:
                     raise BenchError(f"error event: {chunk.error}")
-                text = text or any(c.delta.content for c in chunk.choices)
+                text = text or any(c.has_text for c in chunk.choices)
+                if logprobs and any(c.has_text and c.logprobs is None for c in chunk.choices):
+                    raise BenchError("logprobs were asked for and none came")
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             if text:

@@ -143,6 +143,18 @@ def screenshot(page: Page, name: str) -> None:
     page.screenshot(path=ARTIFACTS / name)
 
 
+def stop_answer(page: Page, state: Locator, idle_engine: Callable[[], None], limit: int) -> int:
+    """Stop the answer midway: it says so, Send comes back, the engine lets it go; its length."""
+    page.get_by_role("button", name="Stop").click()
+    expect(state).to_have_text("stopped")
+    stopped = length(page)
+    assert 0 < tokens_shown(page) < limit
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    expect(page.get_by_role("button", name="Stop")).to_be_disabled()
+    idle_engine()
+    return stopped
+
+
 def test_page_and_assets_are_served_from_the_gateway(server: RunningServer) -> None:
     page = httpx.get(server.http + "/ui", timeout=None)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -210,13 +222,7 @@ def test_chat_streams_and_is_steered_from_the_page(
     wait_longer_than(page, held + 60)
 
     # Stop ends it midway: it stops growing and says so.
-    page.get_by_role("button", name="Stop").click()
-    expect(state).to_have_text("stopped")
-    stopped = length(page)
-    assert 0 < tokens_shown(page) < 300
-    expect(page.get_by_role("button", name="Send")).to_be_enabled()
-    expect(page.get_by_role("button", name="Stop")).to_be_disabled()
-    idle_engine()
+    stopped = stop_answer(page, state, idle_engine, 300)
 
     # Thumbs up on it is recorded by the server; a token sent after the stop would have
     # reached the page before that acknowledgement.
@@ -321,13 +327,7 @@ def test_chat_api_mode_streams_stops_and_shows_errors(
     expect(answer(page).locator(".stats")).to_contain_text("tokens so far")
     expect(page.get_by_role("button", name="Regenerate")).to_be_disabled()
     expect(page.get_by_label("Mode")).to_be_disabled()
-    page.get_by_role("button", name="Stop").click()
-    expect(state).to_have_text("stopped")
-    stopped = length(page)
-    assert 0 < tokens_shown(page) < 1500
-    expect(page.get_by_role("button", name="Send")).to_be_enabled()
-    expect(page.get_by_role("button", name="Stop")).to_be_disabled()
-    idle_engine()
+    stopped = stop_answer(page, state, idle_engine, 1500)
     assert outcomes_since(before, settled_metrics(server.http), "openai_chat") == {"cancelled": 1}
     assert length(page) == stopped
 
