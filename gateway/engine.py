@@ -114,8 +114,10 @@ def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
 
 
 def _refusal(error: VLLMValidationError) -> GenerationError:
-    """vLLM's own check of a request ours let through: the structured-output grammar."""
-    message = f"The engine cannot hold the output to this request's schema: {error}"
+    """vLLM's own check of a request ours let through (a structured-output grammar its backend
+    cannot compile, a stop token outside the vocabulary): the request's fault, not the
+    engine's."""
+    message = f"The engine refused the request: {error}"
     return GenerationError(ErrorKind.UNPROCESSABLE, message)
 
 

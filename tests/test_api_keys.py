@@ -119,7 +119,7 @@ def test_websockets_take_a_subprotocol_or_query_key_and_close_1008_without(
         assert ws.subprotocol == f"bearer.{KEY}"
         ws.send(message)
         first = json.loads(ws.recv())
-        assert first[0]["event"] == "ACCEPTED"
+        assert first == [{"type": "ACCEPTED", "request_id": "auth-1"}]
     with connect(f"{guarded.ws}/generate?api_key={OTHER}") as ws:
         ws.send(json.dumps({"type": "config", "prompt": "Hi", "parameters": {"max_tokens": 2}}))
         assert json.loads(ws.recv())["type"] in ("init", "status")

@@ -119,7 +119,7 @@ def _refusal(failed: Failed, lmi: LmiRequest, encoder: LmiEncoder) -> Whole:
     if lmi.dynamic:
         return Whole(424, payload_error(_where(failed), 424, dynamic=True), JSON)
     error, streaming = failed.error(), lmi.output != "json"
-    if error.kind is ErrorKind.ENGINE_ERROR:
+    if error.kind in (ErrorKind.ENGINE_ERROR, ErrorKind.UNPROCESSABLE):  # the engine's verdict
         if streaming:
             return Whole(424, encoder.failed_line(error.message), encoder.media_type)
         return Whole(424, encoder.failed_answer(error.message), JSON)
