@@ -106,7 +106,7 @@ def error_of(error: GenerationError) -> tuple[int, bytes]:
     """The status the `openai` client maps to its exception classes, and OpenAI's body."""
     status, kind = _status(error.kind)
     code = _CODES.get(error.kind)
-    param = error.field.removeprefix("$").removeprefix(".") or None if error.field else None
+    param = (error.field or "").removeprefix("$").removeprefix(".") or None  # as sent
     return status, _ENCODER.encode(ErrorBody(ErrorDetail(error.message, kind, param, code)))
 
 

@@ -143,6 +143,16 @@ def screenshot(page: Page, name: str) -> None:
     page.screenshot(path=ARTIFACTS / name)
 
 
+def see_it_grow(page: Page, state: Locator) -> None:
+    """The latest answer grows as it is generated, and says so."""
+    seen = [wait_longer_than(page, 0)]
+    for _ in range(3):
+        seen.append(wait_longer_than(page, seen[-1]))
+    assert seen == sorted(set(seen))
+    expect(state).to_have_text("generating…")
+    expect(answer(page).locator(".stats")).to_contain_text("tokens so far")
+
+
 def stop_answer(page: Page, state: Locator, idle_engine: Callable[[], None], limit: int) -> int:
     """Stop the answer midway: it says so, Send comes back, the engine lets it go; its length."""
     page.get_by_role("button", name="Stop").click()
@@ -181,12 +191,7 @@ def test_chat_streams_and_is_steered_from_the_page(
     send(page, LONG)
     expect(page.locator(".message.user .text")).to_have_text(LONG)
     # The answer grows as it is generated.
-    seen = [wait_longer_than(page, 0)]
-    for _ in range(3):
-        seen.append(wait_longer_than(page, seen[-1]))
-    assert seen == sorted(set(seen))
-    expect(state).to_have_text("generating…")
-    expect(answer(page).locator(".stats")).to_contain_text("tokens so far")
+    see_it_grow(page, state)
 
     # Regenerate midway: the answer starts again from nothing and grows anew.
     before = wait_longer_than(page, 60)
@@ -319,12 +324,7 @@ def test_chat_api_mode_streams_stops_and_shows_errors(
         second_answer,
         third_answer,
     ]
-    seen = [wait_longer_than(page, 0)]
-    for _ in range(3):
-        seen.append(wait_longer_than(page, seen[-1]))
-    assert seen == sorted(set(seen))
-    expect(state).to_have_text("generating…")
-    expect(answer(page).locator(".stats")).to_contain_text("tokens so far")
+    see_it_grow(page, state)
     expect(page.get_by_role("button", name="Regenerate")).to_be_disabled()
     expect(page.get_by_label("Mode")).to_be_disabled()
     stopped = stop_answer(page, state, idle_engine, 1500)
