@@ -74,6 +74,7 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.server import uvicorn_config
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -86,7 +87,8 @@ def _serve(settings: Settings, host: str, port: int) -> int:
             host,
             port,
         )
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
+    server = uvicorn.Server(uvicorn_config(app, settings, host, port, log_level=settings.log_level))
+    server.run()
     return 0
 
 

@@ -76,6 +76,23 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     api_keys: str = ""  # comma-separated; `key:name` names a key
     api_keys_file: str = ""  # one key per line, `key:name`; re-read on SIGHUP
     auth_open_paths: str = "/health,/ping,/metrics,/ui,/ui/*"  # need no key
+    # Per-key limits (per connection with keys off); 0: no limit. The keys file overrides them.
+    limit_concurrent_requests: Annotated[int, Meta(ge=0)] = 0
+    limit_requests_per_minute: Annotated[int, Meta(ge=0)] = 0
+    limit_tokens_per_minute: Annotated[int, Meta(ge=0)] = 0
+    # Web pages (origins) that may call the gateway: comma-separated, `*` for any. Empty: only
+    # the gateway's own pages and clients that send no Origin.
+    allowed_origins: str = ""
+    # Bounded input (docs/SECURITY.md).
+    max_body_bytes: Positive = 4 * 1024 * 1024
+    max_ws_message_bytes: Positive = 4 * 1024 * 1024
+    request_timeout_seconds: Annotated[float, Meta(ge=0)] = 600.0  # 0: no deadline
+    keep_alive_seconds: Positive = 5
+    # Shutdown and recovery: SIGTERM lets running generations finish for DRAIN_SECONDS; an
+    # engine that dies is rebuilt, at most ENGINE_MAX_RESTARTS times in the window.
+    drain_seconds: Annotated[float, Meta(ge=0)] = 30.0
+    engine_max_restarts: Annotated[int, Meta(ge=0)] = 3
+    engine_restart_window_seconds: PositiveFloat = 600.0
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
 

@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 
 from clients import MAX_MODEL_LEN, POLL
 from gateway.config import Settings, load_settings
+from gateway.server import uvicorn_config
 from protocols.errors import ErrorKind, GenerationError
 
 if TYPE_CHECKING:  # they import vllm: imported where a server is built, not at collection
@@ -74,13 +75,13 @@ def free_port() -> int:
 
 
 class RunningServer:
-    def __init__(self, loop: LoopThread, app: Starlette, port: int) -> None:
+    def __init__(self, loop: LoopThread, app: Starlette, settings: Settings, port: int) -> None:
         self.loop = loop
         self.app = app
         self.port = port
         self.http = f"http://127.0.0.1:{port}"
         self.ws = f"ws://127.0.0.1:{port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        config = uvicorn_config(app, settings, "127.0.0.1", port, log_level="warning")
         self._server = uvicorn.Server(config)
         self._task = asyncio.run_coroutine_threadsafe(self._server.serve(), loop.loop)
         while not self._server.started:
@@ -105,7 +106,7 @@ def start_server(
     from gateway.app import create_app
 
     app = create_app(settings, load, owns_engine=owns_engine)
-    return RunningServer(loop, app, free_port())
+    return RunningServer(loop, app, settings, free_port())
 
 
 def shared_loader(
