@@ -1,7 +1,8 @@
 """API keys (docs/SECURITY.md): who may use the gateway, checked once for every protocol.
 
-`API_KEYS` (comma-separated) and `API_KEYS_FILE` (one key per line, `key:name` to name it;
-re-read on SIGHUP) give the keys; with neither, the gateway is open. A request presents its
+`API_KEYS` (comma-separated) and `API_KEYS_FILE` (one key per line, `key:name` to name it,
+then optional limit overrides `concurrent=2 rpm=30 tpm=5000`; re-read on SIGHUP) give the
+keys; with neither, the gateway is open. A request presents its
 key the way its protocol's clients send one: `Authorization: Bearer <key>` (OpenAI clients,
 huggingface_hub's `token=`), `X-Api-Key`, and for WebSockets, which a browser opens without
 headers, a `Sec-WebSocket-Protocol` entry `bearer.<key>` (echoed as the accepted subprotocol)
@@ -15,12 +16,14 @@ import hashlib
 import hmac
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from starlette.types import Scope
 
 from gateway.config import ConfigError
+from gateway.limits import NO_LIMITS, OVERRIDE_NAMES, Limits
 
 log = logging.getLogger(__name__)
 SUBPROTOCOL_PREFIX = "bearer."
@@ -31,25 +34,50 @@ def key_label(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
-def parse_keys(inline: str, file_text: str = "") -> dict[str, str]:
-    """Key -> name, from API_KEYS and the keys file's text (`#` starts a comment line)."""
-    keys: dict[str, str] = {}
+@dataclass(frozen=True)
+class KeyEntry:
+    name: str  # for logs: the given name, else the label
+    label: str  # a short hash of the key: unique, and safe to show
+    limits: Limits
+
+
+def parse_keys(
+    inline: str, file_text: str = "", defaults: Limits = NO_LIMITS
+) -> dict[str, KeyEntry]:
+    """Key -> entry, from API_KEYS and the keys file's text (`#` starts a comment line)."""
+    keys: dict[str, KeyEntry] = {}
     entries: Iterable[str] = [*inline.split(","), *file_text.splitlines()]
     for entry in (e.strip() for e in entries):
         if not entry or entry.startswith("#"):
             continue
-        key, _, name = entry.partition(":")
-        key = key.strip()
+        head, *overrides = entry.split()
+        key, _, name = head.partition(":")
         if key:
-            keys[key] = name.strip() or key_label(key)
+            label = key_label(key)
+            limits = _overridden(defaults, overrides, name or label)
+            keys[key] = KeyEntry(name or label, label, limits)
     return keys
+
+
+def _overridden(defaults: Limits, overrides: list[str], name: str) -> Limits:
+    values: dict[str, int] = {}
+    for item in overrides:
+        field, _, value = item.partition("=")
+        if field not in OVERRIDE_NAMES or not value.isdigit():
+            raise ConfigError(
+                f"API keys: key {name!r} has {item!r}; limits are written "
+                "concurrent=N, rpm=N or tpm=N (0: no limit)"
+            )
+        values[OVERRIDE_NAMES[field]] = int(value)
+    return replace(defaults, **values)
 
 
 class KeyRing:
     """The keys in force; `reload()` re-reads the file (SIGHUP)."""
 
-    def __init__(self, inline: str, file: str = "") -> None:
+    def __init__(self, inline: str, file: str = "", defaults: Limits = NO_LIMITS) -> None:
         self._inline = inline
+        self._defaults = defaults
         self._file = Path(file) if file else None
         try:
             self._keys = self._read()
@@ -63,25 +91,25 @@ class KeyRing:
     def reload(self) -> None:
         try:
             self._keys = self._read()
-        except OSError as e:  # keep the keys in force rather than open the gateway
-            log.error("API keys not reloaded, %s unreadable: %s", self._file, e)
+        except (OSError, ConfigError) as e:  # keep the keys in force rather than open the gateway
+            log.error("API keys not reloaded from %s: %s", self._file, e)
             return
         log.info("API keys reloaded: %d keys", len(self._keys))
 
-    def _read(self) -> dict[str, str]:
+    def _read(self) -> dict[str, KeyEntry]:
         text = self._file.read_text() if self._file is not None else ""
-        return parse_keys(self._inline, text)
+        return parse_keys(self._inline, text, self._defaults)
 
-    def name_of(self, presented: str | None) -> str | None:
-        """The presented key's name, or None when it is no key of ours.
+    def entry_of(self, presented: str | None) -> KeyEntry | None:
+        """The presented key's entry, or None when it is no key of ours.
 
         Every key is compared, in constant time each, so the time taken says nothing about
         which key came close."""
         found = None
         given = (presented or "").encode()
-        for key, name in self._keys.items():
+        for key, entry in self._keys.items():
             if hmac.compare_digest(key.encode(), given) and presented:
-                found = name
+                found = entry
         return found
 
 

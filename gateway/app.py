@@ -16,13 +16,18 @@ from gateway.admission import Admission
 from gateway.api_keys import KeyRing
 from gateway.auth import ApiKeyMiddleware
 from gateway.batch import BatchRunner
+from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import Settings, served_model_name
 from gateway.continuation import ContinuationStore
+from gateway.deadlines import Deadlines
+from gateway.drain import Drain, DrainMiddleware
 from gateway.engine import Engine
 from gateway.engine_holder import EngineHolder
 from gateway.feedback import FeedbackStore, feedback_path
 from gateway.generation import GenerationService
+from gateway.limits import Limits
 from gateway.metrics import GatewayMetrics
+from gateway.origins import OriginMiddleware, parse_origins
 from gateway.routes import ROUTES
 from gateway.state import Gateway
 
@@ -60,9 +65,13 @@ def create_app(
         store = ContinuationStore(
             settings.continuation_max_entries, settings.continuation_idle_seconds
         )
-        service = GenerationService(holder, admission, metrics)
+        metrics.engine_requests.set_function(
+            lambda: holder.engine.unfinished_requests() if holder.engine is not None else 0
+        )
+        service = GenerationService(holder, admission, metrics, deadlines)
         feedback = FeedbackStore(feedback_path(settings))
-        gateway = Gateway(settings, holder, service, BatchRunner(service, store), feedback)
+        batches = BatchRunner(service, store)
+        gateway = Gateway(settings, holder, service, batches, feedback, drain)
         app.state.gateway = gateway
         try:
             yield {"gateway": gateway}
@@ -70,9 +79,21 @@ def create_app(
             if owns_engine:
                 await holder.stop()
 
-    ring = KeyRing(settings.api_keys, settings.api_keys_file)
+    deadlines = Deadlines(settings.request_timeout_seconds)
+    drain = Drain(deadlines, settings.drain_seconds)
+    limits = Limits(
+        settings.limit_concurrent_requests,
+        settings.limit_requests_per_minute,
+        settings.limit_tokens_per_minute,
+    )
+    ring = KeyRing(settings.api_keys, settings.api_keys_file, limits)
     if settings.api_keys_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, lambda _signum, _frame: ring.reload())
     open_paths = frozenset(p.strip() for p in settings.auth_open_paths.split(",") if p.strip())
-    keys = Middleware(ApiKeyMiddleware, ring=ring, open_paths=open_paths)
-    return Starlette(routes=ROUTES, lifespan=lifespan, middleware=[keys])
+    middleware = [  # the first is the outermost
+        Middleware(OriginMiddleware, allowed=parse_origins(settings.allowed_origins)),
+        Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
+        Middleware(ApiKeyMiddleware, ring=ring, open_paths=open_paths, limits=limits),
+        Middleware(DrainMiddleware, drain=drain),
+    ]
+    return Starlette(routes=ROUTES, lifespan=lifespan, middleware=middleware)

@@ -2,19 +2,22 @@
 
 A request without a valid key never reaches its route: HTTP gets 401 in its protocol's own
 error shape (OpenAI's error object, TGI's, LMI's, the control protocol's, the REST routes');
-a WebSocket is accepted and closed at once with 1008, before any generation. A valid key's
-name is left in the request's state (`request.state.api_key`) for what follows.
+a WebSocket is accepted and closed at once with 1008, before any generation. A request that
+passes becomes the `Caller` (gateway/caller.py) of everything it does: its key, or its
+connection when the gateway has no keys. A 429 of a rate-limited caller says when to retry.
 """
 
 from __future__ import annotations
 
-from starlette.responses import Response
+import math
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api_keys import SUBPROTOCOL_PREFIX, KeyRing, presented_key, subprotocol_key
-from gateway.routes.http_errors import status_of
-from protocols import control, lmi, openai_answers, rest_generate, tgi
-from protocols.errors import ErrorKind, GenerationError, named
+from gateway.caller import CALLER, Caller
+from gateway.limits import Limits
+from gateway.refusals import close_websocket, error_response
+from protocols.errors import ErrorKind, GenerationError
 
 CLOSE_POLICY_VIOLATION = 1008
 REFUSED = GenerationError(
@@ -22,23 +25,6 @@ REFUSED = GenerationError(
     "A valid API key is required: send it as `Authorization: Bearer <key>` or `X-Api-Key`",
     "authorization",
 )
-_OPENAI = ("/v1/chat/completions", "/v1/completions", "/v1/models")
-_LMI = ("/invocations", "/predictions/", "/endpoints/")
-_TGI = frozenset({"/", "/generate", "/generate_stream", "/info"})
-
-
-def refusal(path: str, error: GenerationError = REFUSED) -> tuple[int, bytes]:
-    """The status and body the route at `path` answers an unauthorized request with."""
-    if path.startswith(_OPENAI):
-        return openai_answers.error_of(error)
-    if path.startswith(_LMI):
-        status = lmi.lmi_status(error.kind)
-        return status, lmi.payload_error(named(error), status, dynamic=False)
-    if path in _TGI:
-        return tgi.error_body(error)
-    if path == "/v1/generate":
-        return status_of(error.kind), control.encode(control.error_message(error))
-    return status_of(error.kind), rest_generate.encode_error(error)
 
 
 def is_open(path: str, open_paths: frozenset[str]) -> bool:
@@ -48,30 +34,58 @@ def is_open(path: str, open_paths: frozenset[str]) -> bool:
     )
 
 
+def connection_of(scope: Scope) -> str:
+    host, port = scope.get("client") or ("", 0)
+    return f"{host}:{port}"
+
+
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, ring: KeyRing, open_paths: frozenset[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, ring: KeyRing, open_paths: frozenset[str], limits: Limits
+    ) -> None:
         self.app = app
         self.ring = ring
         self.open_paths = open_paths
+        self.limits = limits  # with no keys, every connection's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind not in ("http", "websocket") or not self.ring.enabled:
+        if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if is_open(scope["path"], self.open_paths):
-            await self.app(scope, receive, send)
-            return
-        name = self.ring.name_of(presented_key(scope))
-        if name is None:
-            if kind == "http":
-                await _refuse_http(scope, receive, send)
-            else:
-                await _refuse_websocket(scope, receive, send)
-            return
-        scope.setdefault("state", {})["api_key"] = name
-        offered = subprotocol_key(scope) if kind == "websocket" else None
-        await self.app(scope, receive, _echoing(send, offered) if offered else send)
+        if not self.ring.enabled or is_open(scope["path"], self.open_paths):
+            caller = Caller(connection_of(scope), "", self.limits)
+        else:
+            entry = self.ring.entry_of(presented_key(scope))
+            if entry is None:
+                if kind == "http":
+                    await _refuse_http(scope, receive, send)
+                else:
+                    await _refuse_websocket(scope, receive, send)
+                return
+            scope.setdefault("state", {})["api_key"] = entry.name
+            caller = Caller(entry.label, entry.label, entry.limits)
+            offered = subprotocol_key(scope) if kind == "websocket" else None
+            if offered:
+                send = _echoing(send, offered)
+        token = CALLER.set(caller)
+        try:
+            await self.app(scope, receive, _retry_after(send, caller) if kind == "http" else send)
+        finally:
+            CALLER.reset(token)
+
+
+def _retry_after(send: Send, caller: Caller) -> Send:
+    """A 429 says when to retry: when the caller's limit allows again, else in a second."""
+
+    async def with_header(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] == 429:
+            seconds = str(max(1, math.ceil(caller.retry_after or 1.0)))
+            headers = [*message.get("headers", ()), (b"retry-after", seconds.encode())]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return with_header
 
 
 def _echoing(send: Send, key: str) -> Send:
@@ -86,25 +100,12 @@ def _echoing(send: Send, key: str) -> Send:
 
 
 async def _refuse_http(scope: Scope, receive: Receive, send: Send) -> None:
-    status, body = refusal(scope["path"])
-    headers = {"WWW-Authenticate": "Bearer"}
-    response = Response(body, status, headers, media_type="application/json")
+    response = error_response(scope["path"], REFUSED, headers={"WWW-Authenticate": "Bearer"})
     await response(scope, receive, send)
 
 
 async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
-    message = await receive()
-    if message["type"] != "websocket.connect":
-        return
     offered = subprotocol_key(scope)
-    accept: Message = {"type": "websocket.accept"}
-    if offered is not None:
-        accept["subprotocol"] = SUBPROTOCOL_PREFIX + offered
-    await send(accept)
-    await send(
-        {
-            "type": "websocket.close",
-            "code": CLOSE_POLICY_VIOLATION,
-            "reason": "a valid API key is required",
-        }
-    )
+    echoed = SUBPROTOCOL_PREFIX + offered if offered is not None else None
+    reason = "a valid API key is required"
+    await close_websocket(scope, receive, send, CLOSE_POLICY_VIOLATION, reason, echoed)

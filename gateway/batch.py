@@ -16,6 +16,7 @@ from contextlib import aclosing
 
 import msgspec
 
+from gateway.caller import current_caller
 from gateway.continuation import ContinuationStore, Key
 from gateway.generation import GenerationService
 from protocols.generation import (
@@ -59,7 +60,10 @@ class BatchRunner:
     async def run(
         self, requests: Sequence[GenerationRequest], protocol: Protocol, *, key: Key | None = None
     ) -> AsyncGenerator[list[Event], None]:
-        """`key` None: the prompts start afresh and leave no history behind."""
+        """`key` None: the prompts start afresh and leave no history behind. A key belongs to
+        its caller's owner (its API key), so another key's same ids are another history."""
+        if key is not None:
+            key = (current_caller().owner, *key)
         known = (self.store.get(key) or {}) if key is not None else {}
         if key is not None:
             hits = sum(r.request_id in known for r in requests)

@@ -71,10 +71,8 @@ def _export_feedback(path: Path) -> int:
 
 
 def _serve(settings: Settings, host: str, port: int) -> int:
-    import uvicorn
-
     from gateway.app import create_app
-    from gateway.server import uvicorn_config
+    from gateway.server import GatewayServer, uvicorn_config
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -87,8 +85,8 @@ def _serve(settings: Settings, host: str, port: int) -> int:
             host,
             port,
         )
-    server = uvicorn.Server(uvicorn_config(app, settings, host, port, log_level=settings.log_level))
-    server.run()
+    config = uvicorn_config(app, settings, host, port, log_level=settings.log_level)
+    GatewayServer(config, app).run()
     return 0
 
 

@@ -12,15 +12,21 @@ Batches of prompts and continuation keys (gateway/batch.py) and the control sess
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
 
 from msgspec.structs import replace
 
 from gateway.admission import Admission
+from gateway.caller import current_caller
+from gateway.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine import Engine, EngineStep
 from gateway.engine_holder import EngineHolder
+from gateway.limits import Limiter, RateLimited
 from gateway.metrics import GatewayMetrics, StreamMeter
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import (
@@ -46,16 +52,22 @@ _TOKENIZE_INLINE_CHARS = 4096
 
 class GenerationService:
     def __init__(
-        self, holder: EngineHolder, admission: Admission, metrics: GatewayMetrics | None = None
+        self,
+        holder: EngineHolder,
+        admission: Admission,
+        metrics: GatewayMetrics | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.holder = holder
         self.admission = admission
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_admission(lambda: admission.waiting, lambda: admission.running)
-        self._in_flight: set[str] = set()
+        self.limiter = Limiter()
+        self.deadlines = deadlines or Deadlines(0.0)
+        self._in_flight: set[tuple[str, str]] = set()
 
     def is_generating(self, request_id: str) -> bool:
-        return request_id in self._in_flight
+        return (current_caller().owner, request_id) in self._in_flight
 
     async def generate(
         self, request: GenerationRequest, protocol: Protocol
@@ -63,15 +75,48 @@ class GenerationService:
         """Queued, Started, Initialized, Deltas (when streamed), then one Finished or Failed.
 
         The prompt is checked before it queues for admission; a request that fails before it
-        starts yields only its Failed.
+        starts yields only its Failed. Each prompt is counted in when it comes and out with its
+        end (`/metrics`): finished, failed (its error kind), or client_gone when its consumer
+        stopped listening before the end.
         """
-        request_id = request.request_id
-        if request_id is not None:
-            if request_id in self._in_flight:
-                yield _failed(request.index, _duplicate(request_id))
-                return
-            self._in_flight.add(request_id)
+        caller = current_caller()
+        ending = self.metrics.prompt_accepted(protocol)
+        generated = 0
         try:
+            self.limiter.acquire(caller.id, caller.limits)
+        except RateLimited as e:
+            caller.retry_after = e.retry_after
+            ending.end(e.kind.value)
+            yield _failed(request.index, e)
+            return
+        try:
+            async with aclosing(self._events(request, protocol, caller.owner)) as events:
+                async for event in self.deadlines.within(events, request.index):
+                    if isinstance(event, Delta):
+                        generated += len(event.token_ids)
+                    elif isinstance(event, Finished):
+                        ending.end("finished")
+                        generated = sum(s.generated_tokens for s in event.sequences)
+                    elif isinstance(event, Failed):
+                        ending.end(event.kind.value)
+                    yield event
+        finally:
+            ending.end("client_gone")  # when neither came: the consumer left first
+            self.limiter.release(caller.id, caller.limits, generated)
+
+    async def _events(
+        self, request: GenerationRequest, protocol: Protocol, owner: str
+    ) -> AsyncGenerator[Event, None]:
+        request_id = request.request_id
+        in_flight = (owner, request_id) if request_id is not None else None
+        if in_flight is not None:
+            if in_flight in self._in_flight:
+                yield _failed(request.index, _duplicate(request_id or ""))
+                return
+            self._in_flight.add(in_flight)
+        try:
+            if self.deadlines.draining:
+                raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             engine = await self.holder.wait()
             history = await _history(engine, request)
             yield Queued(request.index, history.token_ids)
@@ -87,8 +132,8 @@ class GenerationService:
             error = GenerationError(ErrorKind.ENGINE_ERROR, f"Generation failed: {e}")
             yield _failed(request.index, error)
         finally:
-            if request_id is not None:
-                self._in_flight.discard(request_id)
+            if in_flight is not None:
+                self._in_flight.discard(in_flight)
 
 
 async def _history(engine: Engine, request: GenerationRequest) -> History:
@@ -102,6 +147,18 @@ async def _history(engine: Engine, request: GenerationRequest) -> History:
             raise invalid(
                 "The prompt must not be empty (a known request_id may continue with an empty "
                 "prompt)",
+                request.prompt_field,
+            )
+        longest = _longest_token(engine)
+        if request.truncate is not None:
+            # Only the tail is kept: tokenize enough of it that the cut falls well before it.
+            prompt = prompt[-(request.truncate + 16) * longest :]
+        elif len(prompt) > engine.max_model_len * longest:
+            raise GenerationError(
+                ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+                f"The prompt is {len(prompt)} characters, more than this model's context of "
+                f"{engine.max_model_len} tokens can hold (no token is longer than {longest} "
+                "characters)",
                 request.prompt_field,
             )
         if len(prompt) > _TOKENIZE_INLINE_CHARS:
@@ -122,10 +179,24 @@ async def _history(engine: Engine, request: GenerationRequest) -> History:
     return history
 
 
+def _longest_token(engine: Engine) -> int:
+    """The most characters one token stands for: a prompt longer than the context times this
+    cannot fit, and is refused before the tokenizer spends seconds on megabytes of it."""
+    return _longest_in(engine.tokenizer)
+
+
+@functools.lru_cache(maxsize=4)
+def _longest_in(tokenizer: Any) -> int:
+    return max(len(token) for token in tokenizer.get_vocab())
+
+
 async def _engine_events(
     engine: Engine, request: GenerationRequest, history: History, meter: StreamMeter
 ) -> AsyncGenerator[Event, None]:
     options, index = request.options, request.index
+    room = engine.max_model_len - len(history.token_ids)
+    if options.max_new_tokens > room:  # the engine stops at the context's end anyway
+        options = replace(options, max_new_tokens=room)
     started = time.perf_counter()
     token_ids = history.token_ids.tolist()
     if history.ended_at_eos:

@@ -53,8 +53,27 @@ class StreamMeter:
         metrics = self._metrics
         metrics.active_streams.dec()
         metrics.requests.labels(self._protocol, self.outcome).inc()
+        if self.outcome != "ok":  # closing an unfinished engine stream aborts its request
+            metrics.engine_aborts.labels(self._protocol).inc()
         metrics.e2e.labels(self._protocol).observe(time.perf_counter() - self._start)
         metrics.generated_tokens.labels(self._protocol).inc(self._tokens)
+
+
+class PromptEnding:
+    """A prompt counted in; `end(kind)` counts it out, once, however many times it is told."""
+
+    __slots__ = ("_ended", "_metrics", "_protocol")
+
+    def __init__(self, metrics: GatewayMetrics, protocol: str) -> None:
+        self._metrics = metrics
+        self._protocol = protocol
+        self._ended = False
+        metrics.prompts_accepted.labels(protocol).inc()
+
+    def end(self, kind: str) -> None:
+        if not self._ended:
+            self._ended = True
+            self._metrics.terminal_events.labels(self._protocol, kind).inc()
 
 
 class GatewayMetrics:
@@ -94,6 +113,21 @@ class GatewayMetrics:
             "Prompts whose request_id key was known (hit) or not (miss)",
             ["result"],
         )
+        self.prompts_accepted = by_protocol(
+            "gateway_prompts_accepted", "Prompts handed to the generation service"
+        )
+        self.terminal_events = counter(
+            "gateway_terminal_events",
+            "How each accepted prompt ended: finished, an error kind (the terminal error event "
+            "its protocol sent), or client_gone (its client left before the end)",
+            ["protocol", "kind"],
+        )
+        self.engine_aborts = by_protocol(
+            "gateway_engine_aborts", "Engine requests aborted before they finished"
+        )
+        self.engine_requests = gauge(
+            "gateway_engine_requests", "Requests the engine holds, as the engine counts them"
+        )
         self.queue_depth = gauge("gateway_queue_depth", "Requests waiting for admission")
         self.running = gauge("gateway_running_requests", "Requests admitted to the engine")
         self.engine = Info(
@@ -104,6 +138,9 @@ class GatewayMetrics:
 
     def meter(self, protocol: str) -> StreamMeter:
         return StreamMeter(self, protocol)
+
+    def prompt_accepted(self, protocol: str) -> PromptEnding:
+        return PromptEnding(self, protocol)
 
     def describe_engine(self, dtype: str, reason: str, cpu_flags: list[str]) -> None:
         self.engine.info({"dtype": dtype, "dtype_reason": reason, "cpu_flags": " ".join(cpu_flags)})

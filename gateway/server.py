@@ -1,7 +1,11 @@
-"""uvicorn's settings for the gateway, one place for the CLI and the test servers alike."""
+"""uvicorn for the gateway, one place for the CLI and the test servers alike: its bounds, and
+SIGTERM as a graceful drain (gateway/drain.py) rather than an end of every open stream."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -25,3 +29,39 @@ def uvicorn_config(
         h11_max_incomplete_event_size=64 * 1024,
         **extra,
     )
+
+
+class GatewayServer(uvicorn.Server):
+    """The first SIGTERM drains, then exits (0); a second signal, or SIGINT, exits at once."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._draining is None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.begin_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def begin_drain(self) -> asyncio.Task[None]:
+        """Drain, then exit; also what a test calls in place of a signal."""
+        if self._draining is None:
+            self._draining = asyncio.ensure_future(self._drain_then_exit())
+        return self._draining
+
+    async def _drain_then_exit(self) -> None:
+        from gateway.state import gateway_of_app
+
+        try:
+            gateway = getattr(self.app.state, "gateway", None)
+            if gateway is not None:  # the app has started
+                await gateway_of_app(self.app).drain.run()
+        finally:
+            self.should_exit = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
@@ -13,6 +13,9 @@ from gateway.config import Settings
 from gateway.engine_holder import EngineHolder
 from gateway.feedback import FeedbackStore
 from gateway.generation import GenerationService
+
+if TYPE_CHECKING:  # drain -> refusals -> the routes, which import this module
+    from gateway.drain import Drain
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Gateway:
     service: GenerationService
     batches: BatchRunner
     feedback: FeedbackStore
+    drain: Drain
 
 
 def gateway_of(connection: HTTPConnection) -> Gateway:

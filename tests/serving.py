@@ -17,12 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import uvicorn
 from starlette.applications import Starlette
 
 from clients import MAX_MODEL_LEN, POLL
 from gateway.config import Settings, load_settings
-from gateway.server import uvicorn_config
+from gateway.server import GatewayServer, uvicorn_config
 from protocols.errors import ErrorKind, GenerationError
 
 if TYPE_CHECKING:  # they import vllm: imported where a server is built, not at collection
@@ -82,7 +81,7 @@ class RunningServer:
         self.http = f"http://127.0.0.1:{port}"
         self.ws = f"ws://127.0.0.1:{port}"
         config = uvicorn_config(app, settings, "127.0.0.1", port, log_level="warning")
-        self._server = uvicorn.Server(config)
+        self._server = GatewayServer(config, app)
         self._task = asyncio.run_coroutine_threadsafe(self._server.serve(), loop.loop)
         while not self._server.started:
             if self._task.done():
@@ -94,6 +93,13 @@ class RunningServer:
         from gateway.state import gateway_of_app
 
         return gateway_of_app(self.app)
+
+    def drain(self) -> None:
+        """What SIGTERM does: drain (returns once it began), then stop."""
+        self.loop.call(self._server.begin_drain)
+
+    def stopped(self) -> bool:
+        return self._task.done()
 
     def stop(self) -> None:
         self._server.should_exit = True

@@ -50,10 +50,13 @@ def bearer(key: str) -> dict[str, str]:
 
 def test_keys_are_parsed_and_named_without_showing_them() -> None:
     keys = parse_keys("a1, b2:ci", "# comment\n\nc3:team\n")
-    assert keys["b2"] == "ci" and keys["c3"] == "team"
-    assert keys["a1"].startswith("key-") and "a1" not in keys["a1"]
+    assert keys["b2"].name == "ci" and keys["c3"].name == "team"
+    assert keys["a1"].name.startswith("key-") and "a1" not in keys["a1"].name
+    assert keys["a1"].label == keys["a1"].name and keys["b2"].label != keys["c3"].label
     ring = KeyRing("a1,b2:ci")
-    assert ring.name_of("b2") == "ci" and ring.name_of("b") is None and ring.name_of("") is None
+    found = ring.entry_of("b2")
+    assert found is not None and found.name == "ci"
+    assert ring.entry_of("b") is None and ring.entry_of("") is None
     assert not KeyRing("").enabled
     websocket = {"type": "websocket", "headers": [], "subprotocols": ["bearer.k1"]}
     assert presented_key(websocket) == "k1"

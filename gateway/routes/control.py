@@ -23,7 +23,7 @@ from gateway.control_session import ControlSession
 from gateway.engine_holder import EngineHolder
 from gateway.routes.http_errors import status_of
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
-from gateway.routes.websocket_payloads import write_frames
+from gateway.routes.websocket_payloads import close_going_away, write_frames
 from gateway.state import gateway_of
 from protocols.control import (
     ClientMessage,
@@ -59,6 +59,7 @@ async def control_ws(websocket: WebSocket) -> None:
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
     connections = gateway.service.metrics.connections.labels(Protocol.CONTROL)
     connections.inc()
+    forget = gateway.drain.on_drained(lambda: close_going_away(websocket, outbox))
     try:
         while True:
             message = await websocket.receive()
@@ -80,6 +81,7 @@ async def control_ws(websocket: WebSocket) -> None:
             if decoded is not None:
                 await session.handle(decoded)
     finally:
+        forget()
         connections.dec()
         await session.close()
         ticker.cancel()

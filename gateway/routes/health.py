@@ -1,4 +1,5 @@
-"""GET `/health` and `/ping`: 200 once the engine is ready, 503 while it loads or if it failed."""
+"""GET `/health` and `/ping`: 200 once the engine is ready; 503 while it loads, if it failed,
+and from the moment a drain (SIGTERM) begins, so a balancer moves away at once."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ _ENCODER = msgspec.json.Encoder()
 
 
 async def health(request: Request) -> Response:
-    holder = gateway_of(request).holder
+    gateway = gateway_of(request)
+    holder = gateway.holder
+    if gateway.drain.draining:
+        return Response(_ENCODER.encode(Health("draining")), 503, media_type="application/json")
     body = _ENCODER.encode(Health(*holder.describe()))
     return Response(body, 200 if holder.ready else 503, media_type="application/json")
 

@@ -17,6 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from gateway.state import Gateway, gateway_of
 from protocols.names import Protocol
 
+GOING_AWAY = 1001
 Outbox = asyncio.Queue[bytes]
 Handler = Callable[[bytes | str, Gateway, Outbox], Coroutine[Any, Any, None]]
 
@@ -30,6 +31,12 @@ async def serve_payloads(websocket: WebSocket, handle: Handler, protocol: Protoc
     outbox: Outbox = asyncio.Queue()
     writer = asyncio.create_task(write_frames(websocket, outbox))
     payloads: set[asyncio.Task[None]] = set()
+
+    async def going_away() -> None:  # the drain's end: every payload has its last frame
+        await asyncio.gather(*payloads, return_exceptions=True)
+        await close_going_away(websocket, outbox)
+
+    forget = gateway.drain.on_drained(going_away)
     try:
         while True:
             message = await websocket.receive()
@@ -40,6 +47,7 @@ async def serve_payloads(websocket: WebSocket, handle: Handler, protocol: Protoc
             payloads.add(task)
             task.add_done_callback(payloads.discard)
     finally:
+        forget()
         connections.dec()
         for task in (*payloads, writer):
             task.cancel()
@@ -55,3 +63,10 @@ async def write_frames(websocket: WebSocket, outbox: Outbox) -> None:
                 await websocket.send({"type": "websocket.send", "text": frame.decode()})
             finally:
                 outbox.task_done()
+
+
+async def close_going_away(websocket: WebSocket, outbox: Outbox) -> None:
+    """Send what is queued, then close with 1001: the server is going away."""
+    await outbox.join()
+    with suppress(RuntimeError):  # the client left first
+        await websocket.close(GOING_AWAY)

@@ -1,0 +1,105 @@
+"""ALLOWED_ORIGINS: which web pages may call the gateway, from a browser, on any route.
+
+A request with no `Origin` (curl, SDKs, servers) and one from the gateway's own pages are
+always let through. A page of another origin is let through when ALLOWED_ORIGINS names it
+(or is `*`): its HTTP calls get CORS headers, and their preflight (`OPTIONS`) is answered here.
+Any other page is refused: its WebSocket is closed with 1008, its HTTP call gets 403 in the
+protocol's error shape, before any route runs (a "simple" cross-origin POST needs no
+preflight, so refusing only the preflight would let it generate).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.refusals import close_websocket, error_response
+from protocols.errors import ErrorKind, GenerationError
+
+FORBIDDEN = 403
+CLOSE_POLICY_VIOLATION = 1008
+_METHODS = "GET, POST, OPTIONS"
+_HEADERS = "authorization, content-type, accept, x-api-key"
+_PREFLIGHT_CACHE_SECONDS = "600"
+
+
+def parse_origins(text: str) -> frozenset[str]:
+    return frozenset(o.strip().rstrip("/").lower() for o in text.split(",") if o.strip())
+
+
+def is_same_origin(origin: str, headers: Headers) -> bool:
+    """The page came from this server: its origin's host is the Host the request went to."""
+    host = headers.get("host")
+    return host is not None and urlsplit(origin).netloc.lower() == host.lower()
+
+
+class OriginMiddleware:
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    def _allows(self, origin: str) -> bool:
+        return "*" in self.allowed or origin.lower() in self.allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is None or is_same_origin(origin, headers):
+            await self.app(scope, receive, send)
+            return
+        allowed = self._allows(origin)
+        if scope["type"] == "websocket":
+            if allowed:
+                await self.app(scope, receive, send)
+            else:
+                reason = "this page's origin may not use the gateway (ALLOWED_ORIGINS)"
+                await close_websocket(scope, receive, send, CLOSE_POLICY_VIOLATION, reason)
+            return
+        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            await _preflight(origin, allowed, headers)(scope, receive, send)
+        elif allowed:
+            await self.app(scope, receive, _with_cors(send, origin))
+        else:
+            error = GenerationError(
+                ErrorKind.UNAUTHORIZED,
+                f"Pages from {origin} may not call this server (ALLOWED_ORIGINS)",
+                "origin",
+            )
+            await error_response(scope["path"], error, FORBIDDEN)(scope, receive, send)
+
+
+def _preflight(origin: str, allowed: bool, headers: Headers) -> Response:
+    if not allowed:
+        return Response(status_code=FORBIDDEN)
+    asked = headers.get("access-control-request-headers")
+    return Response(
+        status_code=204,
+        headers={
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": _METHODS,
+            "Access-Control-Allow-Headers": asked or _HEADERS,
+            "Access-Control-Max-Age": _PREFLIGHT_CACHE_SECONDS,
+            "Vary": "Origin",
+        },
+    )
+
+
+def _with_cors(send: Send, origin: str) -> Send:
+    async def cors(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [
+                *message.get("headers", ()),
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-expose-headers", b"retry-after"),
+                (b"vary", b"Origin"),
+            ]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return cors

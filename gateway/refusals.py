@@ -1,0 +1,60 @@
+"""What is refused before any route runs (a missing key, a body too large, a page from another
+origin, a server shutting down), in the error shape of the protocol the path belongs to."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.routes.http_errors import status_of
+from protocols import control, lmi, openai_answers, rest_generate, tgi
+from protocols.errors import GenerationError, named
+
+_OPENAI = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+_LMI = ("/invocations", "/predictions/", "/endpoints/")
+_TGI = frozenset({"/", "/generate", "/generate_stream", "/info"})
+
+
+def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
+    """The status and body the route at `path` answers `error` with."""
+    if path.startswith(_OPENAI):
+        return openai_answers.error_of(error)
+    if path.startswith(_LMI):
+        status = lmi.lmi_status(error.kind)
+        return status, lmi.payload_error(named(error), status, dynamic=False)
+    if path in _TGI:
+        return tgi.error_body(error)
+    if path == "/v1/generate":
+        return status_of(error.kind), control.encode(control.error_message(error))
+    return status_of(error.kind), rest_generate.encode_error(error)
+
+
+def error_response(
+    path: str,
+    error: GenerationError,
+    status: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """`status` overrides the protocol's own for the error's kind (413, for one)."""
+    own, body = error_body(path, error)
+    return Response(body, status or own, headers, media_type="application/json")
+
+
+async def close_websocket(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    code: int,
+    reason: str,
+    subprotocol: str | None = None,
+) -> None:
+    """Accept, then close with `code`: a browser sees the code and reason (a refused handshake
+    would show it neither)."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    accept: Message = {"type": "websocket.accept"}
+    if subprotocol is not None:
+        accept["subprotocol"] = subprotocol
+    await send(accept)
+    await send({"type": "websocket.close", "code": code, "reason": reason})
