@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from typing import Any
@@ -24,6 +24,7 @@ from vllm.inputs.engine import tokens_input
 from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from gateway.beams import beam_search
 from gateway.config import EngineSettings
@@ -121,6 +122,21 @@ def _refusal(error: VLLMValidationError) -> GenerationError:
     return GenerationError(ErrorKind.UNPROCESSABLE, message)
 
 
+def _dead(error: EngineDeadError) -> GenerationError:
+    """The engine died under the request: the gateway builds another (gateway/engine_holder.py),
+    so the same request may succeed if sent again."""
+    message = f"The engine stopped while generating and is being restarted: {error}"
+    return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
+
+
+def _translated(error: Exception) -> Exception:
+    if isinstance(error, VLLMValidationError):
+        return _refusal(error)
+    if isinstance(error, EngineDeadError):
+        return _dead(error)
+    return error
+
+
 def _engine_failure(reason: str | None) -> GenerationError:
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
 
@@ -150,6 +166,7 @@ class Engine:
         self.max_model_len = max_model_len
         self.dtype = str(llm.model_config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
+        self._closing = False
 
     @classmethod
     async def start(cls, settings: EngineSettings, model: str) -> Engine:
@@ -302,7 +319,7 @@ class Engine:
             await self.llm.abort(request_id)
             raise
         except Exception as e:
-            failure = _refusal(e) if isinstance(e, VLLMValidationError) else e
+            failure = _translated(e)
             if meter is not None:
                 kind = (
                     failure.kind if isinstance(failure, GenerationError) else ErrorKind.ENGINE_ERROR
@@ -375,5 +392,48 @@ class Engine:
 
         return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(sequences))))
 
+    def on_death(self, callback: Callable[[str], None]) -> None:
+        """Calls `callback(reason)` once vLLM gives this engine up, unless `shutdown` did.
+
+        vLLM's own monitor thread waits on the engine-core process; when it exits, the monitor
+        marks the client dead and closes its sockets, and the output handler task fails every
+        running request with `EngineDeadError` and ends. An engine-core that reports its own
+        fatal error ends that task the same way. Its end is the one event for both. Must be
+        called on the event loop the engine serves.
+        """
+        # AsyncLLM starts the handler with the first request, or at once when it is built on
+        # a running loop; Engine.start builds it in a worker thread, so start it here.
+        llm: Any = self.llm  # a private method, untyped
+        llm._run_output_handler()
+        handler = self.llm.output_handler
+        assert handler is not None
+
+        def ended(_: object) -> None:
+            if not self._closing:
+                callback(self.death_reason())
+
+        handler.add_done_callback(ended)
+
+    def _processes(self) -> list[Any]:
+        """vLLM's engine-core processes (none when it runs the engine core in this process)."""
+        resources = getattr(self.llm.engine_core, "resources", None)
+        manager = getattr(resources, "engine_manager", None)
+        return list(getattr(manager, "processes", []))
+
+    def core_pids(self) -> list[int]:
+        return [int(p.pid) for p in self._processes() if p.pid is not None]
+
+    def death_reason(self) -> str:
+        exited = [
+            f"{p.name} (pid {p.pid}) exited with code {p.exitcode}"
+            for p in self._processes()
+            if p.exitcode is not None
+        ]
+        return "; ".join(exited) or "vLLM's output handler stopped"
+
     def shutdown(self) -> None:
+        """Stops the engine-core process, or cleans up after one that died (twice is harmless)."""
+        if self._closing:
+            return
+        self._closing = True
         self.llm.shutdown()

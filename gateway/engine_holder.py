@@ -1,10 +1,18 @@
-"""The engine while it loads: the server accepts connections before the engine is ready."""
+"""The engine while it loads, and while it is rebuilt after it died.
+
+The server accepts connections before the engine is ready. When the engine dies (its
+engine-core process exits, or vLLM declares it dead), the holder goes back to loading: /health
+answers 503, new requests wait for the engine as they do at start-up, and the same loader
+builds a new one. More than `max_restarts` deaths within `restart_window_seconds` and it gives
+up: `gave_up` is set and `on_give_up` is called, for the process to exit non-zero.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from gateway.cpu_defaults import cpu_flags, reported_flags
@@ -15,33 +23,48 @@ log = logging.getLogger(__name__)
 
 
 class EngineHolder:
-    """Starts the engine in the background; requests made meanwhile wait for it."""
+    """Starts the engine in the background and rebuilds it when it dies; requests made
+    meanwhile wait for it."""
 
     def __init__(
         self,
         load: Callable[[], Awaitable[Engine]],
         expected_seconds: float = 30.0,
         describe: Callable[[str, str, list[str]], None] | None = None,
+        *,
+        max_restarts: int = 3,
+        restart_window_seconds: float = 600.0,
+        on_give_up: Callable[[str], None] | None = None,
     ) -> None:
-        """`describe(dtype, reason, cpu_flags)` is told about the engine once it is ready."""
+        """`describe(dtype, reason, cpu_flags)` is told about each engine once it is ready;
+        `on_give_up(reason)` once the engine died more than `max_restarts` times within
+        `restart_window_seconds`, or could not be rebuilt."""
         self._load = load
         self._describe = describe
         self.expected_seconds = expected_seconds
+        self.max_restarts = max_restarts
+        self.restart_window_seconds = restart_window_seconds
+        self.on_give_up = on_give_up
         self._started = time.monotonic()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._deaths: deque[float] = deque()
+        self._stopping = False
+        # The last engine built; while it is rebuilt, the dead one (its tokenizer and limits
+        # still answer /info and the like).
         self.engine: Engine | None = None
         self.error: str | None = None
         self.status = "loading"
+        self.restarts = 0
+        self.gave_up = asyncio.Event()
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and self.engine.healthy
+        return self.status == "ready" and self.engine is not None and self.engine.healthy
 
     def describe(self) -> tuple[str, str | None]:
-        """(status, error) for health checks: loading, ready or failed."""
-        if self.engine is not None and not self.engine.healthy:
-            return "failed", "the engine stopped running"
+        """(status, error) for health checks: loading (also while rebuilding), ready or failed."""
+        self._check()
         return self.status, self.error
 
     def loading_progress(self) -> tuple[float, float]:
@@ -52,30 +75,90 @@ class EngineHolder:
 
     def start(self) -> None:
         self._started = time.monotonic()
-        self._task = asyncio.create_task(self._run(), name="engine-load")
+        self._task = asyncio.create_task(self._build(), name="engine-load")
 
-    async def _run(self) -> None:
+    async def _build(self) -> None:
         try:
-            self.engine = engine = await self._load()
-            self.status = "ready"
-            if self._describe is not None:
-                self._describe(engine.dtype, engine.dtype_reason, reported_flags(cpu_flags()))
+            engine = await self._load()
         except Exception as e:  # surfaced through /health and to every waiting request
-            log.exception("the engine failed to start")
-            self.error = f"{type(e).__name__}: {e}"
-            self.status = "failed"
-        finally:
-            self._ready.set()
+            reason = f"{type(e).__name__}: {e}"
+            if self.restarts:
+                log.exception("the engine could not be rebuilt")
+                self._give_up(f"the engine could not be rebuilt: {reason}")
+            else:
+                log.exception("the engine failed to start")
+                self.error = reason
+                self.status = "failed"
+                self._ready.set()
+            return
+        self.engine = engine
+        self.status = "ready"
+        self.error = None
+        self._ready.set()
+        if self.restarts:
+            log.warning("the engine is serving again (restart %d)", self.restarts)
+        if self._describe is not None:
+            self._describe(engine.dtype, engine.dtype_reason, reported_flags(cpu_flags()))
+        engine.on_death(lambda reason: self._died(engine, reason))
+
+    def _check(self) -> None:
+        """An engine found dead before its death was reported is handled the same way."""
+        engine = self.engine
+        if self.status == "ready" and engine is not None and not engine.healthy:
+            self._died(engine, engine.death_reason())
+
+    def _died(self, engine: Engine, reason: str) -> None:
+        if engine is not self.engine or self.status != "ready" or self._stopping:
+            return  # an engine already replaced, or shut down on purpose
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths[0] < now - self.restart_window_seconds:
+            self._deaths.popleft()
+        self._ready.clear()
+        if len(self._deaths) > self.max_restarts:
+            self._give_up(
+                f"{len(self._deaths)} engine deaths within {self.restart_window_seconds:g} s, "
+                f"more than ENGINE_MAX_RESTARTS={self.max_restarts} allows; the last: {reason}"
+            )
+            return
+        self.restarts += 1
+        log.error("the engine died (%s); building a new one (restart %d)", reason, self.restarts)
+        self.status = "loading"
+        self.error = f"the engine died ({reason}); restarting it"
+        self._started = now
+        self._task = asyncio.create_task(self._rebuild(engine), name="engine-rebuild")
+
+    async def _rebuild(self, dead: Engine) -> None:
+        dead.shutdown()  # vLLM's monitor began this; it frees what the dead engine still holds
+        await self._build()
+
+    def _give_up(self, reason: str) -> None:
+        log.critical("giving up on the engine: %s", reason)
+        self.status = "failed"
+        self.error = reason
+        self._ready.set()  # every waiting request gets its error
+        if self.engine is not None:
+            self.engine.shutdown()
+        self.gave_up.set()
+        if self.on_give_up is not None:
+            self.on_give_up(reason)
 
     async def wait(self) -> Engine:
-        await self._ready.wait()
-        if self.engine is None:
-            raise GenerationError(
-                ErrorKind.ENGINE_UNAVAILABLE, f"The engine failed to start: {self.error}"
-            )
-        return self.engine
+        while True:
+            await self._ready.wait()
+            self._check()
+            if self.ready and self.engine is not None:
+                return self.engine
+            if self.status != "loading":
+                break
+        if self.restarts or self.gave_up.is_set():
+            message = f"The engine is not available: {self.error}"
+        else:
+            message = f"The engine failed to start: {self.error}"
+        raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None and not self._task.done():
             self._task.cancel()
         if self.engine is not None:
