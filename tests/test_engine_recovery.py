@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from control_client import config, receive, until
 
 from clients import (
     CHAT,
@@ -41,13 +42,19 @@ Started = Callable[[], None]
 Event = dict[str, Any]
 
 
-def own_engine_loader() -> EngineLoader:
-    """Builds a new engine at every call: the server's first, and each rebuild."""
+def own_engine_loader(rebuilds: asyncio.Event | None) -> EngineLoader:
+    """Builds a new engine at every call: the server's first, then each rebuild once
+    `rebuilds` is set (so a test sees the gateway while it rebuilds, however fast that is)."""
+    calls = 0
 
     async def load() -> Engine:
         from gateway.default_model import prepare_default_model
         from gateway.engine import Engine
 
+        nonlocal calls
+        calls += 1
+        if calls > 1 and rebuilds is not None:
+            await rebuilds.wait()
         model = str(await asyncio.to_thread(prepare_default_model))
         return await Engine.start(gateway_settings().engine, model)
 
@@ -55,9 +62,12 @@ def own_engine_loader() -> EngineLoader:
 
 
 @contextmanager
-def own_engine_server(loop_thread: LoopThread, **env: str) -> Iterator[RunningServer]:
+def own_engine_server(
+    loop_thread: LoopThread, rebuilds: asyncio.Event | None = None, **env: str
+) -> Iterator[RunningServer]:
     settings = gateway_settings(**env)
-    running = start_server(loop_thread, settings, own_engine_loader(), owns_engine=True)
+    loader = own_engine_loader(rebuilds)
+    running = start_server(loop_thread, settings, loader, owns_engine=True)
     holder = running.gateway.holder
     # The restart limits as the settings say (create_app may not pass them to the holder).
     holder.max_restarts = settings.engine_max_restarts
@@ -219,7 +229,8 @@ def continue_key(server: RunningServer, key: str, prompt: str) -> Event:
 def test_a_killed_engine_fails_each_stream_once_and_the_gateway_serves_again(
     loop_thread: LoopThread,
 ) -> None:
-    with own_engine_server(loop_thread) as server:
+    rebuilds = asyncio.Event()
+    with own_engine_server(loop_thread, rebuilds) as server:
         holder = server.gateway.holder
         prompt = CHAT.format("Tell me about lighthouses.")
         key = f"before-{uuid.uuid4()}"
@@ -231,21 +242,28 @@ def test_a_killed_engine_fails_each_stream_once_and_the_gateway_serves_again(
             errors = streams.results()
 
         assert all("The engine stopped while generating" in e for e in errors), errors
-        wait_for(lambda: holder.restarts == 1)
-        # Rebuilding: /health and /ping answer 503 until the new engine is up, by itself.
+        wait_for(lambda: holder.restarts == 1)  # the holder asked its loader for an engine
+        # Rebuilding: /health and /ping answer 503, requests wait as they do at start-up.
         status, body = health(server)
         assert status == 503 and body["status"] == "loading" and "died" in body["error"], body
         assert health(server, "/ping")[0] == 503
-        wait_ready(server.http)
+        tgi_body = {"inputs": prompt, "parameters": {"max_new_tokens": 4}}
+        with connect(server.ws + "/generate") as control_ws, ThreadPoolExecutor(1) as pool:
+            loading = receive(control_ws)
+            assert loading["type"] == "status" and loading["operation"] == "model_loading"
+            control_ws.send(config(prompt, max_tokens=4, temperature=0))
+            waiting = pool.submit(
+                httpx.post, server.http + "/generate", json=tgi_body, timeout=None
+            )
+            server.loop.call(rebuilds.set)
+            wait_ready(server.http)
+            controlled = until(control_ws, "completion", "error")
+            answer = waiting.result()
+        assert controlled[-1]["type"] == "completion", controlled
+        assert {m["type"] for m in controlled} >= {"init", "token"}
+        assert answer.status_code == 200 and answer.json()["generated_text"], answer.text
         assert health(server, "/ping") == (200, {"status": "ready"})
         assert killed not in server.loop.call(engine_of(server).core_pids)
-
-        answer = httpx.post(
-            server.http + "/generate",
-            json={"inputs": prompt, "parameters": {"max_new_tokens": 4}},
-            timeout=None,
-        )
-        assert answer.status_code == 200 and answer.json()["generated_text"], answer.text
 
         # The history kept before the kill continues on the new engine as it would have.
         continued = continue_key(server, key, "ignored")
