@@ -122,18 +122,14 @@ def _refusal(error: VLLMValidationError) -> GenerationError:
     return GenerationError(ErrorKind.UNPROCESSABLE, message)
 
 
-def _dead(error: EngineDeadError) -> GenerationError:
-    """The engine died under the request: the gateway builds another (gateway/engine_holder.py),
-    so the same request may succeed if sent again."""
-    message = f"The engine stopped while generating and is being restarted: {error}"
-    return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
-
-
 def _translated(error: Exception) -> Exception:
     if isinstance(error, VLLMValidationError):
         return _refusal(error)
     if isinstance(error, EngineDeadError):
-        return _dead(error)
+        # The gateway builds another engine (gateway/engine_holder.py): the same request may
+        # succeed if sent again. vLLM's own message points at a log the client cannot see.
+        message = "The engine stopped while generating; retry once /health answers 200"
+        return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
     return error
 
 
