@@ -57,6 +57,12 @@ NO_TIMEOUT = 0
 ASSERTIONS_TIMEOUT_MS = 24 * 3600 * 1000
 CHAT_API = "Chat API (/v1/chat/completions)"
 CONTROL = "Control protocol (/generate)"
+KEY = "playground-key-0123"  # the keyed servers' one key
+WRONG_KEY = "not-the-key"
+KEY_NEEDED = "This gateway needs an API key."
+KEY_REFUSED = "The key was refused: check it and enter it again."
+WAITING_FOR_KEY = "waiting for an API key…"
+KEY_UNSENDABLE = re.compile(r"^A browser cannot send this key on a WebSocket")
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +142,15 @@ def sent_messages(page: Page, message: str) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = body["messages"]
     assert messages[-1] == {"role": "user", "content": message}
     return messages
+
+
+def enter_key(page: Page, key: str) -> None:
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Use key").click()
+
+
+def authorization(request: Request) -> str | None:
+    return request.all_headers().get("authorization")
 
 
 def screenshot(page: Page, name: str) -> None:
@@ -400,3 +415,105 @@ def test_loading_status_while_the_engine_starts(
             expect(page.locator(".message.assistant")).to_have_count(2)
         finally:
             page.goto("about:blank")  # closes the page's WebSocket, which the shutdown waits for
+
+
+def test_the_page_asks_for_the_key_and_keeps_it_in_the_tab(
+    make_server: Callable[..., RunningServer], page: Page, idle_engine: Callable[[], None]
+) -> None:
+    keyed = make_server(API_KEYS=f"{KEY}:ui")
+    page.goto(keyed.http + "/ui")
+    key_field = page.get_by_label("API key")
+    key_message = page.locator("#key-message")
+    # The page's WebSocket is closed with 1008 before any message: the page asks for a key.
+    expect(key_message).to_have_text(KEY_NEEDED)
+    expect(key_field).to_be_visible()
+    expect(key_field).to_have_attribute("type", "password")
+    expect(page.locator("#connection")).to_have_text("needs an API key")
+
+    # A wrong key is refused, and asked for again.
+    enter_key(page, WRONG_KEY)
+    expect(key_message).to_have_text(KEY_REFUSED)
+    expect(key_field).to_be_visible()
+    expect(key_field).to_have_value("")
+    # One a subprotocol cannot carry (base64's `/` and `=`) is not sent on the WebSocket.
+    enter_key(page, "c2VjcmV0/a2V5=")
+    expect(key_message).to_have_text(KEY_UNSENDABLE)
+
+    # The right key goes as the WebSocket's subprotocol, which the server accepts; not in
+    # the URL.
+    with page.expect_websocket() as opened:
+        enter_key(page, KEY)
+    assert opened.value.url == keyed.ws + "/generate"
+    expect(page.locator("#connection")).to_have_text("connected")
+    expect(key_field).to_be_hidden()
+    assert page.evaluate("socket.protocol") == f"bearer.{KEY}"
+
+    # A chat streams over it, and is stopped midway.
+    page.get_by_label("Max tokens").fill("300")
+    page.get_by_label("Temperature").press("Home")
+    state = answer(page).locator(".state")
+    send(page, LONG)
+    see_it_grow(page, state)
+    stop_answer(page, state, idle_engine, 300)
+    # The key is this tab's: in sessionStorage, not in localStorage.
+    assert page.evaluate("sessionStorage.getItem('playground.apiKey')") == KEY
+    assert KEY not in page.evaluate("JSON.stringify(localStorage)")
+
+    # A reload keeps it: the next message is answered without asking.
+    page.reload()
+    page.get_by_label("Max tokens").fill("24")
+    send(page, "What is the capital of France?")
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    expect(key_field).to_be_hidden()
+
+    # Chat-API mode: the key goes as `Authorization: Bearer`, and a chat streams.
+    page.get_by_label("Mode").select_option(label=CHAT_API)
+    page.get_by_label("Max tokens").fill("1500")
+    with page.expect_request(to_chat_api) as sent:
+        send(page, LONG)
+    assert authorization(sent.value) == f"Bearer {KEY}"
+    see_it_grow(page, state)
+    stop_answer(page, state, idle_engine, 1500)
+    expect(key_field).to_be_hidden()
+    page.get_by_label("Mode").select_option(label=CONTROL)  # the mode is the browser's
+
+
+def test_chat_api_mode_asks_for_the_key_when_refused(
+    make_server: Callable[..., RunningServer], page: Page
+) -> None:
+    keyed = make_server(API_KEYS=f"{KEY}:ui")
+    page.set_viewport_size(PHONE)
+    page.goto(keyed.http + "/ui")
+    key_message = page.locator("#key-message")
+    expect(key_message).to_have_text(KEY_NEEDED)  # another tab's key is not this one's
+    page.get_by_label("Mode").select_option(label=CHAT_API)
+    page.get_by_label("Max tokens").fill("24")
+    state = answer(page).locator(".state")
+
+    # Sent without a key: the POST gets 401, and the answer waits for a key.
+    with page.expect_response(lambda r: to_chat_api(r.request)) as refused:
+        send(page, "What is the capital of France?")
+    assert refused.value.status == 401 and authorization(refused.value.request) is None
+    expect(state).to_have_text(WAITING_FOR_KEY)
+    expect(key_message).to_have_text(KEY_NEEDED)
+
+    # A wrong key: the answer is asked for again with it, refused, and the page says so.
+    with page.expect_response(lambda r: to_chat_api(r.request)) as refused:
+        enter_key(page, WRONG_KEY)
+    assert refused.value.status == 401
+    assert authorization(refused.value.request) == f"Bearer {WRONG_KEY}"
+    expect(key_message).to_have_text(KEY_REFUSED)
+    expect(state).to_have_text(WAITING_FOR_KEY)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    screenshot(page, "playground-key.png")
+
+    # The right key: the waiting answer is sent with it and streams to the end.
+    with page.expect_request(to_chat_api) as sent:
+        enter_key(page, KEY)
+    assert authorization(sent.value) == f"Bearer {KEY}"
+    expect(state).to_have_text(FINISHED)
+    expect(answer(page).locator(".stats")).to_have_text(STATS)
+    expect(page.get_by_label("API key")).to_be_hidden()
+    expect(page.locator(".message.assistant")).to_have_count(1)
+    page.get_by_label("Mode").select_option(label=CONTROL)

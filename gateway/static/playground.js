@@ -1,6 +1,7 @@
 // The chat playground: one WebSocket to /generate (docs/CONTROL.md), or, in chat-API mode,
 // streamed POSTs to /v1/chat/completions (docs/OPENAI.md); plain DOM, no framework.
-// Model output is only ever put on the page with textContent.
+// Model output is only ever put on the page with textContent. When the gateway needs an API
+// key (docs/SECURITY.md) the page asks for one and keeps it in this tab's sessionStorage.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -11,11 +12,20 @@ const el = {
   temperature: $("temperature"), temperatureValue: $("temperature-value"),
   maxTokens: $("max-tokens"), notice: $("notice"), form: $("composer"), input: $("input"),
   send: $("send"), system: $("system"), template: $("message-template"), mode: $("mode"),
+  keyForm: $("key-form"), keyMessage: $("key-message"), keyInput: $("api-key"),
 };
 
 const FINISH = { length: "max tokens reached", stop: "done", cancelled: "stopped" };
 const CHAT_API = "/v1/chat/completions";
 const MODE_KEY = "playground.mode";
+const API_KEY = "playground.apiKey";  // in sessionStorage: this tab only (docs/PLAYGROUND.md)
+const CLOSE_POLICY = 1008;  // how the gateway closes a WebSocket without a valid key
+const KEY_NEEDED = "This gateway needs an API key.";
+const KEY_REFUSED = "The key was refused: check it and enter it again.";
+const KEY_UNSENDABLE = "A browser cannot send this key on a WebSocket (only letters, digits " +
+  "and !#$%&'*+-.^_`|~): use the chat API mode, or another key.";
+// What a WebSocket subprotocol can carry: an HTTP token (RFC 6455, 4.1).
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 const conversation = [];  // sent with each turn: {role, content}
 let socket = null;    // the page's one WebSocket; opened again on the next send once it closes
@@ -29,14 +39,24 @@ let pendingControls = 0;   // controls sent and not yet acknowledged
 const modifies = [];       // temperatures sent with `modify`, in the order of their acks
 let healthTimer = null;
 let mode = storedMode();   // "control": the WebSocket protocol; "chat": the chat API
+let apiKey = storedKey();  // "" until the server asks for one
 
 // --- the socket ----------------------------------------------------------------------------
 
 function openSocket() {
   if (socket && socket.readyState === WebSocket.OPEN) return Promise.resolve(socket);
   if (opening) return opening;
+  const used = apiKey;
+  if (used && !TOKEN.test(used)) {
+    if (controlTurn()) holdForKey();
+    if (mode === "control") askForKey(KEY_UNSENDABLE, true);  // the chat API can carry it
+    return Promise.reject(new Error("the API key cannot be sent on a WebSocket"));
+  }
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const ws = new WebSocket(`${scheme}//${location.host}/generate`);
+  // A browser sets no headers on a WebSocket: the key goes as the subprotocol `bearer.<key>`,
+  // which the gateway accepts and echoes (a key in the URL would end up in logs).
+  const ws = new WebSocket(`${scheme}//${location.host}/generate`, used ? [`bearer.${used}`] : []);
+  let heard = false;  // a message came: the key, if one was needed, was accepted
   socket = ws;
   held = null;
   showConnection("connecting", "connecting…");
@@ -46,15 +66,20 @@ function openSocket() {
       showConnection("connected", "connected");
       resolve(ws);
     });
-    ws.addEventListener("close", () => {
+    ws.addEventListener("close", (event) => {
       if (opening && socket === ws) {
         opening = null;
         reject(new Error("could not connect to the gateway"));
       }
-      onClose(ws);
+      // Without a valid key the gateway accepts, then closes with 1008 before any message,
+      // saying why ("a valid API key is required"); its other 1008s are not about the key.
+      const refused = event.code === CLOSE_POLICY && !heard;
+      const aboutKey = refused && (!event.reason || /\bkey\b/i.test(event.reason));
+      onClose(ws, aboutKey ? { key: used } : null, refused ? event.reason : "");
     });
   });
   ws.addEventListener("message", (event) => {
+    heard = true;
     if (socket === ws) onMessage(JSON.parse(event.data));
   });
   return opening;
@@ -64,11 +89,18 @@ function sendJson(message) {
   socket.send(JSON.stringify(message));
 }
 
-function onClose(ws) {
+function onClose(ws, refusal, reason) {
   if (socket !== ws) return;
   socket = null;
+  if (refusal) {
+    showConnection("closed", "needs an API key");
+    if (latest) showFeedbackButtons(latest.node, false);
+    if (controlTurn()) holdForKey();
+    return keyRefused(refusal.key);
+  }
   showConnection("closed", "disconnected · reconnects on send");
-  if (controlTurn()) endTurn(null, "connection lost", true);
+  if (controlTurn()) endTurn(null, reason ? `refused: ${reason}` : "connection lost", true);
+  else if (reason) notice(`The gateway refused the connection: ${reason}.`, true);
   if (latest) showFeedbackButtons(latest.node, false);
 }
 
@@ -168,6 +200,59 @@ function describe(completion) {
   return parts.join(" · ");
 }
 
+// --- the API key ---------------------------------------------------------------------------
+
+// The server refused `used` (or its absence, ""): ask for a key, unless one newer than the
+// refused one is there to try.
+function keyRefused(used) {
+  if (apiKey && used !== apiKey) return keyEntered();
+  if (used) rememberKey("");  // a refused key is not kept
+  askForKey(used ? KEY_REFUSED : KEY_NEEDED, Boolean(used));
+}
+
+function askForKey(message, refused) {
+  el.keyMessage.textContent = message;
+  el.keyForm.toggleAttribute("data-refused", refused);
+  el.keyForm.hidden = false;
+  el.keyInput.value = "";
+  el.keyInput.focus();
+}
+
+// A key to try: the answer waiting for it is sent again; in control mode the WebSocket opens
+// with it at once (in chat-API mode the next request carries it).
+function keyEntered() {
+  if (turn?.phase === "key") return startAnswer(turn.node, turn.regenerating);
+  if (mode === "control") return openSocket().catch(() => {});
+  if (!socket) showConnection("idle", "not connected");
+}
+
+// The answer in progress waits for a key, and is sent again once one is entered.
+function holdForKey() {
+  if (turn.mode === "control") held = null;
+  awaitingInit = false;
+  pendingControls = 0;
+  modifies.length = 0;
+  text(turn.node).textContent = "";
+  stats(turn.node).textContent = "";
+  setPhase("key");
+}
+
+function storedKey() {
+  try {
+    return sessionStorage.getItem(API_KEY) || "";
+  } catch {
+    return "";
+  }
+}
+
+function rememberKey(key) {
+  apiKey = key;
+  try {
+    if (key) sessionStorage.setItem(API_KEY, key);
+    else sessionStorage.removeItem(API_KEY);
+  } catch { /* kept for this page only */ }
+}
+
 // --- loading status ------------------------------------------------------------------------
 
 function showLoading(status) {
@@ -209,7 +294,7 @@ async function submit() {
 }
 
 async function regenerate() {
-  if (turn?.phase === "connecting" || turn?.mode === "chat") return;
+  if (turn?.phase === "connecting" || turn?.phase === "key" || turn?.mode === "chat") return;
   if (turn) {
     awaitingInit = true;
     turn.regenerating = true;
@@ -246,6 +331,7 @@ async function startAnswer(node, again) {
   try {
     await openSocket();
   } catch (e) {
+    if (turn?.phase === "key") return;  // until a key the socket can carry is entered
     return endTurn(null, e.message, true);
   }
   const wanted = JSON.stringify({ messages: config.messages, parameters: config.parameters });
@@ -310,14 +396,22 @@ async function streamChat() {
     timing: { first_token_ms: got.firstTokenMs, total_ms: performance.now() - got.started },
   });
   setPhase("waiting");
+  const used = apiKey;
+  const headers = { "Content-Type": "application/json", Accept: "text/event-stream" };
+  if (used) headers.Authorization = `Bearer ${used}`;
   try {
     const response = await fetch(CHAT_API, {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      headers,
       body: JSON.stringify(body),
       signal: abort.signal,
       cache: "no-store",
     });
+    if (response.status === 401 && turn === current) {
+      response.body?.cancel().catch(() => {});
+      holdForKey();
+      return keyRefused(used);
+    }
     if (!response.ok) return endTurn(null, `error: ${await errorMessage(response)}`, true);
     for await (const data of serverSentEvents(response.body)) {
       if (data === "[DONE]") break;
@@ -432,7 +526,7 @@ function acknowledged() {
 function setPhase(phase) {
   turn.phase = phase;
   const labels = {
-    connecting: "connecting…", waiting: "waiting for the model…",
+    connecting: "connecting…", key: "waiting for an API key…", waiting: "waiting for the model…",
     generating: "generating…", paused: "paused",
   };
   turn.node.querySelector(".state").textContent = labels[phase];
@@ -443,8 +537,9 @@ function updateButtons() {
   const phase = turn ? turn.phase : "idle";
   el.send.disabled = phase !== "idle";
   el.newChat.disabled = phase !== "idle";
-  const sent = phase !== "idle" && phase !== "connecting";  // the server knows of the answer
-  el.stop.disabled = !sent;
+  // The server knows of the answer (one waiting for a key can still be given up with Stop).
+  const sent = phase !== "idle" && phase !== "connecting" && phase !== "key";
+  el.stop.disabled = !sent && phase !== "key";
   el.pause.disabled = phase !== "generating" && phase !== "paused";
   el.pause.textContent = phase === "paused" ? "Resume" : "Pause";
   el.regenerate.disabled = phase === "idle" ? latest === null : !sent || turn.mode === "chat";
@@ -516,6 +611,7 @@ el.input.addEventListener("keydown", (event) => {
 });
 el.stop.addEventListener("click", () => {
   if (!turn || turn.phase === "connecting") return;
+  if (turn.phase === "key") return endTurn(null, "not sent: no API key", true);
   if (turn.mode === "chat") return turn.abort.abort();
   control("stop");
   turn.node.querySelector(".state").textContent = "stopping…";
@@ -530,7 +626,8 @@ el.temperature.addEventListener("input", () => {
   el.temperatureValue.textContent = el.temperature.value;
 });
 el.temperature.addEventListener("change", () => {
-  if (!controlTurn() || turn.phase === "connecting") return;  // it applies to the next answer
+  // Unless an answer is under way on the socket, it applies to the next answer.
+  if (!controlTurn() || turn.phase === "connecting" || turn.phase === "key") return;
   const temperature = Number(el.temperature.value);
   modifies.push(temperature);
   control("modify", { temperature });
@@ -549,6 +646,16 @@ el.newChat.addEventListener("click", () => {
   el.empty.hidden = false;
   notice("");
   updateButtons();
+});
+
+el.keyForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const key = el.keyInput.value.trim();
+  if (!key) return el.keyInput.focus();
+  rememberKey(key);
+  el.keyForm.hidden = true;
+  el.keyInput.value = "";
+  keyEntered();
 });
 
 el.mode.addEventListener("change", () => {
