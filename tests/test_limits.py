@@ -1,0 +1,186 @@
+"""Per-key limits (docs/SECURITY.md): concurrency, prompts and tokens a minute, each refused
+with 429 and Retry-After (or the protocol's in-band error), never touching another key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from clients import CHAT, UNENDING, connect, greedy, payload
+from gateway.api_keys import parse_keys
+from gateway.config import ConfigError
+from gateway.limits import Limiter, Limits, RateLimited
+from serving import RunningServer
+
+ONE_AT_A_TIME, TWO_A_MINUTE, FEW_TOKENS, FREE = (
+    "sk-one-at-a-time-000",
+    "sk-two-a-minute-0000",
+    "sk-few-tokens-000000",
+    "sk-free-000000000000",
+)
+FOREVER = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_limiter_counts_each_caller_in_a_sliding_minute() -> None:
+    clock = Clock()
+    limiter = Limiter(clock)
+    per_minute = Limits(per_minute=2)
+    limiter.acquire("a", per_minute)
+    limiter.release("a", per_minute, 0)
+    clock.now += 30
+    limiter.acquire("a", per_minute)
+    limiter.release("a", per_minute, 0)
+    with pytest.raises(RateLimited) as refused:
+        limiter.acquire("a", per_minute)
+    assert refused.value.retry_after == pytest.approx(30.0)
+    limiter.acquire("b", per_minute)  # another caller is not touched
+    limiter.release("b", per_minute, 0)
+    clock.now += 30.5
+    limiter.acquire("a", per_minute)  # the first has left the window
+    limiter.release("a", per_minute, 0)
+
+    tokens = Limits(tokens_per_minute=10)
+    limiter.acquire("t", tokens)
+    limiter.release("t", tokens, 6)
+    clock.now += 10
+    limiter.acquire("t", tokens)
+    limiter.release("t", tokens, 6)
+    with pytest.raises(RateLimited) as refused:
+        limiter.acquire("t", tokens)
+    assert refused.value.retry_after == pytest.approx(50.0)  # then 6 of 12 have aged out
+    clock.now += 61
+    assert len(limiter) == 0  # idle callers are forgotten: connections come and go
+
+
+def test_the_keys_file_overrides_limits_and_refuses_a_typo() -> None:
+    defaults = Limits(concurrent=8)
+    keys = parse_keys("", "k1:batch concurrent=2 rpm=30 tpm=5000\nk2:ui\n", defaults)
+    assert keys["k1"].limits == Limits(2, 30, 5000)
+    assert keys["k2"].limits == defaults
+    with pytest.raises(ConfigError, match="batch") as refused:
+        parse_keys("", "k1:batch rpn=3\n", defaults)
+    assert "k1" not in str(refused.value).replace("batch", "")
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("limits") / "keys.txt"
+    path.write_text(
+        f"{ONE_AT_A_TIME}:one concurrent=1\n{TWO_A_MINUTE}:two rpm=2\n"
+        f"{FEW_TOKENS}:few tpm=5\n{FREE}:free\n"
+    )
+    return path
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@contextmanager
+def generating(server: RunningServer, key: str) -> Iterator[None]:
+    """A TGI stream of `key` that runs until the block ends (its first token has come)."""
+    body = {"inputs": CHAT.format("Count to a million."), "parameters": FOREVER, "stream": True}
+    headers = bearer(key)
+    with (
+        httpx.Client(timeout=None) as http,
+        http.stream("POST", server.http + "/", json=body, headers=headers) as stream,
+    ):
+        assert stream.status_code == 200
+        lines = stream.iter_lines()  # kept: closing it would close the stream
+        while not next(lines).startswith("data:"):
+            pass
+        yield
+
+
+def test_concurrency_over_the_limit_is_429_with_retry_after_and_spares_other_keys(
+    make_server: Any, limited: Path
+) -> None:
+    server = make_server(API_KEYS_FILE=str(limited))
+    question: list[Any] = [{"role": "user", "content": "Hi"}]
+    chat = {"messages": question, "max_tokens": 2}
+    with generating(server, ONE_AT_A_TIME):
+        second = httpx.post(
+            server.http + "/v1/chat/completions", json=chat, headers=bearer(ONE_AT_A_TIME)
+        )
+        assert second.status_code == 429, second.text
+        assert second.json()["error"]["type"] == "rate_limit_error"
+        assert "limit is 1" in second.json()["error"]["message"]
+        assert int(second.headers["retry-after"]) >= 1
+        tgi = httpx.post(
+            server.http + "/generate", json={"inputs": "Hi"}, headers=bearer(ONE_AT_A_TIME)
+        )
+        assert tgi.status_code == 429 and "retry-after" in tgi.headers
+        assert tgi.json()["error_type"] == "overloaded"
+        api = openai.OpenAI(base_url=server.http + "/v1", api_key=FREE, max_retries=0)
+        model = api.models.list().data[0].id
+        answer = api.chat.completions.create(model=model, messages=question, max_tokens=2)
+        assert answer.choices[0].message.content
+    # The stream has ended: the key may generate again.
+    again = httpx.post(
+        server.http + "/v1/chat/completions", json=chat, headers=bearer(ONE_AT_A_TIME)
+    )
+    assert again.status_code == 200, again.text
+
+
+def test_prompts_a_minute_then_429_in_each_shape_and_in_band_on_websockets(
+    make_server: Any, limited: Path
+) -> None:
+    server = make_server(API_KEYS_FILE=str(limited))
+    body = {"inputs": "Hi", "parameters": {"max_new_tokens": 1}}
+    for _ in range(2):
+        ok = httpx.post(server.http + "/invocations", json=body, headers=bearer(TWO_A_MINUTE))
+        assert ok.status_code == 200, ok.text
+    over = httpx.post(server.http + "/invocations", json=body, headers=bearer(TWO_A_MINUTE))
+    assert over.status_code == 429, over.text
+    assert 1 <= int(over.headers["retry-after"]) <= 60
+    assert "2 prompts a minute" in over.text
+    api = openai.OpenAI(base_url=server.http + "/v1", api_key=TWO_A_MINUTE, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        api.completions.create(model=api.models.list().data[0].id, prompt="Hi", max_tokens=1)
+    assert refused.value.response.headers["retry-after"]
+    with connect(server.ws + "/ws", [f"bearer.{TWO_A_MINUTE}"]) as ws:
+        ws.send(payload(("r1", "Hi"), generation_config=greedy(1)))
+        events = json.loads(ws.recv())
+        assert [e["type"] for e in events] == ["ERROR"]
+        assert "a minute" in events[0]["error"]
+    free = httpx.post(server.http + "/invocations", json=body, headers=bearer(FREE))
+    assert free.status_code == 200
+
+
+def test_tokens_a_minute_count_what_was_generated(make_server: Any, limited: Path) -> None:
+    server = make_server(API_KEYS_FILE=str(limited))
+    body = {"inputs": "Hi", "parameters": {"max_new_tokens": 8, "ignore_eos_token": True}}
+    first = httpx.post(server.http + "/generate", json=body, headers=bearer(FEW_TOKENS))
+    assert first.status_code == 200, first.text
+    over = httpx.post(server.http + "/generate", json=body, headers=bearer(FEW_TOKENS))
+    assert over.status_code == 429 and "5 tokens a minute" in over.json()["error"]
+
+
+def test_without_keys_each_connection_has_the_default_limits(make_server: Any) -> None:
+    server = make_server(LIMIT_CONCURRENT_REQUESTS="1")
+    forever = {"do_sample": False, "max_new_tokens": UNENDING, "ignore_eos": True}
+    with connect(server.ws + "/ws") as busy, connect(server.ws + "/ws") as other:
+        busy.send(payload(("b1", "Count."), ("b2", "Count."), generation_config=forever))
+        refused = None
+        while refused is None:  # b2 is refused in-band while b1 runs
+            frame = json.loads(busy.recv())
+            refused = next((e for e in frame if e["type"] == "ERROR"), None)
+        assert refused["request_id"] in {"b1", "b2"} and "at once" in refused["error"]
+        other.send(payload(("o1", "Hi"), generation_config=greedy(2)))
+        while not any(e["type"] == "COMPLETE" for e in json.loads(other.recv())):
+            pass
