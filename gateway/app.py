@@ -50,16 +50,29 @@ def default_loader(settings: Settings) -> EngineLoader:
 
 
 def create_app(
-    settings: Settings, load: EngineLoader | None = None, *, owns_engine: bool = True
+    settings: Settings,
+    load: EngineLoader | None = None,
+    *,
+    owns_engine: bool = True,
+    on_give_up: Callable[[str], None] | None = None,
 ) -> Starlette:
-    """`load` defaults to building the configured engine; tests pass a shared one."""
+    """`load` defaults to building the configured engine; tests pass a shared one.
+    `on_give_up(reason)`: the engine died more often than ENGINE_MAX_RESTARTS allows."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Gateway]]:
         # Start-up as measured on 2 cores (docs/BENCHMARKS.md): the status messages' estimate.
         expected = 30.0 if settings.engine.enforce_eager else 120.0
         metrics = GatewayMetrics()
-        holder = EngineHolder(load or default_loader(settings), expected, metrics.describe_engine)
+        holder = EngineHolder(
+            load or default_loader(settings),
+            expected,
+            metrics.describe_engine,
+            max_restarts=settings.engine_max_restarts,
+            restart_window_seconds=settings.engine_restart_window_seconds,
+            on_give_up=on_give_up,
+        )
+        metrics.engine_restarts.set_function(lambda: holder.restarts)
         holder.start()
         admission = Admission(settings.max_running_requests, settings.max_waiting_requests)
         store = ContinuationStore(

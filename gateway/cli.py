@@ -77,7 +77,13 @@ def _serve(settings: Settings, host: str, port: int) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(settings)
+    server: GatewayServer | None = None
+
+    def give_up(reason: str) -> None:
+        if server is not None:
+            server.give_up(reason)
+
+    app = create_app(settings, on_give_up=give_up)
     if not (settings.api_keys or settings.api_keys_file) and not _is_loopback(host):
         logging.getLogger("gateway").warning(
             "no API keys (API_KEYS, API_KEYS_FILE): anyone who can reach %s:%d can use every "
@@ -86,7 +92,11 @@ def _serve(settings: Settings, host: str, port: int) -> int:
             port,
         )
     config = uvicorn_config(app, settings, host, port, log_level=settings.log_level)
-    GatewayServer(config, app).run()
+    server = GatewayServer(config, app)
+    server.run()
+    if server.gave_up is not None:
+        print(f"llm-gateway: {server.gave_up}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -128,6 +128,9 @@ class GatewayMetrics:
         self.engine_requests = gauge(
             "gateway_engine_requests", "Requests the engine holds, as the engine counts them"
         )
+        self.engine_restarts = gauge(
+            "gateway_engine_restarts", "Times the engine died and was rebuilt in this process"
+        )
         self.queue_depth = gauge("gateway_queue_depth", "Requests waiting for admission")
         self.running = gauge("gateway_running_requests", "Requests admitted to the engine")
         self.engine = Info(

@@ -39,6 +39,12 @@ class GatewayServer(uvicorn.Server):
         self.app = app
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining: asyncio.Task[None] | None = None
+        self.gave_up: str | None = None
+
+    def give_up(self, reason: str) -> None:
+        """The engine cannot be kept alive: exit, non-zero, for a supervisor to act."""
+        self.gave_up = reason
+        self.should_exit = True
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
