@@ -20,6 +20,7 @@ from protocols.generation import (
     TopK,
     TopP,
 )
+from protocols.json_body import MALFORMED, malformed
 
 Rating = Annotated[float, Meta(ge=-1.0, le=1.0)]
 LOGPROB_ALTERNATIVES = 5  # alternatives sent with each token when include_logprobs is set
@@ -208,8 +209,8 @@ def decode_client(raw: bytes | str) -> ClientMessage:
         return _CLIENT_DECODER.decode(raw)
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
-    except msgspec.DecodeError as e:
-        raise invalid(f"Malformed JSON: {e}", "$") from e
+    except MALFORMED as e:
+        raise malformed(e) from e
 
 
 def decode_server(raw: bytes | str) -> ServerMessage:
@@ -286,8 +287,8 @@ def rest_config(raw: bytes) -> Config:
         body = msgspec.json.decode(raw, type=RestRequest)
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
-    except msgspec.DecodeError as e:
-        raise invalid(f"Malformed JSON: {e}", "$") from e
+    except MALFORMED as e:
+        raise malformed(e) from e
     given = {name: getattr(body, name) for name in Parameters.__struct_fields__}
     nested = msgspec.structs.asdict(body.parameters)
     parameters = Parameters(**{k: v if v is not UNSET else nested[k] for k, v in given.items()})

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 # Constraints shared by the neutral options and every wire schema that sets them.
 MaxNewTokens = Annotated[int, Meta(ge=1)]
-Temperature = Annotated[float, Meta(ge=0.0)]
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]  # vLLM's own bounds
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
-TopK = Annotated[int, Meta(ge=-1)]
+TopK = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0)]
 NumBeams = Annotated[int, Meta(ge=1)]
 MinTokens = Annotated[int, Meta(ge=0)]

@@ -6,17 +6,34 @@ from typing import Any
 
 import msgspec
 
-from protocols.errors import invalid
+from protocols.errors import GenerationError, invalid
+
+# Everything msgspec raises for a body it cannot read, typed decoders included: malformed JSON
+# (ValidationError, a DecodeError, is caught before this by the decoders that check a type),
+# nesting deeper than the interpreter's recursion limit, and bytes that are not UTF-8 (or a
+# str holding lone surrogates). Every decoder catches this tuple, so none of them is a 500.
+MALFORMED: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError, UnicodeError)
 
 _JSON_DECODER = msgspec.json.Decoder()
+
+
+def malformed(error: Exception) -> GenerationError:
+    """One of MALFORMED as the invalid request it is, at `$`."""
+    if isinstance(error, RecursionError):
+        reason = "nested too deeply"
+    elif isinstance(error, UnicodeError):
+        reason = f"not valid UTF-8 ({getattr(error, 'reason', error)})"
+    else:
+        reason = str(error)
+    return invalid(f"Malformed JSON: {reason}", "$")
 
 
 def decode_json_object(raw: bytes | str) -> dict[str, Any]:
     """The body's object; a body that is not JSON, or not an object, fails at `$`."""
     try:
         doc = _JSON_DECODER.decode(raw)
-    except msgspec.DecodeError as e:
-        raise invalid(f"Malformed JSON: {e}", "$") from e
+    except MALFORMED as e:
+        raise malformed(e) from e
     if not isinstance(doc, dict):
         raise invalid(f"Expected `object`, got `{type(doc).__name__}` - at `$`", "$")
     return doc

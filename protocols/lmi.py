@@ -33,7 +33,7 @@ from protocols.generation import (
     stop_cause,
     top_tokens,
 )
-from protocols.json_body import decode_json_object
+from protocols.json_body import MALFORMED, decode_json_object
 from protocols.sse import sse_event
 
 Output = Literal["json", "jsonlines", "sse"]
@@ -147,7 +147,7 @@ def is_chat(raw: bytes) -> bool:
     """DJL Serving's rule: a body that holds `messages` is a chat-completions request."""
     try:
         return bool(_CHAT_PROBE.decode(raw).messages)
-    except msgspec.DecodeError:
+    except MALFORMED:
         return False  # the LMI decoder names what is wrong
 
 

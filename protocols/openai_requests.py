@@ -24,6 +24,7 @@ from protocols.generation import (
     TopK,
     TopP,
 )
+from protocols.json_body import MALFORMED, malformed
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Stop = str | Annotated[list[str], Meta(max_length=16)]
@@ -151,8 +152,8 @@ def _decode(raw: bytes, kind: type[Any]) -> Any:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
-    except msgspec.DecodeError as e:
-        raise invalid(f"Malformed JSON: {e}", "$") from e
+    except MALFORMED as e:
+        raise malformed(e) from e
 
 
 def _message(message: ChatMessage, index: int) -> dict[str, Any]:
@@ -165,6 +166,10 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
 
 
 def _options(body: _Common, limit: int, top_logprobs: int | None) -> SamplingOptions:
+    if body.min_tokens > limit:
+        raise invalid(
+            f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens"
+        )
     temperature = 1.0 if body.temperature is None else body.temperature
     return SamplingOptions(
         max_new_tokens=limit,

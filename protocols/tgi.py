@@ -39,10 +39,10 @@ MAX_TOP_N_TOKENS = 5
 
 class TgiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     best_of: Count | None = None
-    temperature: Annotated[float, Meta(gt=0.0)] | None = None
+    temperature: Annotated[float, Meta(gt=0.0, le=2.0)] | None = None
     repetition_penalty: RepetitionPenalty | None = None
     frequency_penalty: Penalty | None = None
-    top_k: Annotated[int, Meta(gt=0)] | None = None
+    top_k: Annotated[int, Meta(gt=0, le=2**31 - 1)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
     typical_p: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
     do_sample: bool | None = None

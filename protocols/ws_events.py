@@ -15,6 +15,7 @@ from msgspec import UNSET, UnsetType
 from protocols.errors import GenerationError, validation_error
 from protocols.generation import SamplingOptions
 from protocols.generation_config import GenerationConfig, resolve_options
+from protocols.json_body import MALFORMED, malformed
 
 _JSON = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -65,8 +66,8 @@ def decode_starts(
     """The frame's STARTs, and an ERROR for each event that is not a valid START."""
     try:
         doc: Any = _JSON.decode(raw)
-    except msgspec.DecodeError as e:
-        return [], [Error(None, f"Malformed JSON: {e}", "$")]
+    except MALFORMED as e:
+        return [], [Error(None, malformed(e).message, "$")]
     entries, prefix = (doc, "$") if isinstance(doc, list) else ([doc], "")
     if not entries:
         return [], [Error(None, "Expected at least one START event - at `$`", "$")]

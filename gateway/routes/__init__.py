@@ -9,6 +9,7 @@ from gateway.routes import (
     lmi,
     metrics,
     openai,
+    openapi,
     rest_generate,
     sagemaker,
     tgi,
@@ -27,6 +28,7 @@ _MODULES = (
     sagemaker,
     tgi,
     openai,
+    openapi,
     ui,
 )
 ROUTES: list[BaseRoute] = [route for module in _MODULES for route in module.routes]
