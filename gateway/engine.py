@@ -133,6 +133,14 @@ def _translated(error: Exception) -> Exception:
     return error
 
 
+def _checked_params(options: SamplingOptions, *kind: RequestOutputKind) -> SamplingParams:
+    """vLLM checks the parameters as it builds them: a refusal there is the request's fault."""
+    try:
+        return sampling_params(options, *kind)
+    except VLLMValidationError as e:
+        raise _refusal(e) from e
+
+
 def _engine_failure(reason: str | None) -> GenerationError:
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
 
@@ -270,7 +278,7 @@ class Engine:
         asked = (
             msgspec.structs.replace(options, include_stop_str_in_output=True) if whole else options
         )
-        params = sampling_params(asked)
+        params = _checked_params(asked)
         outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
         first = True
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
@@ -288,7 +296,7 @@ class Engine:
     ) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
-        params = sampling_params(options, RequestOutputKind.FINAL_ONLY)
+        params = _checked_params(options, RequestOutputKind.FINAL_ONLY)
         outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:

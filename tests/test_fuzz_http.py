@@ -220,11 +220,6 @@ def test_unreadable_bodies_are_the_protocols_4xx(
     assert f"Malformed JSON: {REASONS[kind]}" in message, message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/routes/tgi.py `_asks_stream` decodes the refused body again, catching only "
-    "msgspec.DecodeError: RecursionError and UnicodeDecodeError escape as a 500",
-)
 @pytest.mark.parametrize("kind", sorted(UNREADABLE))
 def test_unreadable_bodies_on_tgis_compat_route(server: RunningServer, kind: str) -> None:
     answer = httpx.post(server.http + "/", content=UNREADABLE[kind], timeout=None)

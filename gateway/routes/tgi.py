@@ -21,6 +21,7 @@ from gateway.routes.streaming import chained, client_gone, collect, stream_answe
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
+from protocols.json_body import MALFORMED
 from protocols.names import Protocol
 from protocols.tgi import Info, TgiEncoder, decode_tgi, encode_info, error_body, error_event
 
@@ -33,7 +34,7 @@ def _asks_stream(raw: bytes) -> bool:
     """Whether a payload that failed validation had asked for a stream (POST `/`)."""
     try:
         doc = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except MALFORMED:
         return False
     return isinstance(doc, dict) and doc.get("stream") is True
 
