@@ -19,7 +19,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as _connect
-from websockets.typing import Subprotocol
+from websockets.typing import Origin, Subprotocol
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TERMINAL = {"COMPLETE", "ERROR"}
@@ -42,11 +42,18 @@ def payload(*prompts: tuple[str, str], **fields: Any) -> str:
     return json.dumps(body)
 
 
-def connect(url: str, subprotocols: list[str] | None = None) -> ClientConnection:
-    """A websockets client with no opening deadline and no keepalive pings (no clocks)."""
+def connect(
+    url: str, subprotocols: list[str] | None = None, origin: str | None = None
+) -> ClientConnection:
+    """A websockets client with no opening deadline and no keepalive pings (no clocks); a
+    browser's page would send its `origin`."""
     offered = [Subprotocol(s) for s in subprotocols] if subprotocols else None
     connection: ClientConnection = _connect(
-        url, open_timeout=None, ping_interval=None, subprotocols=offered
+        url,
+        open_timeout=None,
+        ping_interval=None,
+        subprotocols=offered,
+        origin=Origin(origin) if origin else None,
     )
     return connection
 
