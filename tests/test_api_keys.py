@@ -141,3 +141,26 @@ def test_sighup_rereads_the_keys_file(guarded: RunningServer, keys_file: Path) -
     os.kill(os.getpid(), signal.SIGHUP)  # the handler runs in this, the main, thread
     assert status(LATER) == 200 and status(OTHER) == 401
     assert status(KEY) == 200  # API_KEYS stays
+
+
+def test_a_history_belongs_to_the_key_that_made_it(guarded: RunningServer) -> None:
+    def generate(key: str, prompt: str) -> Any:
+        body = {
+            "prompts": [{"request_id": "shared-id", "prompt": prompt}],
+            "only_new_tokens": False,
+            "generation_config": greedy(4, ignore_eos=True),
+        }
+        answer = httpx.post(
+            guarded.http + "/api/generate-batch", json=body, headers=bearer(key), timeout=None
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()[0]
+
+    secret = "My password is swordfish."
+    mine = generate(KEY, secret)
+    assert mine["prompt"] == secret
+    # The same id from another key is a new history: nothing of the first is read or continued.
+    theirs = generate(OTHER, "Hello")
+    assert theirs["prompt"] == "Hello" and secret not in theirs["prompt"] + theirs["response"]
+    again = generate(KEY, "ignored: the history continues")
+    assert again["prompt"] == secret + mine["response"]
