@@ -92,3 +92,25 @@ def test_scrapable_under_load(server: RunningServer, idle_engine: Callable[..., 
         assert value(under_load, "gateway_queue_depth") == 0
         frames_until_done(ws, set(ids))
     idle_engine()
+
+
+def test_every_accepted_prompt_is_counted_out_once_and_the_engine_holds_none_after(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
+) -> None:
+    server = make_server()
+    with connect(server.ws + "/ws") as ws:
+        ws.send(payload(("done", "Hi"), ("bad", ""), generation_config=greedy(2)))
+        frames_until_done(ws, {"done", "bad"})
+        ws.send(payload(("leaver", PROMPT), generation_config=greedy(UNENDING, ignore_eos=True)))
+        while "PROGRESS" not in ws.recv():
+            pass
+    idle_engine()
+    after = settled_metrics(server.http)
+
+    def ended(kind: str) -> float:
+        return value(after, "gateway_terminal_events_total", protocol="ws", kind=kind)
+
+    assert value(after, "gateway_prompts_accepted_total", protocol="ws") == 3
+    assert (ended("finished"), ended("invalid_request"), ended("client_gone")) == (1, 1, 1)
+    assert value(after, "gateway_engine_aborts_total", protocol="ws") == 1
+    assert value(after, "gateway_engine_requests") == 0
