@@ -164,3 +164,31 @@ def test_a_history_belongs_to_the_key_that_made_it(guarded: RunningServer) -> No
     assert theirs["prompt"] == "Hello" and secret not in theirs["prompt"] + theirs["response"]
     again = generate(KEY, "ignored: the history continues")
     assert again["prompt"] == secret + mine["response"]
+
+
+def test_boto3_sends_the_key_as_a_header_it_adds(guarded: RunningServer) -> None:
+    import boto3  # type: ignore[import-untyped]
+    from botocore.exceptions import ClientError  # type: ignore[import-untyped]
+
+    def runtime(key: str | None) -> Any:
+        client = boto3.client(
+            "sagemaker-runtime",
+            endpoint_url=guarded.http,
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        if key is not None:  # SigV4 owns Authorization: the key goes in X-Api-Key
+
+            def add_key(request: Any, **_: Any) -> None:
+                request.headers["X-Api-Key"] = key
+
+            client.meta.events.register("before-send.sagemaker-runtime", add_key)
+        return client
+
+    body = json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 4}})
+    answer = runtime(KEY).invoke_endpoint(EndpointName="local", Body=body)
+    assert json.loads(answer["Body"].read())["generated_text"]
+    with pytest.raises(ClientError) as refused:
+        runtime(None).invoke_endpoint(EndpointName="local", Body=body)
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 401
