@@ -39,27 +39,26 @@ class Clock:
 def test_the_limiter_counts_each_caller_in_a_sliding_minute() -> None:
     clock = Clock()
     limiter = Limiter(clock)
+
+    def run(caller: str, limits: Limits, tokens: int = 0) -> None:
+        limiter.acquire(caller, limits)
+        limiter.release(caller, limits, tokens)
+
     per_minute = Limits(per_minute=2)
-    limiter.acquire("a", per_minute)
-    limiter.release("a", per_minute, 0)
+    run("a", per_minute)
     clock.now += 30
-    limiter.acquire("a", per_minute)
-    limiter.release("a", per_minute, 0)
+    run("a", per_minute)
     with pytest.raises(RateLimited) as refused:
         limiter.acquire("a", per_minute)
     assert refused.value.retry_after == pytest.approx(30.0)
-    limiter.acquire("b", per_minute)  # another caller is not touched
-    limiter.release("b", per_minute, 0)
+    run("b", per_minute)  # another caller is not touched
     clock.now += 30.5
-    limiter.acquire("a", per_minute)  # the first has left the window
-    limiter.release("a", per_minute, 0)
+    run("a", per_minute)  # the first has left the window
 
     tokens = Limits(tokens_per_minute=10)
-    limiter.acquire("t", tokens)
-    limiter.release("t", tokens, 6)
+    run("t", tokens, 6)
     clock.now += 10
-    limiter.acquire("t", tokens)
-    limiter.release("t", tokens, 6)
+    run("t", tokens, 6)
     with pytest.raises(RateLimited) as refused:
         limiter.acquire("t", tokens)
     assert refused.value.retry_after == pytest.approx(50.0)  # then 6 of 12 have aged out
