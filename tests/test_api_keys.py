@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +143,11 @@ def test_sighup_rereads_the_keys_file(guarded: RunningServer, keys_file: Path) -
     assert status(KEY) == 200  # API_KEYS stays
 
 
-def test_a_history_belongs_to_the_key_that_made_it(guarded: RunningServer) -> None:
+def test_a_history_belongs_to_the_key_that_made_it(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    guarded = make_server(API_KEYS=f"{KEY},{OTHER}")
+
     def generate(key: str, prompt: str) -> Any:
         body = {
             "prompts": [{"request_id": "shared-id", "prompt": prompt}],
