@@ -16,10 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.api_keys import SUBPROTOCOL_PREFIX, KeyRing, presented_key, subprotocol_key
 from gateway.caller import CALLER, Caller
 from gateway.limits import Limits
-from gateway.refusals import close_websocket, error_response
+from gateway.refusals import CLOSE_POLICY_VIOLATION, close_websocket, error_response
 from protocols.errors import ErrorKind, GenerationError
 
-CLOSE_POLICY_VIOLATION = 1008
 REFUSED = GenerationError(
     ErrorKind.UNAUTHORIZED,
     "A valid API key is required: send it as `Authorization: Bearer <key>` or `X-Api-Key`",

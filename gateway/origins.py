@@ -16,11 +16,10 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.refusals import close_websocket, error_response
+from gateway.refusals import CLOSE_POLICY_VIOLATION, close_websocket, error_response
 from protocols.errors import ErrorKind, GenerationError
 
 FORBIDDEN = 403
-CLOSE_POLICY_VIOLATION = 1008
 _METHODS = "GET, POST, OPTIONS"
 _HEADERS = "authorization, content-type, accept, x-api-key"
 _PREFLIGHT_CACHE_SECONDS = "600"
