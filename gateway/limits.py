@@ -61,6 +61,8 @@ class Limiter:
 
     def acquire(self, caller: str, limits: Limits) -> None:
         """Counts a new generation of `caller` in, or raises `RateLimited`: `release` follows."""
+        if limits == NO_LIMITS:
+            return
         now = self._clock()
         usage = self._usage.setdefault(caller, _Usage())
         usage.forget_before(now - WINDOW_SECONDS)
@@ -89,6 +91,8 @@ class Limiter:
             self._prune(now)
 
     def release(self, caller: str, limits: Limits, generated_tokens: int) -> None:
+        if limits == NO_LIMITS:
+            return
         usage = self._usage[caller]
         usage.running -= 1
         if generated_tokens and limits.tokens_per_minute:
