@@ -93,6 +93,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     drain_seconds: Annotated[float, Meta(ge=0)] = 30.0
     engine_max_restarts: Annotated[int, Meta(ge=0)] = 3
     engine_restart_window_seconds: PositiveFloat = 600.0
+    # Past one machine (docs/SCALE-OUT.md): continuation histories in Redis instead of this
+    # process; the engine as ENGINE_REPLICAS Ray Serve replicas (RAY_ADDRESS: a cluster to
+    # join). Unset: one process, no Redis, no Ray.
+    redis_url: str = ""
+    engine_replicas: Annotated[int, Meta(ge=0)] = 0
+    ray_address: str = ""
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
 
