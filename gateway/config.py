@@ -15,6 +15,7 @@ import msgspec
 from dotenv import dotenv_values
 from msgspec import Meta
 
+from gateway.priorities import parse_classes
 from protocols.errors import GenerationError, split_validation_message
 from protocols.generation import SamplingOptions
 from protocols.generation_config import GenerationConfig, check_options
@@ -43,6 +44,8 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     pipeline_parallel_size: Positive = 1
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: int = 0
+    # "priority": requests carry their class (gateway/priorities.py); "fcfs": arrival order.
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
 
 
 def served_model_name(engine: EngineSettings) -> str:
@@ -99,6 +102,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     redis_url: str = ""
     engine_replicas: Annotated[int, Meta(ge=0)] = 0
     ray_address: str = ""
+    # Priorities (docs/PRIORITIES.md): classes at or past BULK_PRIORITY are bulk; while an
+    # interactive request runs or waits, bulk holds at most BULK_MAX_RUNNING slots (0: any).
+    admission_fairness: Literal["caller", "fifo"] = "caller"
+    bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
+    bulk_max_running: Annotated[int, Meta(ge=0)] = 0
+    priority_classes: dict[str, int] = msgspec.field(default_factory=dict)  # PRIORITY_<PROTOCOL>
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
 
@@ -118,8 +127,14 @@ def load_settings(
         message, where = split_validation_message(e.message)
         name = GENERATION_PREFIX + (e.field or where).removeprefix("$.").upper()
         raise ConfigError(f"{name}: {message}") from e
-    base = _convert(values, Settings, "", skip=("engine", "generation"))
-    return msgspec.structs.replace(base, engine=engine, generation=generation)
+    base = _convert(values, Settings, "", skip=("engine", "generation", "priority_classes"))
+    try:
+        classes = {p.value: n for p, n in parse_classes(values).items()}
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return msgspec.structs.replace(
+        base, engine=engine, generation=generation, priority_classes=classes
+    )
 
 
 def _generation_fields(values: Mapping[str, str]) -> dict[str, Any]:
