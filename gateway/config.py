@@ -15,6 +15,7 @@ import msgspec
 from dotenv import dotenv_values
 from msgspec import Meta
 
+from gateway.config_aliases import resolve_aliases
 from gateway.priorities import parse_classes
 from protocols.errors import GenerationError, split_validation_message
 from protocols.generation import SamplingOptions
@@ -119,6 +120,7 @@ def load_settings(
     if dotenv_path is not None and Path(dotenv_path).is_file():
         values.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
     values.update(os.environ if env is None else env)
+    values = resolve_aliases(values)  # LMI's and TGI's names, where the gateway's own are unset
     engine = _convert(values, EngineSettings, "")
     generation = _convert(_generation_fields(values), SamplingOptions, GENERATION_PREFIX)
     try:
