@@ -1,39 +1,76 @@
-"""Admission control: a bound on requests in the engine and on requests waiting for it."""
+"""Admission control: a bound on requests in the engine and on requests waiting for it.
+
+Waiting requests go in by class (lower first, docs/PRIORITIES.md); within a class, with
+fairness on, the caller holding the fewest slots goes next (so a caller with 500 requests
+cannot starve one with 1), else the earliest. While any request ahead of the bulk classes runs
+or waits, bulk requests hold at most `bulk_max_running` slots (0: no cap), which keeps the
+engine's batch small enough for a person's first token to come quickly.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import itertools
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from protocols.errors import ErrorKind, GenerationError
 
 
-class Admission:
-    """A fair (FIFO) gate: `max_running` inside, at most `max_waiting` queued before it."""
+@dataclass(eq=False)
+class _Waiter:
+    priority: int
+    caller: str
+    order: int
+    granted: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
-    def __init__(self, max_running: int, max_waiting: int) -> None:
+
+class Admission:
+    def __init__(
+        self,
+        max_running: int,
+        max_waiting: int,
+        *,
+        fair: bool = True,
+        bulk_priority: int = 2,
+        bulk_max_running: int = 0,
+    ) -> None:
         self.max_running = max_running
         self.max_waiting = max_waiting
+        self.fair = fair
+        self.bulk_priority = bulk_priority
+        self.bulk_max_running = bulk_max_running
         self.running = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._running_by_class: Counter[int] = Counter()
+        self._running_by_caller: Counter[str] = Counter()
+        self._waiters: list[_Waiter] = []
+        self._order = itertools.count()
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
+    def waiting_by_class(self) -> Counter[int]:
+        return Counter(w.priority for w in self._waiters)
+
+    def running_by_class(self) -> Counter[int]:
+        return +self._running_by_class
+
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self._acquire()
+    async def slot(self, priority: int = 0, caller: str = "") -> AsyncIterator[None]:
+        await self._acquire(priority, caller)
         try:
             yield
         finally:
-            self._release()
+            self._release(priority, caller)
 
-    async def _acquire(self) -> None:
-        if self.running < self.max_running and not self._waiters:
-            self.running += 1
+    async def _acquire(self, priority: int, caller: str) -> None:
+        if not self._waiters and self._may_start(priority):
+            self._take(priority, caller)
             return
         if len(self._waiters) >= self.max_waiting:
             raise GenerationError(
@@ -41,21 +78,68 @@ class Admission:
                 f"Too many requests: {self.running} generating and {len(self._waiters)} "
                 "waiting, the most this server queues; retry later",
             )
-        waiter = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(priority, caller, next(self._order))
         self._waiters.append(waiter)
+        self._admit()  # a bulk request may be held by the cap that this one's class lifts
         try:
-            await waiter  # _release hands its slot over: `running` already counts us
+            await waiter.granted  # _admit hands a slot over: it is already counted as ours
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._release()  # the slot reached us just as we gave up: pass it on
+            if waiter.granted.done() and not waiter.granted.cancelled():
+                self._release(priority, caller)  # it reached us just as we gave up: pass it on
             else:
                 self._waiters.remove(waiter)
+                self._admit()  # the cap may have been ours
             raise
 
-    def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+    def _is_bulk(self, priority: int) -> bool:
+        return priority >= self.bulk_priority
+
+    def _interactive_present(self) -> bool:
+        if any(n for p, n in self._running_by_class.items() if not self._is_bulk(p)):
+            return True
+        return any(not self._is_bulk(w.priority) for w in self._waiters)
+
+    def _may_start(self, priority: int) -> bool:
+        return self.running < self.max_running and (
+            not self._is_bulk(priority) or self._bulk_open()
+        )
+
+    def _bulk_open(self) -> bool:
+        if not self.bulk_max_running:
+            return True
+        bulk = sum(n for p, n in self._running_by_class.items() if self._is_bulk(p))
+        return bulk < self.bulk_max_running or not self._interactive_present()
+
+    def _take(self, priority: int, caller: str) -> None:
+        self.running += 1
+        self._running_by_class[priority] += 1
+        self._running_by_caller[caller] += 1
+
+    def _release(self, priority: int, caller: str) -> None:
         self.running -= 1
+        self._running_by_class[priority] -= 1
+        self._running_by_caller[caller] -= 1
+        if self._running_by_caller[caller] <= 0:
+            del self._running_by_caller[caller]
+        self._admit()
+
+    def _admit(self) -> None:
+        """Hand free slots to the waiters that come first and may start."""
+        while self._waiters and self.running < self.max_running:
+            bulk_open = self._bulk_open()
+            ready = [
+                w
+                for w in self._waiters
+                if not w.granted.done() and (bulk_open or not self._is_bulk(w.priority))
+            ]
+            if not ready:
+                return
+            if self.fair:
+                chosen = min(
+                    ready, key=lambda w: (w.priority, self._running_by_caller[w.caller], w.order)
+                )
+            else:
+                chosen = min(ready, key=lambda w: (w.priority, w.order))
+            self._waiters.remove(chosen)
+            self._take(chosen.priority, chosen.caller)
+            chosen.granted.set_result(None)

@@ -69,6 +69,7 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         pipeline_parallel_size=settings.pipeline_parallel_size,
         dtype=settings.dtype,
         seed=settings.seed,
+        scheduling_policy=settings.scheduling_policy,
     )
 
 
@@ -265,7 +266,11 @@ class Engine:
         return step
 
     async def stream(
-        self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
+        self,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[EngineStep, None]:
         """The steps of one sequence (options.n must be 1), as the engine produces them.
 
@@ -279,7 +284,7 @@ class Engine:
             msgspec.structs.replace(options, include_stop_str_in_output=True) if whole else options
         )
         params = _checked_params(asked)
-        outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
+        outputs = self.llm.generate(tokens_input(token_ids), params, request_id, priority=priority)
         first = True
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
@@ -292,12 +297,16 @@ class Engine:
                 yield step
 
     async def complete(
-        self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
+        self,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None = None,
+        priority: int = 0,
     ) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
         params = _checked_params(options, RequestOutputKind.FINAL_ONLY)
-        outputs = self.llm.generate(tokens_input(token_ids), params, request_id)
+        outputs = self.llm.generate(tokens_input(token_ids), params, request_id, priority=priority)
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 if output.finished:
@@ -337,7 +346,11 @@ class Engine:
                 meter.ended()
 
     async def beam_search(
-        self, token_ids: list[int], options: SamplingOptions, meter: StreamMeter | None = None
+        self,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None = None,
+        priority: int = 0,
     ) -> list[EngineStep]:
         """Beam search as transformers does it (gateway/beams.py), run to the end: the best
         `options.n` beams, best first, each step's beams one engine request each.
@@ -350,7 +363,7 @@ class Engine:
         async with self._tracked(request_id, len(token_ids), meter):
             found = await beam_search(
                 token_ids,
-                partial(self._next_tokens, request_id),
+                partial(self._next_tokens, request_id, priority),
                 num_beams=options.num_beams,
                 max_new_tokens=min(options.max_new_tokens, room),
                 eos_token_ids=frozenset() if options.ignore_eos else self.eos_token_ids,
@@ -376,7 +389,7 @@ class Engine:
         ]
 
     async def _next_tokens(
-        self, request_id: str, sequences: list[list[int]], count: int
+        self, request_id: str, priority: int, sequences: list[list[int]], count: int
     ) -> list[dict[int, float]]:
         """Each sequence's `count` likeliest next tokens, with their log-probabilities."""
         params = SamplingParams(
@@ -384,7 +397,8 @@ class Engine:
         )
 
         async def one(i: int, sequence: list[int]) -> dict[int, float]:
-            outputs = self.llm.generate(tokens_input(sequence), params, f"{request_id}-{i}")
+            name = f"{request_id}-{i}"
+            outputs = self.llm.generate(tokens_input(sequence), params, name, priority=priority)
             async with aclosing(outputs):
                 async for output in outputs:
                     if output.finished:

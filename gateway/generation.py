@@ -28,6 +28,7 @@ from gateway.engine import Engine, EngineStep
 from gateway.engine_holder import EngineHolder
 from gateway.limits import Limiter, RateLimited
 from gateway.metrics import GatewayMetrics, StreamMeter
+from gateway.priorities import PriorityClasses
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import (
     Delta,
@@ -57,11 +58,13 @@ class GenerationService:
         admission: Admission,
         metrics: GatewayMetrics | None = None,
         deadlines: Deadlines | None = None,
+        classes: PriorityClasses | None = None,
     ) -> None:
         self.holder = holder
         self.admission = admission
         self.metrics = metrics or GatewayMetrics()
-        self.metrics.watch_admission(lambda: admission.waiting, lambda: admission.running)
+        self.metrics.watch_admission(admission)
+        self.classes = classes or PriorityClasses({})
         self.limiter = Limiter()
         self.deadlines = deadlines or Deadlines(0.0)
         self._in_flight: set[tuple[str, str]] = set()
@@ -90,7 +93,8 @@ class GenerationService:
             yield _failed(request.index, e)
             return
         try:
-            async with aclosing(self._events(request, protocol, caller.owner)) as events:
+            events = self._events(request, protocol, caller.id, caller.owner)
+            async with aclosing(events):
                 async for event in self.deadlines.within(events, request.index):
                     if isinstance(event, Delta):
                         generated += len(event.token_ids)
@@ -105,7 +109,7 @@ class GenerationService:
             self.limiter.release(caller.id, caller.limits, generated)
 
     async def _events(
-        self, request: GenerationRequest, protocol: Protocol, owner: str
+        self, request: GenerationRequest, protocol: Protocol, caller: str, owner: str
     ) -> AsyncGenerator[Event, None]:
         request_id = request.request_id
         in_flight = (owner, request_id) if request_id is not None else None
@@ -120,10 +124,13 @@ class GenerationService:
             engine = await self.holder.wait()
             history = await _history(engine, request)
             yield Queued(request.index, history.token_ids)
-            async with self.admission.slot():
+            priority = self.classes.of(protocol, request.priority)
+            queued = time.perf_counter()
+            async with self.admission.slot(priority, caller):
+                self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
-                meter = self.metrics.meter(protocol)
-                async for event in _engine_events(engine, request, history, meter):
+                meter = self.metrics.meter(protocol, priority)
+                async for event in _engine_events(engine, request, history, meter, priority):
                     yield event
         except GenerationError as e:
             yield _failed(request.index, e)
@@ -191,7 +198,11 @@ def _longest_in(tokenizer: Any) -> int:
 
 
 async def _engine_events(
-    engine: Engine, request: GenerationRequest, history: History, meter: StreamMeter
+    engine: Engine,
+    request: GenerationRequest,
+    history: History,
+    meter: StreamMeter,
+    priority: int,
 ) -> AsyncGenerator[Event, None]:
     options, index = request.options, request.index
     room = engine.max_model_len - len(history.token_ids)
@@ -206,7 +217,7 @@ async def _engine_events(
         return
     if options.num_beams > 1 or options.n > 1 or not request.stream:
         run = engine.beam_search if options.num_beams > 1 else engine.complete
-        steps = await run(token_ids, options, meter)
+        steps = await run(token_ids, options, meter, priority)
         yield Initialized(index, history.text)
         yield _finished(request, history, steps, started)
         return
@@ -216,7 +227,7 @@ async def _engine_events(
     last: EngineStep | None = None
     texts: list[str] = []
     new_ids: list[int] = []
-    async for step in engine.stream(token_ids, options, meter):
+    async for step in engine.stream(token_ids, options, meter, priority):
         if first is None:
             first = step
             yield Initialized(index, history.text)

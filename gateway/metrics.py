@@ -6,10 +6,18 @@ The generation service hands each engine request a `StreamMeter` for its protoco
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
+from prometheus_client import Counter as PromCounter
+
+from gateway.priorities import MAX_PRIORITY
+
+if TYPE_CHECKING:
+    from gateway.admission import Admission
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
@@ -19,11 +27,22 @@ class StreamMeter:
     """Times one engine request: first output, each next output, and the end; `outcome` is
     "cancelled" until the request finishes ("ok") or fails (its error kind)."""
 
-    __slots__ = ("_first", "_itl", "_last", "_metrics", "_protocol", "_start", "_tokens", "outcome")
+    __slots__ = (
+        "_first",
+        "_itl",
+        "_last",
+        "_metrics",
+        "_priority",
+        "_protocol",
+        "_start",
+        "_tokens",
+        "outcome",
+    )
 
-    def __init__(self, metrics: GatewayMetrics, protocol: str) -> None:
+    def __init__(self, metrics: GatewayMetrics, protocol: str, priority: int = 0) -> None:
         self._metrics = metrics
         self._protocol = protocol
+        self._priority = str(priority)
         self._start = self._last = time.perf_counter()
         self._first = True
         self._tokens = 0
@@ -43,6 +62,7 @@ class StreamMeter:
         if self._first:
             self._first = False
             self._metrics.ttft.labels(self._protocol).observe(now - self._start)
+            self._metrics.ttft_by_class.labels(self._priority).observe(now - self._start)
             self._metrics.cached_prompt_tokens.labels(self._protocol).inc(cached_tokens)
         else:
             self._itl.observe(now - self._last)
@@ -79,9 +99,9 @@ class PromptEnding:
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        counter, gauge = partial(PromCounter, registry=r), partial(Gauge, registry=r)
         histogram = partial(Histogram, labelnames=["protocol"], registry=r)
-        by_protocol = partial(Counter, labelnames=["protocol"], registry=r)
+        by_protocol = partial(PromCounter, labelnames=["protocol"], registry=r)
         self.requests = counter(
             "gateway_requests",
             "Engine requests by protocol and outcome (ok, cancelled: the "
@@ -90,6 +110,20 @@ class GatewayMetrics:
         )
         self.ttft = histogram(
             "gateway_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS
+        )
+        self.ttft_by_class = Histogram(
+            "gateway_class_time_to_first_token_seconds",
+            "Time to first token by priority class (docs/PRIORITIES.md)",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "gateway_class_queue_seconds",
+            "Time waiting for admission, by priority class",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.inter_token = histogram(
             "gateway_inter_token_seconds", "Time between outputs", buckets=_TOKEN_BUCKETS
@@ -132,6 +166,14 @@ class GatewayMetrics:
             "gateway_engine_restarts", "Times the engine died and was rebuilt in this process"
         )
         self.queue_depth = gauge("gateway_queue_depth", "Requests waiting for admission")
+        self.queue_depth_by_class = gauge(
+            "gateway_class_queue_depth",
+            "Requests waiting for admission, by priority class",
+            ["priority"],
+        )
+        self.running_by_class = gauge(
+            "gateway_class_running_requests", "Requests admitted, by priority class", ["priority"]
+        )
         self.running = gauge("gateway_running_requests", "Requests admitted to the engine")
         self.engine = Info(
             "gateway_engine",
@@ -139,8 +181,8 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def meter(self, protocol: str) -> StreamMeter:
-        return StreamMeter(self, protocol)
+    def meter(self, protocol: str, priority: int = 0) -> StreamMeter:
+        return StreamMeter(self, protocol, priority)
 
     def prompt_accepted(self, protocol: str) -> PromptEnding:
         return PromptEnding(self, protocol)
@@ -148,6 +190,18 @@ class GatewayMetrics:
     def describe_engine(self, dtype: str, reason: str, cpu_flags: list[str]) -> None:
         self.engine.info({"dtype": dtype, "dtype_reason": reason, "cpu_flags": " ".join(cpu_flags)})
 
-    def watch_admission(self, waiting: Callable[[], float], running: Callable[[], float]) -> None:
-        self.queue_depth.set_function(waiting)
-        self.running.set_function(running)
+    def watch_admission(self, admission: Admission) -> None:
+        self.queue_depth.set_function(lambda: admission.waiting)
+        self.running.set_function(lambda: admission.running)
+        for priority in range(MAX_PRIORITY + 1):
+            label = str(priority)
+            self.queue_depth_by_class.labels(label).set_function(
+                partial(_count, admission.waiting_by_class, priority)
+            )
+            self.running_by_class.labels(label).set_function(
+                partial(_count, admission.running_by_class, priority)
+            )
+
+
+def _count(counts: Callable[[], Counter[int]], key: int) -> float:
+    return counts()[key]

@@ -32,6 +32,7 @@ MinTokens = Annotated[int, Meta(ge=0)]
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Count = Annotated[int, Meta(ge=1)]
+Priority = Annotated[int, Meta(ge=0, le=9)]  # a class, lower first (gateway/priorities.py)
 LogprobCount = Annotated[int, Meta(ge=0, le=20)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 
@@ -109,7 +110,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     model's chat template, else `prompt`. `request_id`, when set, may not run twice at once.
     `stream`: report each step as a Delta; else only the end. `truncate` keeps the last
     tokens of the prompt. `prompt_field` is where errors about the prompt point. `holdback`
-    carries held-back text from one engine request of a generation to the next.
+    carries held-back text from one engine request of a generation to the next. `priority` is
+    the class the request asked for, where its protocol has a field for it.
     """
 
     options: SamplingOptions
@@ -122,6 +124,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     truncate: int | None = None
     prompt_field: str = "prompt"
     holdback: Holdback | None = None
+    priority: int | None = None
 
 
 class GeneratedSequence(msgspec.Struct):

@@ -22,6 +22,7 @@ from protocols.generation import (
     NonEmpty,
     NumBeams,
     Penalty,
+    Priority,
     RepetitionPenalty,
     SamplingOptions,
     Temperature,
@@ -79,6 +80,7 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     spaces_between_special_tokens: bool | None = None
     typical_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     truncate: Count | None = None
+    priority: Priority | None = None  # the gateway's: a class at or behind the route's
 
 
 class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -98,6 +100,7 @@ class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     returned: int = 1
     top_n: int = 0
     truncate: int | None = None
+    priority: int | None = None
     details: bool
     return_full_text: bool
     tgi_compat: bool
@@ -193,6 +196,7 @@ def decode_lmi(
         returned=returned,
         top_n=(p.logprobs or 0) if (p.num_beams or 1) == 1 else 0,
         truncate=p.truncate,
+        priority=p.priority,
         details=details,
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,

@@ -19,6 +19,7 @@ from protocols.generation import (
     MinP,
     MinTokens,
     Penalty,
+    Priority,
     RepetitionPenalty,
     SamplingOptions,
     TopK,
@@ -56,6 +57,7 @@ class _Common(msgspec.Struct, kw_only=True):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False
     min_tokens: MinTokens = 0
+    priority: Priority | None = None  # a class at or behind the route's (docs/PRIORITIES.md)
 
 
 class TextPart(msgspec.Struct, tag_field="type", tag="text"):
@@ -208,7 +210,9 @@ def _call(
     sequence per request); otherwise one request per prompt generates all `n`."""
     per_prompt = body.n if body.stream else 1
     requests = [
-        msgspec.structs.replace(p, index=i * per_prompt + j, stream=body.stream)
+        msgspec.structs.replace(
+            p, index=i * per_prompt + j, stream=body.stream, priority=body.priority
+        )
         for i, p in enumerate(prompts)
         for j in range(per_prompt)
     ]

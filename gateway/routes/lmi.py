@@ -65,6 +65,7 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
             index=i,
             stream=lmi.output != "json",
             truncate=lmi.truncate,
+            priority=lmi.priority,
             prompt_field=f"$.inputs[{i}]" if lmi.dynamic else "$.inputs",
         )
         for i, prompt in enumerate(lmi.inputs)
