@@ -28,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "bench", help="benchmark every protocol (llm-gateway bench --help)", add_help=False
     )
+    commands.add_parser("container", help="the container image's entry (docs/DEPLOY.md)")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["container"]:  # serve, SageMaker's serve, health: gateway/container.py
+        from gateway.container import main as container
+
+        return container(argv[1:])
     if argv[:1] == ["bench"]:  # its own package and options: see gateway_bench/options.py
         try:
             from gateway_bench import main as bench

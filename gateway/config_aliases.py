@@ -229,6 +229,11 @@ def read_properties(path: Path) -> dict[str, str]:
     return properties
 
 
+def given_host(values: Mapping[str, str]) -> bool:
+    """Whether HOST, or TGI's HOSTNAME as an address, says where to listen."""
+    return bool(values.get("HOST")) or _is_address(values.get("HOSTNAME", ""))
+
+
 def _is_address(host: str) -> bool:
     """TGI users set HOSTNAME to an address (0.0.0.0, ::); Docker, Kubernetes and shells set it
     to the machine's name, which must not move where the gateway listens."""
