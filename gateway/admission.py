@@ -1,8 +1,9 @@
 """Admission control: a bound on requests in the engine and on requests waiting for it.
 
 Waiting requests go in by class (lower first, docs/PRIORITIES.md); within a class, with
-fairness on, the caller holding the fewest slots goes next (so a caller with 500 requests
-cannot starve one with 1), else the earliest. While any request ahead of the bulk classes runs
+fairness on, the caller holding the fewest slots goes next, and among those the one served
+longest ago (so a caller with 500 requests cannot starve one with 1: they take turns), else
+the earliest. While any request ahead of the bulk classes runs
 or waits, bulk requests hold at most `bulk_max_running` slots (0: no cap), which keeps the
 engine's batch small enough for a person's first token to come quickly.
 """
@@ -47,6 +48,8 @@ class Admission:
         self.running = 0
         self._running_by_class: Counter[int] = Counter()
         self._running_by_caller: Counter[str] = Counter()
+        self._waiting_by_caller: Counter[str] = Counter()
+        self._last_served: dict[str, int] = {}  # callers with requests running or waiting
         self._waiters: list[_Waiter] = []
         self._order = itertools.count()
 
@@ -80,6 +83,7 @@ class Admission:
             )
         waiter = _Waiter(priority, caller, next(self._order))
         self._waiters.append(waiter)
+        self._waiting_by_caller[caller] += 1
         self._admit()  # a bulk request may be held by the cap that this one's class lifts
         try:
             await waiter.granted  # _admit hands a slot over: it is already counted as ours
@@ -87,7 +91,8 @@ class Admission:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 self._release(priority, caller)  # it reached us just as we gave up: pass it on
             else:
-                self._waiters.remove(waiter)
+                self._unqueue(waiter)
+                self._forget_if_idle(caller)
                 self._admit()  # the cap may have been ours
             raise
 
@@ -114,14 +119,32 @@ class Admission:
         self.running += 1
         self._running_by_class[priority] += 1
         self._running_by_caller[caller] += 1
+        self._last_served[caller] = next(self._order)
 
     def _release(self, priority: int, caller: str) -> None:
         self.running -= 1
         self._running_by_class[priority] -= 1
         self._running_by_caller[caller] -= 1
+        self._forget_if_idle(caller)
+        self._admit()
+
+    def _unqueue(self, waiter: _Waiter) -> None:
+        self._waiters.remove(waiter)
+        self._waiting_by_caller[waiter.caller] -= 1
+        if self._waiting_by_caller[waiter.caller] <= 0:
+            del self._waiting_by_caller[waiter.caller]
+
+    def _forget_if_idle(self, caller: str) -> None:
+        """Drop a caller's bookkeeping once it has nothing running or waiting."""
         if self._running_by_caller[caller] <= 0:
             del self._running_by_caller[caller]
-        self._admit()
+            if caller not in self._waiting_by_caller:
+                self._last_served.pop(caller, None)
+
+    def _turn(self, waiter: _Waiter) -> tuple[int, int, int, int]:
+        caller = waiter.caller
+        served = self._last_served.get(caller, -1)
+        return (waiter.priority, self._running_by_caller[caller], served, waiter.order)
 
     def _admit(self) -> None:
         """Hand free slots to the waiters that come first and may start."""
@@ -135,11 +158,9 @@ class Admission:
             if not ready:
                 return
             if self.fair:
-                chosen = min(
-                    ready, key=lambda w: (w.priority, self._running_by_caller[w.caller], w.order)
-                )
+                chosen = min(ready, key=self._turn)
             else:
                 chosen = min(ready, key=lambda w: (w.priority, w.order))
-            self._waiters.remove(chosen)
+            self._unqueue(chosen)
             self._take(chosen.priority, chosen.caller)
             chosen.granted.set_result(None)

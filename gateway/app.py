@@ -28,8 +28,10 @@ from gateway.generation import GenerationService
 from gateway.limits import Limits
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginMiddleware, parse_origins
+from gateway.priorities import PriorityClasses
 from gateway.routes import ROUTES
 from gateway.state import Gateway
+from protocols.names import Protocol
 
 EngineLoader = Callable[[], Awaitable[Engine]]
 
@@ -74,14 +76,20 @@ def create_app(
         )
         metrics.engine_restarts.set_function(lambda: holder.restarts)
         holder.start()
-        admission = Admission(settings.max_running_requests, settings.max_waiting_requests)
+        admission = Admission(
+            settings.max_running_requests,
+            settings.max_waiting_requests,
+            fair=settings.admission_fairness == "caller",
+            bulk_priority=settings.bulk_priority,
+            bulk_max_running=settings.bulk_max_running,
+        )
         store = ContinuationStore(
             settings.continuation_max_entries, settings.continuation_idle_seconds
         )
         metrics.engine_requests.set_function(
             lambda: holder.engine.unfinished_requests() if holder.engine is not None else 0
         )
-        service = GenerationService(holder, admission, metrics, deadlines)
+        service = GenerationService(holder, admission, metrics, deadlines, classes)
         feedback = FeedbackStore(feedback_path(settings))
         batches = BatchRunner(service, store)
         gateway = Gateway(settings, holder, service, batches, feedback, drain)
@@ -93,6 +101,10 @@ def create_app(
                 await holder.stop()
 
     deadlines = Deadlines(settings.request_timeout_seconds)
+    classes = PriorityClasses(
+        {Protocol(name): n for name, n in settings.priority_classes.items()},
+        enabled=settings.engine.scheduling_policy == "priority",
+    )
     drain = Drain(deadlines, settings.drain_seconds)
     limits = Limits(
         settings.limit_concurrent_requests,

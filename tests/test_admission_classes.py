@@ -154,3 +154,19 @@ def test_priority_settings_are_read_and_checked() -> None:
         load_settings({"PRIORITY_TGI": "10"}, None)
     with pytest.raises(ConfigError, match="SCHEDULING_POLICY"):
         load_settings({"SCHEDULING_POLICY": "lottery"}, None)
+
+
+def test_callers_take_turns_for_a_single_slot() -> None:
+    async def scenario() -> list[str]:
+        jobs = Jobs(Admission(max_running=1, max_waiting=10))
+        await jobs.submit("a-0", caller="a")
+        for n in range(1, 4):
+            await jobs.submit(f"a-{n}", caller="a")
+        await jobs.submit("b-0", caller="b")
+        await jobs.submit("b-1", caller="b")
+        for name in ("a-0", "b-0", "a-1", "b-1", "a-2"):
+            await jobs.end(name)
+        await jobs.end_all()
+        return jobs.started
+
+    assert asyncio.run(scenario()) == ["a-0", "b-0", "a-1", "b-1", "a-2", "a-3"]

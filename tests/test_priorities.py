@@ -1,0 +1,177 @@
+"""Priority classes and fairness on the real engine: who goes first, as the clients see it.
+
+Each server here runs one request at a time (MAX_RUNNING_REQUESTS=1), so the order in which
+answers come back is the order in which requests were let into the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import pytest
+from websockets.sync.client import ClientConnection
+
+from clients import CHAT, UNENDING, connect, greedy, payload, scrape, value, wait_for
+from serving import RunningServer
+
+LONG = greedy(UNENDING, ignore_eos=True)
+PROMPT = CHAT.format("Name a river.")
+ALPHA, BETA = "alpha-secret", "beta-secret"
+
+
+class Arrivals:
+    """Requests sent one after another, each queued before the next; `done` lists them in the
+    order their answers came back."""
+
+    def __init__(self, server: RunningServer, pool: ThreadPoolExecutor) -> None:
+        self.server = server
+        self.pool = pool
+        self.done: list[str] = []
+        self.futures: list[Future[None]] = []
+        self._lock = threading.Lock()
+
+    def send(self, name: str, path: str, body: dict[str, object], key: str | None = None) -> None:
+        admission = self.server.gateway.service.admission
+        queued = admission.waiting
+        self.futures.append(self.pool.submit(self._call, name, path, body, key))
+        wait_for(lambda: admission.waiting == queued + 1)
+
+    def _call(self, name: str, path: str, body: dict[str, object], key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        answer = httpx.post(self.server.http + path, json=body, headers=headers, timeout=None)
+        assert answer.status_code == 200, answer.text
+        with self._lock:
+            self.done.append(name)
+
+    def wait(self) -> list[str]:
+        for future in self.futures:
+            future.result()
+        return self.done
+
+
+def lmi(tokens: int = 4) -> dict[str, object]:
+    return {"inputs": PROMPT, "parameters": {"max_new_tokens": tokens, "do_sample": False}}
+
+
+def chat(tokens: int = 4) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": tokens, "temperature": 0}
+
+
+@contextmanager
+def holding_the_slot(server: RunningServer, key: str | None = None) -> Iterator[ClientConnection]:
+    """A generation that holds the one slot until the block ends (its client leaves)."""
+    subprotocols = [f"bearer.{key}"] if key else None
+    with connect(server.ws + "/ws", subprotocols=subprotocols) as holder:
+        admission = server.gateway.service.admission
+        running = admission.running
+        holder.send(payload(("hold", PROMPT), generation_config=LONG))
+        wait_for(lambda: admission.running == running + 1)
+        yield holder
+
+
+def queued_by_class(server: RunningServer) -> dict[str, float]:
+    samples = scrape(server.http)
+    return {
+        dict(labels)["priority"]: count
+        for (name, labels), count in samples.items()
+        if name == "gateway_class_queue_depth" and count
+    }
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_an_interactive_request_behind_a_queue_of_bulk_requests_starts_before_them(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[[], None], policy: str
+) -> None:
+    tight = make_server(MAX_RUNNING_REQUESTS="1", SCHEDULING_POLICY=policy)
+    before = scrape(tight.http)
+    with ThreadPoolExecutor(4) as pool:
+        arrivals = Arrivals(tight, pool)
+        with holding_the_slot(tight):
+            for n in range(3):
+                arrivals.send(f"bulk-{n}", "/invocations", lmi())
+            arrivals.send("chat", "/v1/chat/completions", chat())
+            if policy == "priority":
+                assert queued_by_class(tight) == {"2": 3, "0": 1}
+            else:
+                assert queued_by_class(tight) == {"0": 4}
+        order = arrivals.wait()
+    if policy == "priority":
+        assert order == ["chat", "bulk-0", "bulk-1", "bulk-2"]
+    else:
+        assert order == ["bulk-0", "bulk-1", "bulk-2", "chat"]
+    after = scrape(tight.http)
+    idle_engine()
+
+    def grown(name: str, priority: str) -> float:
+        return value(after, name, priority=priority) - value(before, name, priority=priority)
+
+    classes = {"0": 1, "1": 1, "2": 3} if policy == "priority" else {"0": 5}  # and the holder
+    for priority, count in classes.items():
+        assert grown("gateway_class_time_to_first_token_seconds_count", priority) == count
+        assert grown("gateway_class_queue_seconds_count", priority) == count
+
+
+def test_a_request_may_ask_to_step_back_but_not_ahead(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[[], None]
+) -> None:
+    tight = make_server(MAX_RUNNING_REQUESTS="1")
+    with ThreadPoolExecutor(4) as pool:
+        arrivals = Arrivals(tight, pool)
+        with holding_the_slot(tight):
+            arrivals.send("pushy-bulk", "/invocations", {**lmi(), "parameters": {"priority": 0}})
+            arrivals.send("polite-chat", "/v1/chat/completions", {**chat(), "priority": 5})
+            arrivals.send("chat", "/v1/chat/completions", chat())
+            assert queued_by_class(tight) == {"0": 1, "2": 1, "5": 1}
+        assert arrivals.wait() == ["chat", "pushy-bulk", "polite-chat"]
+    idle_engine()
+    refused = httpx.post(tight.http + "/v1/chat/completions", json={**chat(), "priority": 10})
+    assert refused.status_code == 400 and "priority" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("fairness", ["caller", "fifo"])
+def test_a_caller_with_many_requests_does_not_starve_one_with_a_single_request(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[[], None], fairness: str
+) -> None:
+    shared = make_server(
+        API_KEYS=f"{ALPHA}:alpha,{BETA}:beta",
+        MAX_RUNNING_REQUESTS="1",
+        ADMISSION_FAIRNESS=fairness,
+    )
+    with ThreadPoolExecutor(4) as pool:
+        arrivals = Arrivals(shared, pool)
+        with holding_the_slot(shared, key=ALPHA):
+            for n in range(3):
+                arrivals.send(f"alpha-{n}", "/invocations", lmi(), key=ALPHA)
+            arrivals.send("beta", "/invocations", lmi(), key=BETA)
+        order = arrivals.wait()
+    idle_engine()
+    if fairness == "caller":
+        assert order == ["beta", "alpha-0", "alpha-1", "alpha-2"]
+    else:
+        assert order == ["alpha-0", "alpha-1", "alpha-2", "beta"]
+
+
+def test_the_bulk_cap_holds_bulk_back_while_an_interactive_request_runs(
+    make_server: Callable[..., RunningServer], idle_engine: Callable[[], None]
+) -> None:
+    capped = make_server(MAX_RUNNING_REQUESTS="4", BULK_MAX_RUNNING="1")
+    admission = capped.gateway.service.admission
+    unending = {"max_new_tokens": UNENDING, "do_sample": False, "ignore_eos_token": True}
+    endless_bulk = {"inputs": PROMPT, "parameters": unending}
+    sse = {"Accept": "text/event-stream"}
+    with ThreadPoolExecutor(2) as pool:
+        arrivals = Arrivals(capped, pool)
+        with httpx.stream(
+            "POST", capped.http + "/invocations", json=endless_bulk, headers=sse, timeout=None
+        ) as bulk:
+            assert bulk.status_code == 200
+            wait_for(lambda: admission.running == 1)
+            with holding_the_slot(capped):  # a standard-class generation: not bulk
+                arrivals.send("bulk", "/invocations", lmi())  # waits with slots free: the cap
+                assert admission.running_by_class() == {1: 1, 2: 1}
+            assert arrivals.wait() == ["bulk"]  # the other class gone, the cap lifted
+    idle_engine()
