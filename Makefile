@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: install browser run prepare-model test test-fast lint clean
+.PHONY: install browser run prepare-model test test-fast lint image clean
 
 install:
 	@bash deploy/install.sh
@@ -30,6 +30,22 @@ lint: install
 	$(VENV)/bin/ruff format --check gateway protocols gateway_bench tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy tests
+	$(VENV)/bin/hadolint $(filter-out %.dockerignore,$(wildcard deploy/*/Dockerfile*))
+	@# kubernetes-validate has no schema for the ServiceMonitor (a CRD): tests/test_deploy_manifests.py
+	@# checks it against the Prometheus Operator's, in deploy/k8s/schemas/.
+	@for overlay in deploy/k8s/overlays/*/; do \
+	  echo "kubernetes-validate $$overlay"; \
+	  $(VENV)/bin/kubectl kustomize $$overlay > $(VENV)/k8s-rendered.yaml || exit 1; \
+	  $(VENV)/bin/kubernetes-validate --strict --quiet $(VENV)/k8s-rendered.yaml || exit 1; \
+	done
+
+# The container image (deploy/docker/Dockerfile) where Docker or Podman works; IMAGE_TARGET=cuda
+# for NVIDIA GPUs. docs/DEPLOY.md says how to run it.
+IMAGE ?= llm-gateway
+IMAGE_TARGET ?= cpu
+CONTAINER ?= $(shell command -v docker || command -v podman)
+image:
+	$(CONTAINER) build -f deploy/docker/Dockerfile --target $(IMAGE_TARGET) -t $(IMAGE):$(IMAGE_TARGET) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

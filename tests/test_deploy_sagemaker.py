@@ -22,12 +22,15 @@ import boto3  # type: ignore[import-untyped]
 import httpx
 import pytest
 from botocore.config import Config  # type: ignore[import-untyped]
+from deploy_files import entrypoint
 
 from clients import CHAT, wait_for
 from serving import free_port
 
 pytestmark = pytest.mark.engine
-COMMAND = [str(Path(sys.executable).with_name("llm-gateway")), "container", "serve"]
+# The Dockerfile's ENTRYPOINT, from this environment, with SageMaker's argument.
+IMAGE_COMMAND = entrypoint()
+COMMAND = [str(Path(sys.executable).with_name(IMAGE_COMMAND[0])), *IMAGE_COMMAND[1:], "serve"]
 
 
 @dataclass
