@@ -25,6 +25,17 @@ case "$ENGINE" in
   *) echo "ENGINE must be cpu, cuda or auto, not '$ENGINE'" >&2; exit 2 ;;
 esac
 
+# The tests of REDIS_URL start a real redis-server on loopback; the gateway itself needs none.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing redis-server (for the tests of REDIS_URL) ..."
+    apt-get install -y -qq redis-server >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  else
+    echo "note: the REDIS_URL tests need redis-server (apt-get install redis-server)" >&2
+  fi
+fi
+
 stamp="$VENV/.llm-gateway-installed"
 want="$engine_pkg $(sha256sum pyproject.toml deploy/install.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

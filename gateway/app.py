@@ -18,7 +18,7 @@ from gateway.auth import ApiKeyMiddleware
 from gateway.batch import BatchRunner
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import Settings, served_model_name
-from gateway.continuation import ContinuationStore
+from gateway.continuation import open_store
 from gateway.deadlines import Deadlines
 from gateway.drain import Drain, DrainMiddleware
 from gateway.engine import Engine
@@ -83,9 +83,7 @@ def create_app(
             bulk_priority=settings.bulk_priority,
             bulk_max_running=settings.bulk_max_running,
         )
-        store = ContinuationStore(
-            settings.continuation_max_entries, settings.continuation_idle_seconds
-        )
+        store = open_store(settings)
         metrics.engine_requests.set_function(
             lambda: holder.engine.unfinished_requests() if holder.engine is not None else 0
         )
@@ -97,6 +95,7 @@ def create_app(
         try:
             yield {"gateway": gateway}
         finally:
+            await store.close()
             if owns_engine:
                 await holder.stop()
 

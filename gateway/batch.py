@@ -5,7 +5,7 @@ own (so its admission slot is entered and left in one task), and yields, per wak
 event the engine step produced for the payload, one Delta per prompt. With a continuation key
 (the ordered request_ids, the specs' "internal caching"), known request_ids continue their
 history, and every prompt that finishes leaves its whole sequence in the store before its
-Finished event is delivered.
+Finished event is delivered (a store that cannot take it turns that Finished into a Failed).
 """
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ from contextlib import aclosing
 import msgspec
 
 from gateway.caller import current_caller
-from gateway.continuation import ContinuationStore, Key
-from gateway.generation import GenerationService
+from gateway.continuation import Claim, HistoryStore, Key
+from gateway.generation import GenerationService, _duplicate, _failed
+from protocols.errors import GenerationError
 from protocols.generation import (
     TERMINAL,
     Delta,
     Event,
+    Failed,
     Finished,
     GenerationRequest,
+    History,
     PromptItem,
     SamplingOptions,
 )
@@ -32,7 +35,7 @@ from protocols.names import Protocol
 
 
 class BatchRunner:
-    def __init__(self, service: GenerationService, store: ContinuationStore) -> None:
+    def __init__(self, service: GenerationService, store: HistoryStore) -> None:
         self.service = service
         self.store = store
 
@@ -61,26 +64,63 @@ class BatchRunner:
         self, requests: Sequence[GenerationRequest], protocol: Protocol, *, key: Key | None = None
     ) -> AsyncGenerator[list[Event], None]:
         """`key` None: the prompts start afresh and leave no history behind. A key belongs to
-        its caller's owner (its API key), so another key's same ids are another history."""
-        if key is not None:
-            key = (current_caller().owner, *key)
-        known = (self.store.get(key) or {}) if key is not None else {}
-        if key is not None:
+        its caller's owner (its API key), so another key's same ids are another history.
+
+        With a key, the payload's request_ids are claimed in the store before its history is
+        read (a shared store refuses those another gateway is generating), and released at
+        its end. A store that cannot be reached fails every prompt of the payload.
+        """
+        if key is None:
+            async for step in self._steps(requests, protocol, None, {}, frozenset()):
+                yield step
+            return
+        owner = current_caller().owner
+        key = (owner, *key)
+        claim: Claim | None = None
+        try:
+            claim = await self.store.claim(owner, [r.request_id for r in requests if r.request_id])
+            known = (await self.store.load(key)) or {}
+        except GenerationError as e:
+            if claim is not None:
+                await claim.release()
+            yield [self._refuse(r, protocol, e) for r in requests]
+            return
+        try:
             hits = sum(r.request_id in known for r in requests)
             self.service.metrics.continuation.labels("hit").inc(hits)
             self.service.metrics.continuation.labels("miss").inc(len(requests) - hits)
+            async for step in self._steps(requests, protocol, key, known, claim.refused):
+                yield step
+        finally:
+            await claim.release()
+
+    async def _steps(
+        self,
+        requests: Sequence[GenerationRequest],
+        protocol: Protocol,
+        key: Key | None,
+        known: dict[str, History],
+        refused: frozenset[str],
+    ) -> AsyncGenerator[list[Event], None]:
         histories = dict(known)
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
         async def pump(request: GenerationRequest) -> None:
             rid = request.request_id
+            if rid in refused:
+                queue.put_nowait(self._refuse(request, protocol, _duplicate(rid or "")))
+                return
             if rid in known:
                 request = msgspec.structs.replace(request, history=known[rid])
             async with aclosing(self.service.generate(request, protocol)) as events:
                 async for event in events:
                     if isinstance(event, Finished) and event.history and key and rid is not None:
                         histories[rid] = event.history
-                        self.store.put(key, histories)
+                        try:
+                            await self.store.save(key, dict(histories))
+                        except GenerationError as e:  # its history is lost: say so
+                            queue.put_nowait(_failed(request.index, e))
+                            continue
                     queue.put_nowait(event)
 
         tasks = [asyncio.create_task(pump(r)) for r in requests]
@@ -96,6 +136,13 @@ class BatchRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _refuse(
+        self, request: GenerationRequest, protocol: Protocol, error: GenerationError
+    ) -> Failed:
+        """A prompt failed before it reached the engine path, counted as that path counts."""
+        self.service.metrics.prompt_accepted(protocol).end(error.kind.value)
+        return _failed(request.index, error)
 
 
 def merge_deltas(step: list[Event]) -> list[Event]:

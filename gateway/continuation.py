@@ -5,17 +5,79 @@ another key. An entry keeps, for each prompt of its payload, the whole sequence 
 plus everything generated) as token ids and text. The store is bounded: past
 `max_entries` the least recently used entry goes, and an entry idle for `idle_seconds` is
 dropped. A dropped key is unknown again: its next request starts afresh from its prompt.
+
+`HistoryStore` is what the gateway asks of a store; `InProcessStore` keeps histories in this
+process (the default), `gateway/redis_store.py` in Redis (REDIS_URL), shared by gateways.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Protocol
 
+from gateway.config import Settings
 from protocols.generation import History
 
 Key = tuple[str, ...]
+
+
+class Claim(Protocol):
+    """Request ids claimed for one payload: `refused` are generating elsewhere."""
+
+    refused: frozenset[str]
+
+    async def release(self) -> None: ...
+
+
+class HistoryStore(Protocol):
+    """Where continuation histories live. Every method may raise a `GenerationError`
+    (engine_unavailable) naming the store when it cannot be reached."""
+
+    async def load(self, key: Key) -> dict[str, History] | None: ...
+
+    async def save(self, key: Key, histories: dict[str, History]) -> None: ...
+
+    async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
+        """Marks the ids as generating until `release`; those already marked are refused."""
+        ...
+
+    async def problem(self) -> str | None:
+        """Why the store cannot serve now (for /health), or None."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class _NoClaim:
+    refused: frozenset[str] = frozenset()
+
+    async def release(self) -> None:
+        return None
+
+
+class InProcessStore:
+    """This process's histories. Its claims refuse nothing: one process needs no more than
+    GenerationService's own in-flight check."""
+
+    def __init__(self, store: ContinuationStore) -> None:
+        self.store = store
+
+    async def load(self, key: Key) -> dict[str, History] | None:
+        return self.store.get(key)
+
+    async def save(self, key: Key, histories: dict[str, History]) -> None:
+        self.store.put(key, histories)
+
+    async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
+        return _NoClaim()
+
+    async def problem(self) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        return None
 
 
 class ContinuationStore:
@@ -55,3 +117,14 @@ class ContinuationStore:
             if used > deadline:
                 return
             del self._entries[oldest_key]
+
+
+def open_store(settings: Settings) -> HistoryStore:
+    """Redis when REDIS_URL is set, else this process's bounded store."""
+    if settings.redis_url:
+        from gateway.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, settings.continuation_idle_seconds)
+    return InProcessStore(
+        ContinuationStore(settings.continuation_max_entries, settings.continuation_idle_seconds)
+    )
