@@ -45,7 +45,8 @@ IMAGE ?= llm-gateway
 IMAGE_TARGET ?= cpu
 CONTAINER ?= $(shell command -v docker || command -v podman)
 image:
-	$(CONTAINER) build -f deploy/docker/Dockerfile --target $(IMAGE_TARGET) -t $(IMAGE):$(IMAGE_TARGET) .
+	$(CONTAINER) build -f deploy/docker/Dockerfile --target $(IMAGE_TARGET) -t $(IMAGE):$(IMAGE_TARGET) \
+	  $(if $(findstring podman,$(CONTAINER)),--ignorefile deploy/docker/Dockerfile.dockerignore) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
