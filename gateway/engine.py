@@ -25,6 +25,8 @@ from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats
 
 from gateway.beams import beam_search
 from gateway.config import EngineSettings
@@ -159,11 +161,38 @@ def _text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
     return str(tokenizer.decode([token_id]))
 
 
+class _Preemptions(StatLoggerBase):
+    """Counts the requests vLLM's scheduler preempted (to recompute them later)."""
+
+    def __init__(self, count: list[int], vllm_config: Any, engine_index: int = 0) -> None:
+        self.count = count
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if iteration_stats is not None:
+            self.count[0] += iteration_stats.num_preempted_reqs
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
 class Engine:
     """One vLLM engine, shared by every protocol."""
 
-    def __init__(self, llm: AsyncLLM, max_model_len: int, dtype_reason: str = "") -> None:
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        max_model_len: int,
+        dtype_reason: str = "",
+        preempted: list[int] | None = None,
+    ) -> None:
         self.llm = llm
+        self._preempted = preempted or [0]
         self._ids = itertools.count()
         self.tokenizer: Any = llm.get_tokenizer()
         self._special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
@@ -188,8 +217,10 @@ class Engine:
             os.environ.update(engine_environment(os.environ))
         log.info("engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags))
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
-        return cls(llm, llm.model_config.max_model_len, reason)
+        preempted = [0]
+        counter = partial(_Preemptions, preempted)
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[counter])
+        return cls(llm, llm.model_config.max_model_len, reason, preempted)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
@@ -214,6 +245,15 @@ class Engine:
 
     def unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
+
+    @property
+    def preemptions(self) -> int:
+        """Requests the scheduler preempted for room (each recomputed, never lost)."""
+        return self._preempted[0]
+
+    def kv_cache_tokens(self) -> int:
+        cache = self.llm.vllm_config.cache_config
+        return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
 
     @property
     def healthy(self) -> bool:

@@ -162,6 +162,10 @@ class GatewayMetrics:
         self.engine_requests = gauge(
             "gateway_engine_requests", "Requests the engine holds, as the engine counts them"
         )
+        self.engine_preemptions = gauge(
+            "gateway_engine_preemptions",
+            "Requests the engine preempted for room since it started (each recomputed later)",
+        )
         self.engine_restarts = gauge(
             "gateway_engine_restarts", "Times the engine died and was rebuilt in this process"
         )

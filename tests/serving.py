@@ -41,7 +41,8 @@ def gateway_settings(**env: str) -> Settings:
         # emulate it): greedy and beam answers can then be compared with transformers' own.
         "DTYPE": "float32",
         "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-        "KV_CACHE_GIB": "1",
+        # Small, so that a few long requests overflow it (tests/test_priorities.py: preemption).
+        "KV_CACHE_GIB": "0.25",
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
     }
     return load_settings({**base, **env}, dotenv_path=None)

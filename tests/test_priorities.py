@@ -10,13 +10,27 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from websockets.sync.client import ClientConnection
 
-from clients import CHAT, UNENDING, connect, greedy, payload, scrape, value, wait_for
+from clients import (
+    CHAT,
+    MAX_MODEL_LEN,
+    UNENDING,
+    connect,
+    greedy,
+    payload,
+    scrape,
+    value,
+    wait_for,
+)
 from serving import RunningServer
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
 
 LONG = greedy(UNENDING, ignore_eos=True)
 PROMPT = CHAT.format("Name a river.")
@@ -174,4 +188,55 @@ def test_the_bulk_cap_holds_bulk_back_while_an_interactive_request_runs(
                 arrivals.send("bulk", "/invocations", lmi())  # waits with slots free: the cap
                 assert admission.running_by_class() == {1: 1, 2: 1}
             assert arrivals.wait() == ["bulk"]  # the other class gone, the cap lifted
+    idle_engine()
+
+
+def test_preempted_requests_are_recomputed_to_the_same_greedy_text(
+    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+) -> None:
+    # Four requests whose prompts fit the KV cache together but whose answers do not: the
+    # scheduler preempts the lowest class (the bulk ones) to let the others go on.
+    cache = engine.llm.vllm_config.cache_config
+    blocks, block = int(cache.num_gpu_blocks or 0), int(cache.block_size)
+    per_request = blocks // 4
+    prompt_tokens = per_request * block - 40  # the chat template adds a few
+    new_tokens = 56  # every request then needs per_request + 1 blocks: too many
+    assert prompt_tokens + new_tokens < MAX_MODEL_LEN, "the test's KV cache is too large"
+
+    def prompt(n: int) -> str:
+        words = [f"Stream {n} passes town {t}." for t in range(prompt_tokens)]
+        text = ""
+        for word in words:
+            if len(engine.encode(text + word)) > prompt_tokens:
+                return text
+            text += word
+        return text
+
+    parameters = {"max_new_tokens": new_tokens, "do_sample": False, "ignore_eos_token": True}
+    calls: list[tuple[str, dict[str, object]]] = [
+        ("/invocations", {"inputs": prompt(n), "parameters": parameters}) for n in range(3)
+    ]
+    person = [{"role": "user", "content": prompt(3)}]
+    calls.append(
+        (
+            "/v1/chat/completions",
+            {"messages": person, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
+        )
+    )
+
+    def text_of(call: tuple[str, dict[str, object]]) -> str:
+        answer = httpx.post(server.http + call[0], json=call[1], timeout=None)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        if "choices" in body:
+            assert body["usage"]["completion_tokens"] == new_tokens
+            return str(body["choices"][0]["message"]["content"])
+        return str(body["generated_text"])
+
+    alone = [text_of(call) for call in calls]
+    preempted_before = engine.preemptions
+    with ThreadPoolExecutor(len(calls)) as pool:
+        together = list(pool.map(text_of, calls))
+    assert engine.preemptions > preempted_before
+    assert together == alone
     idle_engine()
