@@ -55,8 +55,11 @@ def test_every_variable_is_documented_in_env_example() -> None:
     documented = {line.split("=")[0].lstrip("# ") for line in example.splitlines() if "=" in line}
     from gateway.config import GENERATION_PREFIX, EngineSettings, Settings
     from protocols.generation_config import GenerationConfig
+    from protocols.names import Protocol
 
-    names = {f.upper() for f in Settings.__struct_fields__ if f not in ("engine", "generation")}
+    structured = ("engine", "generation", "priority_classes")  # each field its own variable
+    names = {f.upper() for f in Settings.__struct_fields__ if f not in structured}
+    names |= {f"PRIORITY_{p.name}" for p in Protocol}
     names |= {f.upper() for f in EngineSettings.__struct_fields__}
     names |= {GENERATION_PREFIX + f.upper() for f in GenerationConfig.__struct_fields__}
     assert names <= documented, names - documented
