@@ -38,6 +38,16 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
+def _scenario(args: Sequence[str]) -> str:
+    """`--scenario soak` (or `--scenario=soak`) picks the soak; the sweep is the default."""
+    for i, arg in enumerate(args):
+        if arg == "--scenario" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--scenario="):
+            return arg.partition("=")[2]
+    return "sweep"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports vLLM: its INFO lines would break the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -46,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gateway_bench.report import markdown
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if _scenario(args) == "soak":
+        from gateway_bench.soak import main as soak
+
+        return soak(args)
     options = parse(args)
     command = shlex.join(["llm-gateway", "bench", *args])
     result, out = _run(run_benchmark(options, command=command))

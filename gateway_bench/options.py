@@ -138,6 +138,11 @@ def parser() -> argparse.ArgumentParser:
         "its own defaults), and write a report.",
     )
     add = p.add_argument
+    add(
+        "--scenario",
+        choices=["sweep", "soak"],
+        help="sweep (default: this benchmark) or soak (llm-gateway bench --scenario soak --help)",
+    )
     add("--quick", action="store_true", help="a few seconds of measuring (the test suite's)")
     add("--concurrency", type=_ints, help="comma-separated sweep (default 1,8,32,64)")
     add("--output-tokens", type=_positive, help="tokens generated per request (default 64)")
@@ -200,6 +205,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None) -> BenchOptions:
     args = vars(parser().parse_args(argv))
+    args.pop("scenario")
     base = QUICK if args.pop("quick") else BenchOptions()
     overrides = {key: value for key, value in args.items() if value is not None}
     options = msgspec.structs.replace(base, **overrides)

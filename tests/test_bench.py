@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,12 @@ from gateway_bench.metrics import Record, itl_samples, percentile, start
 from gateway_bench.options import PROTOCOL_NAMES, QUICK, parse
 from gateway_bench.report import CHART, JSON, MARKDOWN
 from gateway_bench.results import BenchReport, StepResult, TargetResult
+from gateway_bench.soak import MARKDOWN as SOAK_MARKDOWN
+from gateway_bench.soak import keys_file, new_keys, run_soak, write
+from gateway_bench.soak_calls import PROTOCOLS
+from gateway_bench.soak_options import QUICK_SOAK
+from gateway_bench.soak_options import parse as parse_soak
+from gateway_bench.soak_watch import Presence, Scrape, parse_counters, unexplained
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
 from serving import LoopThread, RunningServer
@@ -28,6 +35,7 @@ if TYPE_CHECKING:  # it imports vllm: not needed to collect the pure tests
     from gateway.engine import Engine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SOAK_PROTOCOLS = [p.name for p in PROTOCOLS]
 
 
 @pytest.mark.timeout(0)  # no wall-clock limit: however slow the machine, the run completes
@@ -199,3 +207,79 @@ def test_the_chat_route_is_judged_against_vllms_chat_route() -> None:
     [judged] = [g for g in goals.evaluate([*references, chat], None, None, 64) if "chat" in g.name]
     assert judged.passed is True  # above vLLM's chat route, below its TTFT (not /v1/completions')
     assert "1.06 x vLLM; TTFT p50 850.0 vs 900.0 ms" in judged.measured
+
+
+@pytest.mark.timeout(0)  # no wall-clock limit: however slow the machine, the run completes
+def test_quick_soak_ends_every_prompt_once(
+    engine: Engine, make_server: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    """`llm-gateway bench --scenario soak --quick` on a keyed server of the shared engine: no
+    5xx, every prompt whose client stayed ends once at the clients, accepted = terminal in
+    /metrics and the engine idle at the end (no speed, memory or timing figure)."""
+    keys = new_keys()
+    keys_path = tmp_path / "api-keys"
+    keys_path.write_text(keys_file(*keys, QUICK_SOAK.limited_limits))
+    server = make_server(API_KEYS_FILE=str(keys_path))
+    options = msgspec.structs.replace(QUICK_SOAK, out=str(tmp_path), progress=False)
+    run = run_soak(
+        options, base_url=server.http, keys=keys, pid=os.getpid(), tokenizer=engine.tokenizer
+    )
+    report = asyncio.run(run)  # the clients on a loop of their own; the server runs on its own
+
+    clients, server_counts = report.clients, report.server
+    assert clients.requests == QUICK_SOAK.requests
+    assert set(clients.by_protocol) == set(SOAK_PROTOCOLS)
+    assert clients.left > 0 and clients.invalid > 0 and clients.by_key["limited"] > 0
+    assert clients.status_5xx == 0 and clients.cut == 0 and clients.duplicated == 0
+    assert clients.unexpected == 0, clients.first_unexpected
+    assert clients.invalid_refused == clients.invalid
+    assert server_counts.accepted == server_counts.terminal_total, server_counts
+    assert server_counts.engine_requests == 0
+    goals = {goal.name: goal for goal in report.goals}
+    for name in (
+        "No server error",
+        "One terminal per prompt, at the clients",
+        "One terminal per prompt, in /metrics",
+    ):
+        assert goals[name].passed, goals[name].measured
+    write(report, tmp_path)
+    assert (tmp_path / SOAK_MARKDOWN).read_text().startswith("# llm-gateway bench --scenario soak")
+
+
+def test_soak_command_line_and_scenario() -> None:
+    quick = parse_soak(["--scenario", "soak", "--quick", "--requests", "50"])
+    assert quick.quick and quick.requests == 50 and quick.concurrency == QUICK_SOAK.concurrency
+    full = parse_soak(["--scenario", "soak"])
+    assert (full.requests, full.concurrency, full.output_tokens) == (10_000, 64, (8, 16))
+    assert (full.leave_share, full.invalid_share) == (0.10, 0.05)
+    assert parse(["--scenario", "sweep", "--quick"]).quick
+    with pytest.raises(SystemExit):
+        parse_soak(["--gateway-url", "http://127.0.0.1:1"])  # its keys are needed too
+    with pytest.raises(SystemExit):
+        parse_soak(["--limited-clients", "64"])
+
+
+def test_engine_requests_are_explained_by_clients_present() -> None:
+    # Two clients: one answered at 2.0, one that left at 1.0 (present until 2.0 with the grace).
+    presences = [Presence(0.0, 2.0, 1), Presence(0.5, 2.0, 1)]
+    scrapes = [
+        Scrape(1.0, 1.1, 2),  # both present
+        Scrape(2.5, 2.6, 1),  # nobody present: a request outlived its client
+        Scrape(1.9, 2.1, 2),  # both present at the scrape's start
+        Scrape(0.1, 0.2, 2),  # only the first had started
+    ]
+    assert unexplained(scrapes, presences) == [scrapes[1], scrapes[3]]
+    text = "\n".join(
+        [
+            'gateway_prompts_accepted_total{protocol="ws"} 3.0',
+            'gateway_prompts_accepted_total{protocol="lmi"} 2.0',
+            'gateway_terminal_events_total{kind="finished",protocol="ws"} 2.0',
+            'gateway_terminal_events_total{kind="client_gone",protocol="lmi"} 2.0',
+            'gateway_terminal_events_total{kind="finished",protocol="lmi"} 0.0',
+            'gateway_engine_aborts_total{protocol="lmi"} 2.0',
+            "gateway_engine_requests 1.0",
+        ]
+    )
+    counters = parse_counters(text + "\n")
+    assert counters.accepted == 5 and counters.terminal == {"client_gone": 2, "finished": 2}
+    assert (counters.engine_aborts, counters.engine_requests, counters.terminal_total) == (2, 1, 4)

@@ -1,0 +1,236 @@
+"""`llm-gateway bench --scenario soak`: issue 14's soak, on a gateway with two API keys.
+
+The bench starts its own gateway (as the sweep does) with a keys file holding a key without
+limits and one with `concurrent=2 rpm=30 tpm=5000`, warms every protocol up, then sends the
+plan (soak_run.py) while it scrapes `/metrics` and reads the gateway's memory (soak_watch.py).
+Once the last client is done it waits for the counters to settle and judges the run
+(soak_report.py). `run_soak` is the same run on a gateway that is already up (the test
+suite's, on its shared engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shlex
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+import msgspec
+from tqdm import tqdm
+
+from gateway_bench import machine, targets
+from gateway_bench.soak_calls import FINISHED, RATE_LIMITED
+from gateway_bench.soak_options import SoakOptions, parse
+from gateway_bench.soak_report import (
+    Figures,
+    SoakReport,
+    count_clients,
+    describe_scrape,
+    evaluate,
+    markdown,
+    ttft_by_phase,
+)
+from gateway_bench.soak_run import Soak, plan
+from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, settled, unexplained
+from gateway_bench.workload import Workload
+
+JSON = "soak.json"
+MARKDOWN = "soak.md"
+_SETTLE_LIMIT_S = 60.0
+_MB = 1 << 20
+
+
+def _tokenizer(model: str) -> Any:
+    """The served model's tokenizer, for the workload's prompts (the embedded one by default)."""
+    from transformers import AutoTokenizer
+
+    if not model:
+        from gateway.default_model import prepare_default_model
+
+        model = str(prepare_default_model(progress=lambda message: tqdm.write(message)))
+    return AutoTokenizer.from_pretrained(model)
+
+
+def keys_file(main_key: str, limited_key: str, limits: str) -> str:
+    """The API_KEYS_FILE text: the main key without limits, the limited one with `limits`."""
+    return f"{main_key}:soak-main\n{limited_key}:soak-limited {limits}\n"
+
+
+def new_keys() -> tuple[str, str]:
+    return secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+
+
+def _presences(soak: Soak, grace_s: float) -> list[Presence]:
+    found: list[Presence] = []
+    for o in soak.outcomes:
+        if o.left_at is not None:
+            found.append(Presence(o.sent, o.left_at + grace_s, o.prompts))
+        else:
+            found.append(Presence(o.sent, o.end or o.sent, o.prompts))
+    return found
+
+
+def _idle_after(watch: MetricsWatch, last_end: float) -> float | None:
+    """From the last client's end to the first scrape sent after it that found the engine
+    idle, provided none after that found it busy again."""
+    after = [s for s in watch.scrapes if s.sent >= last_end]
+    idle = next((i for i, s in enumerate(after) if s.engine_requests == 0), None)
+    if idle is None or any(s.engine_requests for s in after[idle:]):
+        return None
+    return round(max(0.0, after[idle].answered - last_end), 3)
+
+
+def _rss(watch: RssWatch | None, total: int, window: int) -> tuple[float | None, float | None]:
+    if watch is None:
+        return None, None
+    window = min(window, max(1, total // 2))
+    first = watch.mean_between(0, window)
+    last = watch.mean_between(total - window, total + 1)
+    return (
+        None if first is None else round(first / _MB, 1),
+        None if last is None else round(last / _MB, 1),
+    )
+
+
+async def run_soak(
+    options: SoakOptions,
+    *,
+    base_url: str,
+    keys: tuple[str, str],
+    pid: int | None,
+    tokenizer: Any,
+    command: str = "",
+) -> SoakReport:
+    """The soak against a running gateway whose keys file holds `keys` (main, limited)."""
+    began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+    host = await asyncio.to_thread(machine.describe, options.dtype)
+    span = (options.prompt_tokens[0], options.prompt_tokens[1])
+    workload = Workload.from_tokenizer(
+        tokenizer, seed=options.seed, prompt_tokens=span, output_tokens=options.output_tokens[1]
+    )
+    warmup = plan(options, workload, options.warmup, "warmup")
+    specs = plan(options, workload, options.requests, "soak")
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None)
+    bar = tqdm(total=len(specs), unit="req", disable=not options.progress, dynamic_ncols=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        soak = Soak(options, session, base_url, keys, on_done=partial(bar.update, 1))
+        await soak.warm_up(warmup)
+        before = await settled(session, base_url, _SETTLE_LIMIT_S)
+        metrics = MetricsWatch(session, base_url, options.scrape_interval_s)
+        rss = RssWatch(pid, lambda: soak.done, options.rss_interval_s) if pid else None
+        stop = asyncio.Event()
+        watchers = [asyncio.create_task(metrics.run(stop))]
+        if rss is not None:
+            watchers.append(asyncio.create_task(rss.run(stop)))
+        try:
+            await soak.run(specs)
+            last_end = perf_counter()
+            measured_s = last_end - soak.began
+            after = await settled(session, base_url, _SETTLE_LIMIT_S)
+            settle_s = perf_counter() - last_end
+            await asyncio.sleep(options.grace_s + options.scrape_interval_s)  # the tail, scraped
+        finally:
+            stop.set()
+            await asyncio.gather(*watchers)
+            bar.close()
+    host.load_end = machine.load()
+    clients = count_clients(soak.outcomes)
+    found = unexplained(metrics.scrapes, _presences(soak, options.grace_s))
+    worst = max(found, key=lambda s: s.engine_requests, default=None)
+    p50, counts = ttft_by_phase(soak.outcomes)
+    limited = [o for o in soak.outcomes if o.key == "limited"]
+    first_mb, last_mb = _rss(rss, len(soak.outcomes), options.rss_window)
+    figures = Figures(
+        ttft_p50_ms=p50,
+        ttft_count=counts,
+        limited_sent=len(limited),
+        limited_finished=sum(o.terminals.count(FINISHED) for o in limited),
+        limited_rate_limited=sum(o.terminals.count(RATE_LIMITED) for o in limited),
+        scrapes=len(metrics.scrapes),
+        unexplained_scrapes=len(found),
+        worst_unexplained=None if worst is None else describe_scrape(worst, soak.began),
+        engine_idle_after_s=_idle_after(metrics, last_end),
+        rss_first_mb=first_mb,
+        rss_last_mb=last_mb,
+        rss_samples=0 if rss is None else len(rss.samples),
+    )
+    server = after.minus(before)
+    return SoakReport(
+        command=command or "llm-gateway bench --scenario soak",
+        started_at=started_at,
+        duration_s=round(perf_counter() - began, 1),
+        measured_s=round(measured_s, 1),
+        quick=options.quick,
+        machine=host,
+        options=msgspec.to_builtins(options),
+        clients=clients,
+        server=server,
+        settle_s=round(settle_s, 3),
+        figures=figures,
+        goals=evaluate(clients, server, figures),
+    )
+
+
+def write(report: SoakReport, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / JSON).write_bytes(msgspec.json.format(msgspec.json.encode(report)))
+    (out / MARKDOWN).write_text(markdown(report))
+
+
+async def soak_benchmark(options: SoakOptions, command: str) -> tuple[SoakReport, Path]:
+    """The soak on a gateway the bench starts (or the one `--gateway-url` names)."""
+    out = Path(options.out_dir())
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    tokenizer = await asyncio.to_thread(_tokenizer, options.model)
+    if options.gateway_url:
+        keys = (options.main_key, options.limited_key)
+        url = options.gateway_url.rstrip("/")
+        report = await run_soak(
+            options,
+            base_url=url,
+            keys=keys,
+            pid=options.gateway_pid,
+            tokenizer=tokenizer,
+            command=command,
+        )
+        return report, out
+    keys = new_keys()
+    path = out / "api-keys"
+    path.write_text(keys_file(*keys, options.limited_limits))
+    path.chmod(0o600)
+    env = {**targets.gateway_environment(options.engine_settings()), "API_KEYS_FILE": str(path)}
+    port = targets.free_port()
+    tqdm.write(f"llm-gateway bench: starting the gateway on port {port}", file=sys.stderr)
+    command_line = targets.gateway_command(port)
+    async with targets.server(
+        command_line, env, port, out / "gateway.log", options.start_timeout
+    ) as endpoint:
+        report = await run_soak(
+            options,
+            base_url=endpoint.url,
+            keys=keys,
+            pid=endpoint.pid,
+            tokenizer=tokenizer,
+            command=command,
+        )
+    return report, out
+
+
+def main(argv: Sequence[str]) -> int:
+    from gateway_bench import _run
+
+    options = parse(argv)
+    command = shlex.join(["llm-gateway", "bench", *argv])
+    report, out = _run(soak_benchmark(options, command))
+    write(report, out)
+    print(markdown(report))
+    print(f"\nllm-gateway bench: soak report written to {out}/", file=sys.stderr)
+    return 0 if all(goal.passed is not False for goal in report.goals) else 1

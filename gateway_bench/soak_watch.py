@@ -1,0 +1,162 @@
+"""What the soak reads from the gateway while it runs: `/metrics` and the process's memory.
+
+`MetricsWatch` scrapes `/metrics` every `interval` seconds and keeps each scrape's
+`gateway_engine_requests` with the times the scrape was sent and answered. `RssWatch` reads
+the gateway process's resident memory with the number of requests done at that moment.
+`unexplained` then finds the scrapes where the engine held more requests than there were
+clients to explain them: clients still waiting for their answer, or gone less than the grace
+(1 s) before. Any such scrape is an engine request alive more than the grace after its client
+left (or a request nobody sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from time import perf_counter
+
+import aiohttp
+import msgspec
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+ENGINE_REQUESTS = "gateway_engine_requests"
+
+
+class Scrape(msgspec.Struct, frozen=True):
+    sent: float
+    answered: float
+    engine_requests: int
+
+
+class Counters(msgspec.Struct, frozen=True):
+    """The accounting counters of one scrape, summed over protocols."""
+
+    accepted: int
+    terminal: dict[str, int]  # by kind: finished, rate_limited, client_gone...
+    engine_aborts: int
+    engine_requests: int
+
+    def minus(self, before: Counters) -> Counters:
+        kinds = self.terminal.keys() | before.terminal.keys()
+        return Counters(
+            self.accepted - before.accepted,
+            {k: self.terminal.get(k, 0) - before.terminal.get(k, 0) for k in sorted(kinds)},
+            self.engine_aborts - before.engine_aborts,
+            self.engine_requests,
+        )
+
+    @property
+    def terminal_total(self) -> int:
+        return sum(self.terminal.values())
+
+
+def parse_counters(text: str) -> Counters:
+    accepted, aborts, engine = 0.0, 0.0, 0.0
+    terminal: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gateway_prompts_accepted_total":
+                accepted += sample.value
+            elif sample.name == "gateway_terminal_events_total":
+                kind = sample.labels["kind"]
+                terminal[kind] = terminal.get(kind, 0.0) + sample.value
+            elif sample.name == "gateway_engine_aborts_total":
+                aborts += sample.value
+            elif sample.name == ENGINE_REQUESTS:
+                engine = sample.value
+    counts = {kind: int(value) for kind, value in sorted(terminal.items())}
+    return Counters(int(accepted), counts, int(aborts), int(engine))
+
+
+async def counters(session: aiohttp.ClientSession, base_url: str) -> Counters:
+    async with session.get(base_url + "/metrics") as r:
+        r.raise_for_status()
+        return parse_counters(await r.text())
+
+
+async def settled(session: aiohttp.ClientSession, base_url: str, limit_s: float) -> Counters:
+    """The counters once every accepted prompt is counted out and the engine holds nothing, or
+    as they are after `limit_s`."""
+    deadline = perf_counter() + limit_s
+    while True:
+        now = await counters(session, base_url)
+        done = now.accepted == now.terminal_total and now.engine_requests == 0
+        if done or perf_counter() > deadline:
+            return now
+        await asyncio.sleep(0.1)
+
+
+class MetricsWatch:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, interval: float) -> None:
+        self._session = session
+        self._url = base_url + "/metrics"
+        self._interval = interval
+        self.scrapes: list[Scrape] = []
+        self.errors = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            sent = perf_counter()
+            try:
+                async with self._session.get(self._url) as r:
+                    text = await r.text()
+                self.scrapes.append(
+                    Scrape(sent, perf_counter(), parse_counters(text).engine_requests)
+                )
+            except (aiohttp.ClientError, ValueError):
+                self.errors += 1
+            with suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval)
+
+
+class RssWatch:
+    """The process's resident memory, each with the count of requests done when it was read."""
+
+    def __init__(self, pid: int, done: Callable[[], int], interval: float) -> None:
+        self._process = psutil.Process(pid)
+        self._done = done
+        self._interval = interval
+        self.samples: list[tuple[int, int]] = []  # (requests done, RSS bytes)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.samples.append((self._done(), int(self._process.memory_info().rss)))
+            with suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval)
+
+    def mean_between(self, low: int, high: int) -> float | None:
+        """The mean RSS of the samples read while `low` <= requests done < `high`."""
+        chosen = [rss for done, rss in self.samples if low <= done < high]
+        return sum(chosen) / len(chosen) if chosen else None
+
+
+class Presence(msgspec.Struct, frozen=True):
+    """A client's prompts, present from `start` to `end`: its answer's end, or its leaving
+    plus the grace."""
+
+    start: float
+    end: float
+    prompts: int
+
+
+def unexplained(scrapes: Sequence[Scrape], presences: Sequence[Presence]) -> list[Scrape]:
+    """The scrapes where the engine held more requests than the prompts of the clients present
+    at any moment of the scrape (from its sending to its answer)."""
+    starts = sorted(presences, key=lambda p: p.start)
+    ends = sorted(presences, key=lambda p: p.end)
+    start_times = [p.start for p in starts]
+    end_times = [p.end for p in ends]
+    started = [0, *itertools.accumulate(p.prompts for p in starts)]
+    ended = [0, *itertools.accumulate(p.prompts for p in ends)]
+    found: list[Scrape] = []
+    for scrape in scrapes:
+        # Present at some moment of the scrape: started by its answer, not ended before it went.
+        present = started[bisect.bisect_right(start_times, scrape.answered)]
+        present -= ended[bisect.bisect_left(end_times, scrape.sent)]
+        if scrape.engine_requests > present:
+            found.append(scrape)
+    return found
