@@ -37,6 +37,11 @@ EngineLoader = Callable[[], Awaitable[Engine]]
 
 
 def default_loader(settings: Settings) -> EngineLoader:
+    if settings.engine_replicas:  # the engine on Ray Serve replicas (docs/SCALE-OUT.md)
+        from gateway.replicas import replica_loader
+
+        return replica_loader(settings)
+
     async def load() -> Engine:
         model = settings.engine.model
         if not model:

@@ -16,6 +16,7 @@ from contextlib import aclosing
 
 import msgspec
 
+from gateway.affinity import AFFINITY, affinity_key
 from gateway.caller import current_caller
 from gateway.continuation import Claim, HistoryStore, Key
 from gateway.generation import GenerationService, _duplicate, _failed
@@ -112,6 +113,8 @@ class BatchRunner:
                 return
             if rid in known:
                 request = msgspec.structs.replace(request, history=known[rid])
+            if key is not None:  # this task's own context: its engine requests only
+                AFFINITY.set(affinity_key(key))
             async with aclosing(self.service.generate(request, protocol)) as events:
                 async for event in events:
                     if isinstance(event, Finished) and event.history and key and rid is not None:

@@ -1,0 +1,345 @@
+"""Engine replicas on Ray Serve (ENGINE_REPLICAS=N, RAY_ADDRESS): the engine path, unchanged,
+over N engines on a Ray cluster.
+
+Each replica (`EngineReplica`, a Serve deployment) builds the engine the gateway would build
+(`gateway.app.default_loader`) and serves `Engine.stream` / `complete` / `beam_search` (their
+keyword arguments pass through). The gateway holds a `ReplicaEngine`: an `Engine` whose
+tokenizer is the replicas' own (sent once) and whose engine calls go through a
+`DeploymentHandle` routed by Ray's `ConsistentHashRouter` on the prompt's continuation key
+(gateway/affinity.py), so every continuation of a key reaches the replica whose prefix cache
+holds its blocks; a prompt with no key goes to any replica. Closing a stream cancels the
+remote call, which aborts the engine request in the replica. A replica that dies ends each of
+its running requests with one `engine_unavailable` error (nothing is retried: a stream may
+have sent text already); Serve starts another, and the ring moves only the dead one's keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import ray
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayError
+from ray.serve.config import RequestRouterConfig
+
+from gateway.affinity import AFFINITY
+from gateway.config import Settings
+from gateway.engine import Engine, EngineStep
+from gateway.metrics import StreamMeter
+from protocols.errors import ErrorKind, GenerationError
+from protocols.generation import SamplingOptions
+
+log = logging.getLogger(__name__)
+APP = "llm-gateway-engine"
+ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
+_SERVED_KEYS = 10_000  # routing keys each replica remembers serving (diagnostics, tests)
+
+
+class ReplicaFailure(msgspec.Struct, frozen=True):
+    """A `GenerationError` on its way back from a replica (exceptions lose their fields)."""
+
+    kind: ErrorKind
+    message: str
+    field: str | None = None
+
+
+class ReplicaInfo(msgspec.Struct, frozen=True):
+    tokenizer: Any
+    max_model_len: int
+    dtype: str
+    dtype_reason: str
+    eos_token_ids: frozenset[int]
+
+
+class EngineReplica:
+    """One engine in one Ray actor, pinned to one of its node's cores."""
+
+    async def __init__(self, settings: Settings) -> None:  # type: ignore[misc]  # Serve awaits it
+        from gateway.app import default_loader
+        from gateway.cpu_defaults import engine_environment
+
+        rank = serve.get_replica_context().rank.local_rank
+        cores = sorted(engine_environment({}).get("VLLM_CPU_OMP_THREADS_BIND", "").split(","))
+        if cores != [""]:  # a small machine: one core each, not every replica on all of them
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores[rank % len(cores)])
+        self.engine = await default_loader(msgspec.structs.replace(settings, engine_replicas=0))()
+        self.tag = serve.get_replica_context().replica_tag
+        self._served: OrderedDict[str, int] = OrderedDict()
+
+    def _count(self) -> None:
+        context = serve.context._get_serve_request_context()
+        key = context.session_id if context is not None else ""
+        if key:
+            self._served[key] = self._served.get(key, 0) + 1
+            self._served.move_to_end(key)
+            while len(self._served) > _SERVED_KEYS:
+                self._served.popitem(last=False)
+
+    def describe(self) -> ReplicaInfo:
+        e = self.engine
+        return ReplicaInfo(e.tokenizer, e.max_model_len, e.dtype, e.dtype_reason, e.eos_token_ids)
+
+    def served(self, key: str) -> tuple[str, int, int]:
+        """(this replica, how many engine requests it served for `key`, its pid)."""
+        return self.tag, self._served.get(key, 0), os.getpid()
+
+    def unfinished_requests(self) -> int:
+        return self.engine.unfinished_requests()
+
+    async def stream(
+        self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
+    ) -> AsyncGenerator[EngineStep | ReplicaFailure, None]:
+        self._count()
+        steps = self.engine.stream(token_ids, options, None, *args, **kwargs)
+        try:
+            async for step in steps:
+                yield step
+        except GenerationError as e:
+            yield ReplicaFailure(e.kind, e.message, e.field)
+        finally:
+            await steps.aclose()  # a cancelled call aborts the engine request here
+
+    async def complete(
+        self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
+    ) -> list[EngineStep] | ReplicaFailure:
+        self._count()
+        try:
+            return await self.engine.complete(token_ids, options, None, *args, **kwargs)
+        except GenerationError as e:
+            return ReplicaFailure(e.kind, e.message, e.field)
+
+    async def beam_search(
+        self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
+    ) -> list[EngineStep] | ReplicaFailure:
+        self._count()
+        try:
+            return await self.engine.beam_search(token_ids, options, None, *args, **kwargs)
+        except GenerationError as e:
+            return ReplicaFailure(e.kind, e.message, e.field)
+
+    def check_health(self) -> None:
+        """Serve replaces a replica whose engine died."""
+        if not self.engine.healthy:
+            raise RuntimeError(self.engine.death_reason())
+
+
+def _unavailable(error: RayError) -> GenerationError:
+    if isinstance(error, ActorDiedError | ActorUnavailableError | RayActorError):
+        message = "The engine replica serving this request stopped; send it again"
+        return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
+    return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine replica failed: {error}")
+
+
+def _raised(item: object) -> None:
+    if isinstance(item, ReplicaFailure):
+        raise GenerationError(item.kind, item.message, item.field)
+
+
+class ReplicaEngine(Engine):
+    """The gateway's side: an `Engine` whose engines are the replicas. Tokenizing and chat
+    templates run here; only engine requests cross to a replica."""
+
+    def __init__(self, handle: Any, info: ReplicaInfo, on_shutdown: Callable[[], None]) -> None:
+        # No engine of its own: Engine.__init__ would want one. What it sets, set here.
+        self.handle = handle
+        self.tokenizer = info.tokenizer
+        self._special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+        self.eos_token_ids = info.eos_token_ids
+        self.max_model_len = info.max_model_len
+        self.dtype = info.dtype
+        self.dtype_reason = info.dtype_reason
+        self._closing = False
+        self._on_shutdown = on_shutdown
+        self._running = 0
+
+    def _routed(self, method: str, *, stream: bool = False) -> Any:
+        key = AFFINITY.get()
+        handle = self.handle.options(stream=stream)
+        if key is not None:
+            handle = handle.options(session_id=key)
+        return getattr(handle, method)
+
+    @asynccontextmanager
+    async def _remote(
+        self, prompt_tokens: int, meter: StreamMeter | None, cancel: Callable[[], None]
+    ) -> AsyncIterator[None]:
+        """Meter one remote engine request; cancel it however its consumer stops listening."""
+        self._running += 1
+        if meter is not None:
+            meter.started(prompt_tokens)
+        try:
+            yield
+        except (asyncio.CancelledError, GeneratorExit):
+            cancel()
+            raise
+        except (RayError, GenerationError) as e:
+            failure = _unavailable(e) if isinstance(e, RayError) else e
+            if meter is not None:
+                meter.outcome = failure.kind.value
+            if failure is not e:
+                raise failure from e
+            raise
+        finally:
+            self._running -= 1
+            if meter is not None:
+                meter.ended()
+
+    async def stream(
+        self,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> AsyncGenerator[EngineStep, None]:
+        call = self._routed("stream", stream=True)
+        response = call.remote(list(token_ids), options, *args, **kwargs)
+        async with self._remote(len(token_ids), meter, response.cancel):
+            async for item in response:
+                _raised(item)
+                step: EngineStep = item
+                if meter is not None:
+                    meter.step(len(step.token_ids), step.cached_tokens, step.finished)
+                yield step
+
+    async def _whole(
+        self,
+        method: str,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> list[EngineStep]:
+        response = self._routed(method).remote(list(token_ids), options, *args, **kwargs)
+        async with self._remote(len(token_ids), meter, response.cancel):
+            found = await response
+            _raised(found)
+            steps: list[EngineStep] = found
+            if meter is not None:
+                tokens = sum(len(s.token_ids) for s in steps)
+                meter.step(tokens, steps[0].cached_tokens if steps else 0, True)
+            return steps
+
+    async def complete(
+        self,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> list[EngineStep]:
+        return await self._whole("complete", token_ids, options, meter, args, kwargs)
+
+    async def beam_search(
+        self,
+        token_ids: list[int],
+        options: SamplingOptions,
+        meter: StreamMeter | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> list[EngineStep]:
+        return await self._whole("beam_search", token_ids, options, meter, args, kwargs)
+
+    def unfinished_requests(self) -> int:
+        """The engine requests this gateway has running on the replicas."""
+        return self._running
+
+    @property
+    def preemptions(self) -> int:
+        return 0  # counted in each replica's engine, not here
+
+    @property
+    def healthy(self) -> bool:
+        return True  # Serve replaces a replica whose engine died (EngineReplica.check_health)
+
+    def on_death(self, callback: Callable[[str], None]) -> None:
+        return None
+
+    def core_pids(self) -> list[int]:
+        return []
+
+    def death_reason(self) -> str:
+        return ""
+
+    def shutdown(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._on_shutdown()
+
+
+def deployment(settings: Settings) -> Any:
+    """The replicas as a Serve application: ENGINE_REPLICAS of them, one CPU each, strict
+    affinity (no fallback replica: a key's blocks are on one)."""
+    router = RequestRouterConfig(
+        request_router_class=ROUTER,  # type: ignore[arg-type]  # a class or its import path
+        request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 0},
+    )
+    replicas: Any = serve.deployment(EngineReplica)
+    return replicas.options(
+        num_replicas=settings.engine_replicas,
+        ray_actor_options={"num_cpus": 1},
+        request_router_config=router,
+        max_ongoing_requests=settings.max_running_requests + settings.max_waiting_requests,
+        health_check_period_s=5,
+    ).bind(settings)
+
+
+def _connect(settings: Settings) -> tuple[Any, ReplicaInfo, Callable[[], None]]:
+    """Joins RAY_ADDRESS (or starts a local cluster), deploys the replicas unless they already
+    run there, and waits until they are ready."""
+    if not ray.is_initialized():
+        ray.init(
+            address=settings.ray_address or None,
+            namespace="llm-gateway",
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+    serve.start(proxy_location="Disabled")
+    if APP not in serve.status().applications:  # else deployed already (a RayService, a gateway)
+        log.info("deploying %d engine replicas on Ray Serve", settings.engine_replicas)
+        serve.run(deployment(settings), name=APP, route_prefix=None)  # returns once ready
+    while (app := serve.status().applications[APP]).status != "RUNNING":
+        if app.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"The engine replicas could not start: {app.message}")
+        time.sleep(1.0)  # a worker thread's wait for replicas another client is starting
+    handle = serve.get_app_handle(APP)
+    info: ReplicaInfo = handle.describe.remote().result()
+
+    def shutdown() -> None:
+        if not settings.ray_address:  # a cluster of its own: the replicas go with the gateway
+            serve.delete(APP)
+
+    return handle, info, shutdown
+
+
+def build(args: dict[str, str]) -> Any:
+    """The replicas by import path (`gateway.replicas:build`), for a RayService's
+    serveConfigV2: `args` are settings by their variable names, as in `.env`."""
+    from gateway.config import load_settings
+
+    return deployment(load_settings(args, dotenv_path=None))
+
+
+def replica_loader(settings: Settings) -> Callable[[], Any]:
+    async def load() -> Engine:
+        handle, info, shutdown = await asyncio.to_thread(_connect, settings)
+        return ReplicaEngine(handle, info, shutdown)
+
+    return load
+
+
+def served_keys(keys: Sequence[str]) -> list[tuple[str, int, int]]:
+    """For each routing key, the replica its ring position names, how many engine requests
+    it served for it, and its pid (asked through the same router: tests and diagnostics)."""
+    handle = serve.get_app_handle(APP)
+    return [handle.options(session_id=k).served.remote(k).result() for k in keys]

@@ -1,0 +1,227 @@
+"""Engine replicas on Ray Serve: a real local Ray cluster on loopback, 2 replicas of the
+default model (eager, one core each), Redis for the histories; the gateway in this process.
+
+Every protocol through the replicas, each key on one replica (100 keys, over both), an abort
+reaching its replica, and a killed replica: its running request ends with one error, its keys
+move, and their next continuation is recomputed from Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis_server import RedisServer, running_redis
+
+from clients import (
+    CHAT,
+    UNENDING,
+    connect,
+    events_of,
+    frames_until_done,
+    greedy,
+    payload,
+    wait_for,
+    wait_ready,
+)
+from serving import LoopThread, RunningServer, free_port, gateway_settings, start_server
+
+pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
+REPLICAS = 2
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """`ray start --head --block` on loopback in a process group of its own, ended by its id."""
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a limit
+    ray = Path(sys.executable).parent / "ray"
+    args = [str(ray), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}"]
+    args += ["--node-ip-address=127.0.0.1", f"--num-cpus={REPLICAS}", "--include-dashboard=false"]
+    args += ["--disable-usage-stats"]
+    process = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: process.poll() is not None or _listening(port))
+        assert process.poll() is None, "ray start exited"
+        yield f"127.0.0.1:{port}"
+    finally:
+        import ray as ray_api
+
+        ray_api.shutdown()
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    loop_thread: LoopThread, ray_address: str, redis_server: RedisServer
+) -> Iterator[RunningServer]:
+    from gateway.app import default_loader
+
+    env = {"ENGINE_REPLICAS": str(REPLICAS), "RAY_ADDRESS": ray_address}
+    settings = gateway_settings(**env, REDIS_URL=redis_server.url)
+    server = start_server(loop_thread, settings, default_loader(settings))
+    wait_ready(server.http)
+    yield server
+    server.stop()
+
+
+def routed(key: str, method: str) -> Any:
+    """A replica method called through the gateway's router with `key` as its session."""
+    from ray import serve
+
+    from gateway.replicas import APP
+
+    handle = serve.get_app_handle(APP).options(session_id=key)
+    return getattr(handle, method).remote(*([key] if method == "served" else [])).result()
+
+
+def key_of(request_id: str) -> str:
+    from gateway.affinity import affinity_key
+
+    return affinity_key(("", request_id))
+
+
+def batch(server: RunningServer, prompts: list[tuple[str, str]], **fields: Any) -> httpx.Response:
+    body = {"prompts": [{"request_id": r, "prompt": p} for r, p in prompts], **fields}
+    return httpx.post(server.http + "/api/generate-batch", json=body, timeout=None)
+
+
+def post(server: RunningServer, path: str, body: dict[str, Any]) -> httpx.Response:
+    response = httpx.post(server.http + path, json=body, timeout=None)
+    assert response.status_code == 200, (path, response.text)
+    return response
+
+
+def test_every_protocol_reaches_the_replicas(replicas: RunningServer) -> None:
+    prompt = CHAT.format("Name a color.")
+    completion = post(replicas, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "n": 2})
+    assert [c["text"] for c in completion.json()["choices"]] != ["", ""]
+    chat = post(
+        replicas,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True},
+    )
+    assert chat.text.rstrip().endswith("data: [DONE]")
+    tgi = post(replicas, "/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 4}})
+    assert tgi.json()["generated_text"]
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 4}}
+    streamed = post(replicas, "/generate_stream", body)
+    assert '"generated_text"' in streamed.text
+    lmi = post(replicas, "/invocations", {"inputs": prompt, "parameters": {"max_new_tokens": 4}})
+    assert lmi.json()["generated_text"]
+    control = post(replicas, "/v1/generate", {"prompt": prompt, "max_tokens": 3})
+    assert control.json()["usage"]["completion_tokens"] == 3
+    beams = batch(
+        replicas, [(f"beam-{uuid.uuid4()}", prompt)], generation_config=greedy(3, num_beams=2)
+    )
+    assert beams.status_code == 200 and beams.json()[0]["response"]
+
+    rid = f"ws-{uuid.uuid4()}"
+    with connect(replicas.ws + "/ws") as ws:
+        ws.send(payload((rid, prompt), generation_config=greedy(4, ignore_eos=True)))
+        assert events_of(frames_until_done(ws, {rid}), rid)[-1]["type"] == "COMPLETE"
+    with connect(replicas.ws + "/ws/events") as ws:
+        start = {"type": "START", "id": "e1", "data": prompt, "parameters": {"max_new_tokens": 3}}
+        ws.send(json.dumps([start]))
+        events: list[dict[str, Any]] = []
+        while not events or events[-1]["type"] not in ("COMPLETE", "ERROR"):
+            events.extend(json.loads(ws.recv()))
+        assert events[-1]["type"] == "COMPLETE"
+
+
+def test_each_key_stays_on_one_replica(replicas: RunningServer) -> None:
+    prompt = CHAT.format("Count to three.")
+    ids = [f"k{i}-{uuid.uuid4()}" for i in range(100)]
+    for _ in range(2):  # a first prompt, then its continuation
+        for rid in ids:
+            answer = batch(replicas, [(rid, prompt)], generation_config=greedy(1))
+            assert answer.status_code == 200, answer.text
+    placed = [routed(key_of(rid), "served") for rid in ids]
+    assert [count for _, count, _ in placed] == [2] * 100  # both on the replica the ring names
+    assert len({replica for replica, _, _ in placed}) == REPLICAS
+
+
+def test_a_closed_stream_aborts_its_engine_request_in_the_replica(
+    replicas: RunningServer,
+) -> None:
+    rid = f"abort-{uuid.uuid4()}"
+    key = key_of(rid)
+    forever = greedy(UNENDING, ignore_eos=True)
+    with connect(replicas.ws + "/ws") as ws:
+        ws.send(payload((rid, CHAT.format("Write a long essay.")), generation_config=forever))
+        wait_for(lambda: routed(key, "unfinished_requests") == 1)
+    wait_for(lambda: routed(key, "unfinished_requests") == 0)
+
+
+def test_a_killed_replica_ends_its_requests_once_and_its_keys_move(
+    replicas: RunningServer,
+) -> None:
+    placed: dict[str, list[str]] = {}
+    while len(placed) < REPLICAS or min(len(v) for v in placed.values()) < 2:
+        rid = f"kill-{uuid.uuid4()}"
+        placed.setdefault(routed(key_of(rid), "served")[0], []).append(rid)
+    victim, survivor = list(placed)[:2]
+    continued, running = placed[victim][:2]
+    other = placed[survivor][0]
+    _, _, pid = routed(key_of(continued), "served")
+
+    prompt = CHAT.format("Tell me about bridges.")
+    [first] = batch(replicas, [(continued, prompt)], generation_config=greedy(6)).json()
+    forever = greedy(UNENDING, ignore_eos=True)
+    essay = CHAT.format("Write a long essay.")
+    with connect(replicas.ws + "/ws") as dying, connect(replicas.ws + "/ws") as living:
+        dying.send(payload((running, essay), generation_config=forever))
+        living.send(payload((other, essay), generation_config=forever))
+        for ws in (dying, living):  # both generating
+            while not any(e["type"] == "PROGRESS" for e in json.loads(ws.recv())):
+                pass
+        os.kill(pid, signal.SIGKILL)
+        ended = events_of(frames_until_done(dying, {running}), running)
+        terminal = [e for e in ended if e["type"] in ("COMPLETE", "ERROR")]
+        assert terminal == [
+            {
+                "type": "ERROR",
+                "request_id": running,
+                "error": "The engine replica serving this request stopped; send it again",
+            }
+        ]
+        assert any(e["type"] == "PROGRESS" for e in json.loads(living.recv()))  # unaffected
+
+    # The ring drops the dead replica (Serve starts another): the key moves, and its history,
+    # from Redis, is recomputed there.
+    def moved() -> bool:
+        try:
+            return bool(routed(key_of(continued), "served")[0] != victim)
+        except Exception:
+            return False
+
+    wait_for(moved)
+    again = batch(replicas, [(continued, "")], only_new_tokens=False, generation_config=greedy(4))
+    assert again.status_code == 200, again.text
+    assert again.json()[0]["prompt"] == prompt + first["response"]
+    assert routed(key_of(continued), "served")[1] == 1
