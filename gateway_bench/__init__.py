@@ -39,7 +39,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _scenario(args: Sequence[str]) -> str:
-    """`--scenario soak` (or `--scenario=soak`) picks the soak; the sweep is the default."""
+    """`--scenario soak|mixed` (or `--scenario=...`) picks a scenario; the sweep is the default."""
     for i, arg in enumerate(args):
         if arg == "--scenario" and i + 1 < len(args):
             return args[i + 1]
@@ -60,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway_bench.soak import main as soak
 
         return soak(args)
+    if _scenario(args) == "mixed":
+        from gateway_bench.mixed import main as mixed
+
+        return mixed(args)
     options = parse(args)
     command = shlex.join(["llm-gateway", "bench", *args])
     result, out = _run(run_benchmark(options, command=command))
