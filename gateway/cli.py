@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export-feedback":
         return _export_feedback(Path(args.db) if args.db else feedback_path(settings))
     try:
-        return _serve(settings, args.host or settings.host, args.port or settings.port)
+        return run_server(settings, args.host or settings.host, args.port or settings.port)
     except ConfigError as e:
         print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
         return 2
@@ -75,7 +75,7 @@ def _export_feedback(path: Path) -> int:
     return 0
 
 
-def _serve(settings: Settings, host: str, port: int) -> int:
+def run_server(settings: Settings, host: str, port: int) -> int:
     from gateway.app import create_app
     from gateway.server import GatewayServer, uvicorn_config
 

@@ -45,6 +45,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     pipeline_parallel_size: Positive = 1
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: int = 0
+    max_num_batched_tokens: Annotated[int, Meta(ge=0)] = 0  # tokens a step; 0: vLLM's own
     # "priority": requests carry their class (gateway/priorities.py); "fcfs": arrival order.
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
 

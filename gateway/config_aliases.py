@@ -75,6 +75,8 @@ ALIASES: tuple[Alias, ...] = (
     Alias("OPTION_ENFORCE_EAGER", "ENFORCE_EAGER"),
     Alias("OPTION_SEED", "SEED"),
     Alias("OPTION_KV_CACHE_MEMORY_BYTES", "KV_CACHE_GIB", _gib),
+    Alias("OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS", "MAX_NUM_BATCHED_TOKENS"),
+    Alias("OPTION_MAX_NUM_BATCHED_TOKENS", "MAX_NUM_BATCHED_TOKENS"),
     # TGI's launcher
     Alias("MODEL_ID", "MODEL"),
     Alias("MAX_TOTAL_TOKENS", "MAX_MODEL_LEN"),
@@ -83,16 +85,13 @@ ALIASES: tuple[Alias, ...] = (
     Alias("NUM_SHARD", "TENSOR_PARALLEL_SIZE"),
     Alias("HOSTNAME", "HOST"),  # only an address: see _hostname
     Alias("MAX_CONCURRENT_REQUESTS", _MAX_IN_FLIGHT),  # LMI's simplified name too
+    Alias("MAX_BATCH_PREFILL_TOKENS", "MAX_NUM_BATCHED_TOKENS"),
     # SageMaker's model-server variables
     Alias("SAGEMAKER_MODEL_SERVER_TIMEOUT", "REQUEST_TIMEOUT_SECONDS"),
     Alias("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "REQUEST_TIMEOUT_SECONDS"),
 )
 _BY_NAME = {alias.name: alias for alias in ALIASES}
-_PREFILL = "vLLM's scheduler sets its own prefill token budget"
 NOT_HONOURED = {
-    "MAX_BATCH_PREFILL_TOKENS": _PREFILL,
-    "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": _PREFILL,
-    "OPTION_MAX_NUM_BATCHED_TOKENS": _PREFILL,
     "OPTION_GPU_MEMORY_UTILIZATION": "KV_CACHE_GIB sizes the KV cache",
 }
 # LMI options that describe what the gateway already is: accepted without a word.

@@ -77,7 +77,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
         return 2
     logging.getLogger().setLevel(settings.log_level.upper())
     try:
-        return cli._serve(settings, settings.host, settings.port)
+        return cli.run_server(settings, settings.host, settings.port)
     except ConfigError as e:
         print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
         return 2

@@ -72,6 +72,7 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         dtype=settings.dtype,
         seed=settings.seed,
         scheduling_policy=settings.scheduling_policy,
+        max_num_batched_tokens=settings.max_num_batched_tokens or None,
     )
 
 

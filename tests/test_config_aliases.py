@@ -131,7 +131,6 @@ def test_options_the_gateway_cannot_honour_are_logged_by_name(
         settings(
             OPTION_GPU_MEMORY_UTILIZATION="0.9",
             OPTION_SPECULATIVE_CONFIG="{}",
-            MAX_BATCH_PREFILL_TOKENS="4096",
             SAGEMAKER_MODEL_SERVER_WORKERS="2",
             OPTION_ROLLING_BATCH="vllm",
             OPTION_TGI_COMPAT="true",
@@ -139,11 +138,16 @@ def test_options_the_gateway_cannot_honour_are_logged_by_name(
     for name in (
         "OPTION_GPU_MEMORY_UTILIZATION=0.9",
         "OPTION_SPECULATIVE_CONFIG={}",
-        "MAX_BATCH_PREFILL_TOKENS=4096",
         "SAGEMAKER_MODEL_SERVER_WORKERS=2",
     ):
         assert name in caplog.text
     assert "OPTION_ROLLING_BATCH" not in caplog.text and "OPTION_TGI_COMPAT" not in caplog.text
+
+
+def test_the_prefill_budget_names_set_the_engines_tokens_per_step() -> None:
+    assert settings(MAX_BATCH_PREFILL_TOKENS="4096").engine.max_num_batched_tokens == 4096
+    lmi = settings(OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS="8192")
+    assert lmi.engine.max_num_batched_tokens == 8192
 
 
 def test_a_hostname_that_is_a_name_does_not_move_the_server() -> None:
