@@ -37,6 +37,7 @@ from protocols.generation import History
 log = logging.getLogger(__name__)
 PREFIX = "llm-gateway:"
 LEASE_SECONDS = 30.0  # how long a dead gateway's request_ids stay refused
+HEALTH_SECONDS = 1.0
 
 
 class _Packed(msgspec.Struct, array_like=True):
@@ -145,10 +146,15 @@ class RedisStore:
         return RedisClaim(locks, frozenset(refused), self.lease_seconds)
 
     async def problem(self) -> str | None:
+        """Bounded well within a probe's timeout, so that /health answers even when Redis
+        does not."""
         try:
-            await self.redis.ping()
+            async with asyncio.timeout(HEALTH_SECONDS):
+                await self.redis.ping()
         except RedisError as e:
             return self._unreachable(e)
+        except TimeoutError:
+            return self._unreachable(TimeoutError(f"no answer within {HEALTH_SECONDS} s"))
         return None
 
     async def close(self) -> None:

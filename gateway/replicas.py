@@ -60,16 +60,16 @@ class ReplicaInfo(msgspec.Struct, frozen=True):
 
 
 class EngineReplica:
-    """One engine in one Ray actor, pinned to one of its node's cores."""
+    """One engine in one Ray actor, on its share of a small machine's cores."""
 
     async def __init__(self, settings: Settings) -> None:  # type: ignore[misc]  # Serve awaits it
         from gateway.app import default_loader
         from gateway.cpu_defaults import engine_environment
 
-        rank = serve.get_replica_context().rank.local_rank
-        cores = sorted(engine_environment({}).get("VLLM_CPU_OMP_THREADS_BIND", "").split(","))
-        if cores != [""]:  # a small machine: one core each, not every replica on all of them
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores[rank % len(cores)])
+        context = serve.get_replica_context()
+        cores = engine_environment({}).get("VLLM_CPU_OMP_THREADS_BIND", "").split(",")
+        if cores != [""]:  # a small machine: its cores shared out, not all to every replica
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _share(cores, context))
         self.engine = await default_loader(msgspec.structs.replace(settings, engine_replicas=0))()
         self.tag = serve.get_replica_context().replica_tag
         self._served: OrderedDict[str, int] = OrderedDict()
@@ -129,6 +129,16 @@ class EngineReplica:
         """Serve replaces a replica whose engine died."""
         if not self.engine.healthy:
             raise RuntimeError(self.engine.death_reason())
+
+
+def _share(cores: list[str], context: Any) -> str:
+    """This replica's cores: the machine's split between the deployment's replicas (all of
+    them when it has one), one each when there are more replicas than cores."""
+    count: int = context.world_size
+    rank: int = context.rank.local_rank
+    if count > len(cores):
+        return cores[rank % len(cores)]
+    return ",".join(cores[rank * len(cores) // count : (rank + 1) * len(cores) // count])
 
 
 def _unavailable(error: RayError) -> GenerationError:

@@ -8,6 +8,7 @@ saved).
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -42,6 +43,11 @@ class RedisServer:
             return bool(self.client.ping())
         except redis.ConnectionError:
             return False
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP / SIGCONT: Redis keeps its connections but answers nothing meanwhile."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def stop(self) -> None:
         if self._process is not None:

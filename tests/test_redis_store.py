@@ -169,3 +169,20 @@ def test_redis_down_fails_each_call_naming_it_and_recovers(redis_server: RedisSe
         loop.run_until_complete(works_again())
     finally:
         loop.close()
+
+
+def test_health_answers_while_redis_answers_nothing(redis_server: RedisServer) -> None:
+    async def problem() -> str | None:
+        store = RedisStore(redis_server.url, 60)
+        try:
+            assert await store.problem() is None  # a connection in the pool
+            redis_server.freeze(True)
+            return await store.problem()
+        finally:
+            redis_server.freeze(False)
+            await store.close()
+
+    found = run(problem())
+    assert found is not None and found.startswith(
+        f"The continuation store (Redis at {redis_server.url}) cannot be reached: no answer"
+    )

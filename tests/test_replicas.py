@@ -34,12 +34,16 @@ from clients import (
     greedy,
     payload,
     wait_for,
-    wait_ready,
 )
 from serving import LoopThread, RunningServer, free_port, gateway_settings, start_server
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
 REPLICAS = 2
+# Read when Ray is imported, by this process and `ray start`: one machine, loopback only
+# (else Ray announces and dials the machine's interface address instead of 127.0.0.1), and
+# no token (else a token left in ~/.ray by another Ray run turns it on for `ray start` alone).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
 
 
 def _listening(port: int) -> bool:
@@ -85,9 +89,14 @@ def replicas(
     env = {"ENGINE_REPLICAS": str(REPLICAS), "RAY_ADDRESS": ray_address}
     settings = gateway_settings(**env, REDIS_URL=redis_server.url)
     server = start_server(loop_thread, settings, default_loader(settings))
-    wait_ready(server.http)
+    wait_for(lambda: health(server)["status"] in ("ready", "failed"))
+    assert health(server) == {"status": "ready"}
     yield server
     server.stop()
+
+
+def health(server: RunningServer) -> dict[str, str]:
+    return dict(httpx.get(server.http + "/health", timeout=None).json())
 
 
 def routed(key: str, method: str) -> Any:
