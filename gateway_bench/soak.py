@@ -26,6 +26,7 @@ import msgspec
 from tqdm import tqdm
 
 from gateway_bench import machine, targets
+from gateway_bench.metrics import percentile
 from gateway_bench.soak_calls import FINISHED, RATE_LIMITED
 from gateway_bench.soak_options import SoakOptions, parse
 from gateway_bench.soak_report import (
@@ -38,7 +39,7 @@ from gateway_bench.soak_report import (
     ttft_by_phase,
 )
 from gateway_bench.soak_run import Soak, plan
-from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, settled, unexplained
+from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, margins, settled
 from gateway_bench.workload import Workload
 
 JSON = "soak.json"
@@ -143,8 +144,10 @@ async def run_soak(
             bar.close()
     host.load_end = machine.load()
     clients = count_clients(soak.outcomes)
-    found = unexplained(metrics.scrapes, _presences(soak, options.grace_s))
+    margin = margins(metrics.scrapes, _presences(soak, options.grace_s))
+    found = [s for s, m in zip(metrics.scrapes, margin, strict=True) if m < 0]
     worst = max(found, key=lambda s: s.engine_requests, default=None)
+    busy = [m for s, m in zip(metrics.scrapes, margin, strict=True) if s.engine_requests]
     p50, counts = ttft_by_phase(soak.outcomes)
     limited = [o for o in soak.outcomes if o.key == "limited"]
     first_mb, last_mb = _rss(rss, len(soak.outcomes), options.rss_window)
@@ -157,6 +160,8 @@ async def run_soak(
         scrapes=len(metrics.scrapes),
         unexplained_scrapes=len(found),
         worst_unexplained=None if worst is None else describe_scrape(worst, soak.began),
+        margin_p50=percentile([float(m) for m in busy], 50),
+        margin_min=min(busy, default=None),
         engine_idle_after_s=_idle_after(metrics, last_end),
         rss_first_mb=first_mb,
         rss_last_mb=last_mb,

@@ -46,6 +46,10 @@ class Figures(msgspec.Struct, kw_only=True):
     scrapes: int
     unexplained_scrapes: int
     worst_unexplained: str | None
+    # While the engine held requests: clients present minus its requests (what a request
+    # left behind could hide under), median and least.
+    margin_p50: float | None
+    margin_min: int | None
     engine_idle_after_s: float | None  # from the last client's end to an idle engine
     rss_first_mb: float | None
     rss_last_mb: float | None
@@ -182,6 +186,7 @@ def evaluate(report_clients: Clients, server: Counters, figures: Figures) -> lis
             "less than 1 s before; the engine idle within 1 s of the last client",
             f"{f.unexplained_scrapes} of {f.scrapes} scrapes above"
             + (f" (worst: {f.worst_unexplained})" if f.worst_unexplained else "")
+            + f" (margin while busy: median {f.margin_p50}, least {f.margin_min})"
             + f"; {server.engine_aborts} engine aborts for {c.left} clients that left; idle "
             + (f"{f.engine_idle_after_s:.2f} s" if f.engine_idle_after_s is not None else "never")
             + " after the last client",

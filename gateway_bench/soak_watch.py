@@ -143,20 +143,24 @@ class Presence(msgspec.Struct, frozen=True):
     prompts: int
 
 
-def unexplained(scrapes: Sequence[Scrape], presences: Sequence[Presence]) -> list[Scrape]:
-    """The scrapes where the engine held more requests than the prompts of the clients present
-    at any moment of the scrape (from its sending to its answer)."""
+def margins(scrapes: Sequence[Scrape], presences: Sequence[Presence]) -> list[int]:
+    """For each scrape, the prompts of the clients present at any moment of it (from its
+    sending to its answer) minus the engine's requests: below 0, a request nobody explains."""
     starts = sorted(presences, key=lambda p: p.start)
     ends = sorted(presences, key=lambda p: p.end)
     start_times = [p.start for p in starts]
     end_times = [p.end for p in ends]
     started = [0, *itertools.accumulate(p.prompts for p in starts)]
     ended = [0, *itertools.accumulate(p.prompts for p in ends)]
-    found: list[Scrape] = []
+    found: list[int] = []
     for scrape in scrapes:
         # Present at some moment of the scrape: started by its answer, not ended before it went.
         present = started[bisect.bisect_right(start_times, scrape.answered)]
         present -= ended[bisect.bisect_left(end_times, scrape.sent)]
-        if scrape.engine_requests > present:
-            found.append(scrape)
+        found.append(present - scrape.engine_requests)
     return found
+
+
+def unexplained(scrapes: Sequence[Scrape], presences: Sequence[Presence]) -> list[Scrape]:
+    """The scrapes where the engine held more requests than the clients present explain."""
+    return [s for s, m in zip(scrapes, margins(scrapes, presences), strict=True) if m < 0]

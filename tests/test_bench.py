@@ -26,7 +26,7 @@ from gateway_bench.soak import keys_file, new_keys, run_soak, write
 from gateway_bench.soak_calls import PROTOCOLS
 from gateway_bench.soak_options import QUICK_SOAK
 from gateway_bench.soak_options import parse as parse_soak
-from gateway_bench.soak_watch import Presence, Scrape, parse_counters, unexplained
+from gateway_bench.soak_watch import Presence, Scrape, margins, parse_counters, unexplained
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
 from serving import LoopThread, RunningServer
@@ -269,6 +269,7 @@ def test_engine_requests_are_explained_by_clients_present() -> None:
         Scrape(0.1, 0.2, 2),  # only the first had started
     ]
     assert unexplained(scrapes, presences) == [scrapes[1], scrapes[3]]
+    assert margins(scrapes, presences) == [0, -1, 0, -1]
     text = "\n".join(
         [
             'gateway_prompts_accepted_total{protocol="ws"} 3.0',
