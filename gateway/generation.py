@@ -97,8 +97,11 @@ class GenerationService:
             return
         try:
             events = self._events(request, protocol, caller.id, caller.owner)
-            async with aclosing(events):
-                async for event in self.deadlines.within(events, request.index):
+            # Each generator closed explicitly, innermost first: a consumer that leaves aborts
+            # the engine request at once, never when the garbage collector gets to it.
+            bounded = self.deadlines.within(events, request.index)
+            async with aclosing(events), aclosing(bounded):
+                async for event in bounded:
                     if isinstance(event, Delta):
                         generated += len(event.token_ids)
                     elif isinstance(event, Finished):
@@ -133,8 +136,10 @@ class GenerationService:
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
                 meter = self.metrics.meter(protocol, priority)
-                async for event in _engine_events(engine, request, history, meter, priority):
-                    yield event
+                steps = _engine_events(engine, request, history, meter, priority)
+                async with aclosing(steps):
+                    async for event in steps:
+                        yield event
         except GenerationError as e:
             yield _failed(request.index, e)
         except Exception as e:
@@ -230,29 +235,31 @@ async def _engine_events(
     last: EngineStep | None = None
     texts: list[str] = []
     new_ids: list[int] = []
-    async for step in engine.stream(token_ids, options, meter, priority):
-        if first is None:
-            first = step
-            yield Initialized(index, history.text)
-        last = step
-        new_ids.extend(step.token_ids)
-        if step.finished:
-            reason = step.finish_reason or "length"
-            piece = Delta(index, step.text, list(step.token_ids), step.tokens, reason)
-            stop_string = step.stop_reason if isinstance(step.stop_reason, str) else None
-            out: Delta | None = holdback.finish(piece, stop_string)
-        else:
-            out = holdback.push(Delta(index, step.text, list(step.token_ids), step.tokens))
-        if out is not None:
-            texts.append(out.text)
-            yield out
-        if holdback.stopped_at is not None:
-            # The held text completed a stop string begun before this request: end it here
-            # (leaving the loop closes the engine stream, which aborts the engine request).
-            last = replace(
-                step, finished=True, finish_reason="stop", stop_reason=holdback.stopped_at
-            )
-            break
+    stream = engine.stream(token_ids, options, meter, priority)
+    async with aclosing(stream):
+        async for step in stream:
+            if first is None:
+                first = step
+                yield Initialized(index, history.text)
+            last = step
+            new_ids.extend(step.token_ids)
+            if step.finished:
+                reason = step.finish_reason or "length"
+                piece = Delta(index, step.text, list(step.token_ids), step.tokens, reason)
+                stop_string = step.stop_reason if isinstance(step.stop_reason, str) else None
+                out: Delta | None = holdback.finish(piece, stop_string)
+            else:
+                out = holdback.push(Delta(index, step.text, list(step.token_ids), step.tokens))
+            if out is not None:
+                texts.append(out.text)
+                yield out
+            if holdback.stopped_at is not None:
+                # The held text completed a stop string begun before this request: end it here
+                # (leaving the loop closes the engine stream, which aborts the engine request).
+                last = replace(
+                    step, finished=True, finish_reason="stop", stop_reason=holdback.stopped_at
+                )
+                break
     if first is None or last is None or not last.finished:
         raise GenerationError(ErrorKind.ENGINE_ERROR, "The engine ended the request unfinished")
     # The steps as one: the end from the last, the prefill figures from the first.

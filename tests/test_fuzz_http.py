@@ -63,8 +63,8 @@ def _cut(value: Any) -> Any:
         return value
     cut: dict[str, Any] = {}
     for key, v in value.items():
-        if key in BUDGETS and type(v) is int and v > TOKENS:
-            v = TOKENS
+        if key in BUDGETS and (v is None or (type(v) is int and v > TOKENS)):
+            v = TOKENS  # null too: it means the route's default, the whole context for a chat
         elif key in COUNTS and type(v) is int and v > SEQUENCES:
             v = SEQUENCES
         cut[key] = _cut(v)
