@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from gateway.engine import Engine
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# Ray reads these when first imported, and vLLM imports Ray (when installed) with the first
+# engine: set here, before any test module or fixture imports vLLM. One machine, loopback
+# only (else Ray dials the machine's interface address), and no token from ~/.ray.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
 
 ENGINE_FIXTURES = {"engine", "loop_thread"}  # every server fixture depends on both
 

@@ -39,11 +39,8 @@ from serving import LoopThread, RunningServer, free_port, gateway_settings, star
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
 REPLICAS = 2
-# Read when Ray is imported, by this process and `ray start`: one machine, loopback only
-# (else Ray announces and dials the machine's interface address instead of 127.0.0.1), and
-# no token (else a token left in ~/.ray by another Ray run turns it on for `ray start` alone).
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ["RAY_AUTH_MODE"] = "disabled"
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER and RAY_AUTH_MODE: set in conftest.py, before vLLM
+# imports Ray; `ray start` inherits them.
 
 
 def _listening(port: int) -> bool:
