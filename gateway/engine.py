@@ -252,10 +252,6 @@ class Engine:
         """Requests the scheduler preempted for room (each recomputed, never lost)."""
         return self._preempted[0]
 
-    def kv_cache_tokens(self) -> int:
-        cache = self.llm.vllm_config.cache_config
-        return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
-
     @property
     def healthy(self) -> bool:
         return not self.llm.errored
