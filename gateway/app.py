@@ -19,9 +19,10 @@ from gateway.batch import BatchRunner
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import Settings, served_model_name
 from gateway.continuation import open_store
+from gateway.cpu_defaults import resolve_bulk_cap
 from gateway.deadlines import Deadlines
 from gateway.drain import Drain, DrainMiddleware
-from gateway.engine import Engine
+from gateway.engine import Engine, device_type
 from gateway.engine_holder import EngineHolder
 from gateway.feedback import FeedbackStore, feedback_path
 from gateway.generation import GenerationService
@@ -85,8 +86,8 @@ def create_app(
             settings.max_running_requests,
             settings.max_waiting_requests,
             fair=settings.admission_fairness == "caller",
-            bulk_priority=settings.bulk_priority,
-            bulk_max_running=settings.bulk_max_running,
+            bulk_priority=settings.engine.bulk_priority,
+            bulk_max_running=resolve_bulk_cap(settings.engine.bulk_max_running, device_type()),
         )
         store = open_store(settings)
         metrics.engine_requests.set_function(

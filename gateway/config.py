@@ -48,6 +48,12 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_num_batched_tokens: Annotated[int, Meta(ge=0)] = 0  # tokens a step; 0: vLLM's own
     # "priority": requests carry their class (gateway/priorities.py); "fcfs": arrival order.
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    # Classes at or past BULK_PRIORITY are bulk; while an interactive request runs or waits,
+    # bulk holds at most BULK_MAX_RUNNING of the running batch (0: any; auto: by the device,
+    # gateway/cpu_defaults.py), in the admission queue and in the engine, whose scheduler
+    # preempts the excess (gateway/bulk_scheduler.py).
+    bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
+    bulk_max_running: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
 
 
 def served_model_name(engine: EngineSettings) -> str:
@@ -104,11 +110,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     redis_url: str = ""
     engine_replicas: Annotated[int, Meta(ge=0)] = 0
     ray_address: str = ""
-    # Priorities (docs/PRIORITIES.md): classes at or past BULK_PRIORITY are bulk; while an
-    # interactive request runs or waits, bulk holds at most BULK_MAX_RUNNING slots (0: any).
+    # affinity: by continuation key (ConsistentHashRouter); load: Ray's default router
+    replica_routing: Literal["affinity", "load"] = "affinity"
+    # Priorities (docs/PRIORITIES.md); the bulk class's cap is an engine setting.
     admission_fairness: Literal["caller", "fifo"] = "caller"
-    bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
-    bulk_max_running: Annotated[int, Meta(ge=0)] = 0
     priority_classes: dict[str, int] = msgspec.field(default_factory=dict)  # PRIORITY_<PROTOCOL>
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()

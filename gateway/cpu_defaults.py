@@ -52,6 +52,21 @@ def resolve_dtype(
     return "float32", "the CPU has no native bfloat16 (no avx512_bf16 or amx_bf16): float32"
 
 
+# While a request ahead of bulk is present, bulk holds at most this many of a CPU engine's
+# running batch (BULK_MAX_RUNNING=auto): a CPU step's time grows with its batch, so a chat's
+# first token waits for every bulk sequence. On 2 cores, 16 of 64 running batch requests
+# brought a chat's TTFT p50 from 4.4x its idle time to 1.7x, the batch keeping 0.75 of its
+# tok/s (docs/BENCHMARKS.md). A GPU's decode step hardly grows with its batch: no cap there.
+CPU_BULK_MAX_RUNNING = 16
+
+
+def resolve_bulk_cap(requested: int | str, device: str = "cpu") -> int:
+    """BULK_MAX_RUNNING as a number: `auto` is CPU_BULK_MAX_RUNNING on a CPU, else 0 (none)."""
+    if requested != "auto":
+        return int(requested)
+    return CPU_BULK_MAX_RUNNING if device == "cpu" else 0
+
+
 # vLLM binds its model worker to all cores but one, which it reserves for the frontend. On
 # 2 cores that leaves the model one core while the frontend needs a few percent of the other:
 # the model on both measured 1.1-1.4x the tok/s at concurrency 32 and 64 on every CPU kind

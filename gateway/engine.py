@@ -1,4 +1,5 @@
-"""The engine adapter: the only module that imports vLLM.
+"""The engine adapter: the gateway's only way to vLLM (gateway/bulk_scheduler.py runs inside
+vLLM's engine process, loaded by it).
 
 It builds `AsyncLLM`, translates `SamplingOptions` into vLLM's parameters, and streams
 `EngineStep`s. Closing a stream (or cancelling the task that iterates it) aborts the engine
@@ -29,8 +30,15 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats
 
 from gateway.beams import beam_search
+from gateway.bulk_scheduler import BulkCapScheduler, engine_config
 from gateway.config import EngineSettings
-from gateway.cpu_defaults import cpu_flags, engine_environment, reported_flags, resolve_dtype
+from gateway.cpu_defaults import (
+    cpu_flags,
+    engine_environment,
+    reported_flags,
+    resolve_bulk_cap,
+    resolve_dtype,
+)
 from gateway.metrics import StreamMeter
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import SamplingOptions, TokenInfo, TopToken
@@ -60,6 +68,8 @@ class EngineStep(msgspec.Struct):
 
 
 def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
+    bulk_cap = resolve_bulk_cap(settings.bulk_max_running, device_type())
+    capped = settings.scheduling_policy == "priority" and bulk_cap > 0
     return AsyncEngineArgs(
         model=model,
         served_model_name=[settings.served_model_name] if settings.served_model_name else None,
@@ -73,7 +83,18 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         seed=settings.seed,
         scheduling_policy=settings.scheduling_policy,
         max_num_batched_tokens=settings.max_num_batched_tokens or None,
+        scheduler_cls=f"{BulkCapScheduler.__module__}.{BulkCapScheduler.__name__}"
+        if capped
+        else None,
+        additional_config=engine_config(settings.bulk_priority, bulk_cap),
     )
+
+
+def device_type() -> str:
+    """The device vLLM runs on here: cpu, cuda..."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def sampling_params(
@@ -162,11 +183,20 @@ def _text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
     return str(tokenizer.decode([token_id]))
 
 
-class _Preemptions(StatLoggerBase):
-    """Counts the requests vLLM's scheduler preempted (to recompute them later)."""
+class SchedulerView(msgspec.Struct):
+    """What vLLM's scheduler last reported: its running batch and waiting queue (after the
+    latest step), and the requests it preempted since the engine started."""
 
-    def __init__(self, count: list[int], vllm_config: Any, engine_index: int = 0) -> None:
-        self.count = count
+    preemptions: int = 0
+    running: int = 0
+    waiting: int = 0
+
+
+class _SchedulerStats(StatLoggerBase):
+    """Keeps a `SchedulerView` current from vLLM's per-step stats."""
+
+    def __init__(self, view: SchedulerView, vllm_config: Any, engine_index: int = 0) -> None:
+        self.view = view
 
     def record(
         self,
@@ -176,7 +206,10 @@ class _Preemptions(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         if iteration_stats is not None:
-            self.count[0] += iteration_stats.num_preempted_reqs
+            self.view.preemptions += iteration_stats.num_preempted_reqs
+        if scheduler_stats is not None:
+            self.view.running = scheduler_stats.num_running_reqs
+            self.view.waiting = scheduler_stats.num_waiting_reqs
 
     def log_engine_initialized(self) -> None:
         pass
@@ -190,10 +223,10 @@ class Engine:
         llm: AsyncLLM,
         max_model_len: int,
         dtype_reason: str = "",
-        preempted: list[int] | None = None,
+        scheduler: SchedulerView | None = None,
     ) -> None:
         self.llm = llm
-        self._preempted = preempted or [0]
+        self.scheduler = scheduler or SchedulerView()
         self._ids = itertools.count()
         self.tokenizer: Any = llm.get_tokenizer()
         self._special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
@@ -209,19 +242,17 @@ class Engine:
 
         On the CPU backend the dtype and thread settings follow the CPU (gateway/cpu_defaults.py).
         """
-        from vllm.platforms import current_platform
-
-        device = str(current_platform.device_type)
+        device = device_type()
         flags = cpu_flags()
         dtype, reason = resolve_dtype(settings.dtype, device, flags)
         if device == "cpu":
             os.environ.update(engine_environment(os.environ))
         log.info("engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags))
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
-        preempted = [0]
-        counter = partial(_Preemptions, preempted)
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[counter])
-        return cls(llm, llm.model_config.max_model_len, reason, preempted)
+        view = SchedulerView()
+        stats = partial(_SchedulerStats, view)
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
+        return cls(llm, llm.model_config.max_model_len, reason, view)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
@@ -246,11 +277,6 @@ class Engine:
 
     def unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
-
-    @property
-    def preemptions(self) -> int:
-        """Requests the scheduler preempted for room (each recomputed, never lost)."""
-        return self._preempted[0]
 
     @property
     def healthy(self) -> bool:

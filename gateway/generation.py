@@ -64,9 +64,7 @@ class GenerationService:
         self.admission = admission
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_admission(admission)
-        self.metrics.engine_preemptions.set_function(
-            lambda: holder.engine.preemptions if holder.engine is not None else 0
-        )
+        self.metrics.watch_scheduler(lambda: holder.engine.scheduler if holder.engine else None)
         self.classes = classes or PriorityClasses({})
         self.limiter = Limiter()
         self.deadlines = deadlines or Deadlines(0.0)

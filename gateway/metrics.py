@@ -18,6 +18,7 @@ from gateway.priorities import MAX_PRIORITY
 
 if TYPE_CHECKING:
     from gateway.admission import Admission
+    from gateway.engine import SchedulerView
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
@@ -164,7 +165,16 @@ class GatewayMetrics:
         )
         self.engine_preemptions = gauge(
             "gateway_engine_preemptions",
-            "Requests the engine preempted for room since it started (each recomputed later)",
+            "Requests the engine preempted since it started (each recomputed later): for room "
+            "in the KV cache, or to hold bulk to BULK_MAX_RUNNING",
+        )
+        self.engine_running = gauge(
+            "gateway_engine_running", "The engine's running batch, as its scheduler last said"
+        )
+        self.engine_waiting = gauge(
+            "gateway_engine_waiting",
+            "Requests waiting inside the engine (new, preempted or held back), as its scheduler "
+            "last said",
         )
         self.engine_restarts = gauge(
             "gateway_engine_restarts", "Times the engine died and was rebuilt in this process"
@@ -205,6 +215,20 @@ class GatewayMetrics:
             self.running_by_class.labels(label).set_function(
                 partial(_count, admission.running_by_class, priority)
             )
+
+    def watch_scheduler(self, current: Callable[[], SchedulerView | None]) -> None:
+        """The engine's own scheduler figures, from whichever engine is current."""
+        for gauge, field in (
+            (self.engine_preemptions, "preemptions"),
+            (self.engine_running, "running"),
+            (self.engine_waiting, "waiting"),
+        ):
+            gauge.set_function(partial(_scheduler_figure, current, field))
+
+
+def _scheduler_figure(current: Callable[[], SchedulerView | None], field: str) -> float:
+    view = current()
+    return float(getattr(view, field)) if view is not None else 0.0
 
 
 def _count(counts: Callable[[], Counter[int]], key: int) -> float:

@@ -32,7 +32,7 @@ from ray.serve.config import RequestRouterConfig
 
 from gateway.affinity import AFFINITY
 from gateway.config import Settings
-from gateway.engine import Engine, EngineStep
+from gateway.engine import Engine, EngineStep, SchedulerView
 from gateway.metrics import StreamMeter
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
@@ -169,6 +169,7 @@ class ReplicaEngine(Engine):
         self._closing = False
         self._on_shutdown = on_shutdown
         self._running = 0
+        self.scheduler = SchedulerView()  # stays empty: each replica's engine counts its own
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()
@@ -264,10 +265,6 @@ class ReplicaEngine(Engine):
         return self._running
 
     @property
-    def preemptions(self) -> int:
-        return 0  # counted in each replica's engine, not here
-
-    @property
     def healthy(self) -> bool:
         return True  # Serve replaces a replica whose engine died (EngineReplica.check_health)
 
@@ -288,11 +285,14 @@ class ReplicaEngine(Engine):
 
 def deployment(settings: Settings) -> Any:
     """The replicas as a Serve application: ENGINE_REPLICAS of them, one CPU each, strict
-    affinity (no fallback replica: a key's blocks are on one)."""
-    router = RequestRouterConfig(
-        request_router_class=ROUTER,  # type: ignore[arg-type]  # a class or its import path
-        request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 0},
-    )
+    affinity (no fallback replica: a key's blocks are on one), or with REPLICA_ROUTING=load
+    Ray's default router (PowerOfTwoChoices: the less loaded of two replicas drawn)."""
+    router = RequestRouterConfig()
+    if settings.replica_routing == "affinity":
+        router = RequestRouterConfig(
+            request_router_class=ROUTER,  # type: ignore[arg-type]  # a class or import path
+            request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 0},
+        )
     replicas: Any = serve.deployment(EngineReplica)
     return replicas.options(
         num_replicas=settings.engine_replicas,

@@ -39,7 +39,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _scenario(args: Sequence[str]) -> str:
-    """`--scenario soak|mixed` (or `--scenario=...`) picks a scenario; the sweep is the default."""
+    """`--scenario NAME` (or `--scenario=NAME`) picks a scenario; the sweep is the default."""
     for i, arg in enumerate(args):
         if arg == "--scenario" and i + 1 < len(args):
             return args[i + 1]
@@ -64,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway_bench.mixed import main as mixed
 
         return mixed(args)
+    if _scenario(args) == "replicas":
+        from gateway_bench.replica_bench import main as replicas
+
+        return replicas(args)
     options = parse(args)
     command = shlex.join(["llm-gateway", "bench", *args])
     result, out = _run(run_benchmark(options, command=command))

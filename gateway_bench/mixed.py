@@ -17,7 +17,6 @@ gateway and streamed `/v1/completions` on vLLM's server. Figures go to `report.j
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import shlex
@@ -35,6 +34,7 @@ from gateway_bench import machine, targets
 from gateway_bench.clients import chat_completions, control_ws, invocations, vllm_completions
 from gateway_bench.metrics import Record
 from gateway_bench.mixed_report import MixedReport, RegimeResult, TargetResult, write_report
+from gateway_bench.scenario_options import parse_options
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request
 
@@ -51,7 +51,7 @@ class MixedOptions(msgspec.Struct, kw_only=True):
     idle_requests: int = 8
     prompt_words: int = 64
     overload_running: int = 32  # the engine's running limit in the overload regime
-    bulk_max_running: int = 0  # the priority gateway's BULK_MAX_RUNNING
+    bulk_max_running: str = "auto"  # the priority gateway's BULK_MAX_RUNNING
     regimes: list[str] = msgspec.field(default_factory=lambda: ["saturation", "overload"])
     targets: list[str] = msgspec.field(
         default_factory=lambda: ["vllm-server", "gateway-fcfs", "gateway-priority"]
@@ -93,30 +93,13 @@ TARGETS = {
 
 
 def parse(argv: Sequence[str]) -> MixedOptions:
-    parser = argparse.ArgumentParser(prog="llm-gateway bench --scenario mixed")
-    parser.add_argument("--scenario", choices=["mixed"])
-    parser.add_argument("--quick", action="store_true", help="a small run of every part")
-    defaults = MixedOptions()
-    for name in MixedOptions.__struct_fields__:
-        flag = "--" + name.replace("_", "-")
-        default = getattr(defaults, name)
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        elif isinstance(default, list):
-            parser.add_argument(flag, nargs="+", default=None)
-        else:
-            parser.add_argument(flag, type=type(default), default=None)
-    given = vars(parser.parse_args(list(argv)))
-    quick = given.pop("quick")
-    given.pop("scenario")
-    chosen = {k: v for k, v in given.items() if v is not None}
-    options = msgspec.convert({**(QUICK if quick else {}), **chosen}, MixedOptions)
+    options = parse_options("mixed", MixedOptions, QUICK, argv)
     unknown = set(options.targets) - set(TARGETS) | set(options.regimes) - {
         "saturation",
         "overload",
     }
     if unknown:
-        parser.error(f"unknown target or regime: {', '.join(sorted(unknown))}")
+        raise SystemExit(f"unknown target or regime: {', '.join(sorted(unknown))}")
     return options
 
 
@@ -255,7 +238,7 @@ async def _run_target(
         command = targets.gateway_command(port)
         env = targets.gateway_environment(settings)
         env["SCHEDULING_POLICY"] = "fcfs" if name == "gateway-fcfs" else "priority"
-        env["BULK_MAX_RUNNING"] = str(options.bulk_max_running)
+        env["BULK_MAX_RUNNING"] = options.bulk_max_running
         if overload:
             env["MAX_RUNNING_REQUESTS"] = str(options.overload_running)
     print(f"mixed: {name}, {regime}: starting on port {port}", file=sys.stderr)

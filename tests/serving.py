@@ -43,6 +43,9 @@ def gateway_settings(**env: str) -> Settings:
         "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         # Small, so that a few long requests overflow it (tests/test_priorities.py: preemption).
         "KV_CACHE_GIB": "0.25",
+        # Bulk held to 3 running while an interactive request is present (the engine's
+        # scheduler preempts the rest): tests/test_priorities.py.
+        "BULK_MAX_RUNNING": "3",
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
     }
     return load_settings({**base, **env}, dotenv_path=None)

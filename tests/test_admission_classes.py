@@ -148,7 +148,7 @@ def test_a_request_may_step_back_from_its_class_but_never_ahead() -> None:
 def test_priority_settings_are_read_and_checked() -> None:
     settings = load_settings({"PRIORITY_SAGEMAKER": "4", "BULK_MAX_RUNNING": "8"}, None)
     assert settings.priority_classes == {"sagemaker": 4}
-    assert settings.bulk_max_running == 8
+    assert settings.engine.bulk_max_running == 8
     assert settings.engine.scheduling_policy == "priority"
     with pytest.raises(ConfigError, match="PRIORITY_TGI"):
         load_settings({"PRIORITY_TGI": "10"}, None)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.cpu_defaults import (
+    CPU_BULK_MAX_RUNNING,
     cpu_flags,
     engine_environment,
     native_bfloat16,
     reported_flags,
+    resolve_bulk_cap,
     resolve_dtype,
 )
 
@@ -61,3 +63,10 @@ def test_on_two_cores_the_model_gets_both_and_the_operators_own_settings_win() -
 
 def test_on_a_larger_machine_vllms_own_binding_is_kept() -> None:
     assert engine_environment({}, cpus=set(range(16))) == {}
+
+
+def test_the_bulk_cap_is_on_for_a_cpu_and_off_for_a_gpu_unless_set() -> None:
+    assert resolve_bulk_cap("auto", "cpu") == CPU_BULK_MAX_RUNNING > 0
+    assert resolve_bulk_cap("auto", "cuda") == 0
+    assert resolve_bulk_cap(0, "cpu") == 0
+    assert resolve_bulk_cap(8, "cuda") == 8

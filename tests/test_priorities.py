@@ -6,6 +6,7 @@ answers come back is the order in which requests were let into the engine.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -234,9 +235,75 @@ def test_preempted_requests_are_recomputed_to_the_same_greedy_text(
         return str(body["generated_text"])
 
     alone = [text_of(call) for call in calls]
-    preempted_before = engine.preemptions
+    preempted_before = engine.scheduler.preemptions
     with ThreadPoolExecutor(len(calls)) as pool:
         together = list(pool.map(text_of, calls))
-    assert engine.preemptions > preempted_before
+    assert engine.scheduler.preemptions > preempted_before
     assert together == alone
     idle_engine()
+
+
+class BulkStream:
+    """An endless bulk generation (`/invocations`, jsonlines) read in a thread: its token ids
+    so far; it ends when `stop` is set."""
+
+    def __init__(self, server: RunningServer, pool: ThreadPoolExecutor, prompt: str) -> None:
+        self.ids: list[int] = []
+        self.stop = threading.Event()
+        unending = {"max_new_tokens": UNENDING, "do_sample": False, "ignore_eos_token": True}
+        body = {"inputs": prompt, "stream": True, "parameters": unending}
+        self.done = pool.submit(self._read, server.http + "/invocations", body)
+
+    def _read(self, url: str, body: dict[str, object]) -> None:
+        with httpx.stream("POST", url, json=body, timeout=None) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if self.stop.is_set():
+                    return
+                if line:
+                    self.ids.append(json.loads(line)["token"]["id"])
+
+
+def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_runs(
+    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+) -> None:
+    cap = server.gateway.settings.engine.bulk_max_running  # the test engine's (serving.py)
+    assert cap == 3
+    scheduler = engine.scheduler
+    preempted = scheduler.preemptions
+    prompt = CHAT.format("Count the stars.")
+    with ThreadPoolExecutor(cap + 1) as pool:
+        streams = [BulkStream(server, pool, prompt) for _ in range(cap + 1)]
+        wait_for(lambda: scheduler.running == cap + 1 and all(s.ids for s in streams))
+        with connect(server.ws + "/ws") as person:  # an interactive class (1), endless
+            person.send(payload(("person", PROMPT), generation_config=LONG))
+            # The newest bulk request is preempted and waits inside the engine.
+            wait_for(lambda: scheduler.running == cap + 1 and scheduler.waiting == 1)
+            samples = scrape(server.http)
+            assert value(samples, "gateway_engine_running") == cap + 1
+            assert value(samples, "gateway_engine_waiting") == 1
+        # The person gone, bulk fills the batch again; each stream goes on where it stopped.
+        wait_for(lambda: scheduler.running == cap + 1 and scheduler.waiting == 0)
+        wait_for(lambda: scheduler.preemptions > preempted)  # counted as it resumes
+        for stream in streams:
+            stream.stop.set()
+        for stream in streams:
+            stream.done.result()
+    idle_engine()
+    longest = max(len(s.ids) for s in streams)
+    alone = httpx.post(
+        server.http + "/invocations",
+        json={
+            "inputs": prompt,
+            "parameters": {
+                "max_new_tokens": longest,
+                "do_sample": False,
+                "ignore_eos_token": True,
+                "details": True,
+            },
+        },
+        timeout=None,
+    ).json()
+    reference = [token["id"] for token in alone["details"]["tokens"]]
+    for stream in streams:
+        assert stream.ids == reference[: len(stream.ids)]

@@ -1,0 +1,386 @@
+"""`llm-gateway bench --scenario replicas`: what engine replicas on Ray Serve cost and buy.
+
+Each target is a gateway started for it (its own local Ray cluster, `ray start --head` on
+loopback, where it has replicas), measured, and stopped:
+
+1. throughput: the in-process engine, then ENGINE_REPLICAS=1 (the same engine on the same
+   cores, reached through a Ray actor). `concurrency` clients on WS `/ws` each send `rounds`
+   requests (`prompt_tokens` in, `output_tokens` out, greedy, EOS ignored) back to back: the
+   tok/s of each and their ratio is what the actor hop costs.
+2. continuation: ENGINE_REPLICAS=2 with REPLICA_ROUTING=affinity, then =load (Ray's default
+   router, PowerOfTwoChoices). Per repetition, on WS `/ws`, one request at a time: a new
+   request_id generates `generated` tokens after a prompt of `history - generated` tokens; its
+   continuation (the same id, no prompt) and a fresh prompt as long as that history (not in
+   any cache) each generate `new_tokens`. TTFT of each (medians), and for each continuation the
+   prompt tokens the engine found in its prefix cache, read from the gateway's /metrics before
+   and after it: a continuation counts as served from the cache when it found at least 90%.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from time import perf_counter
+
+import aiohttp
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.config import EngineSettings, served_model_name
+from gateway_bench import machine, targets
+from gateway_bench.clients import ws_batch
+from gateway_bench.metrics import Record
+from gateway_bench.results import Machine
+from gateway_bench.scenario_options import parse_options
+from gateway_bench.worker import Context, Worker
+from gateway_bench.workload import Request, Workload, text_of
+
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+_FROM_CACHE = 0.9  # share of a continuation's prompt found in the prefix cache
+
+
+class ReplicaOptions(msgspec.Struct, kw_only=True):
+    concurrency: int = 32
+    rounds: int = 4
+    prompt_tokens: int = 128
+    output_tokens: int = 64
+    history: int = 1536
+    generated: int = 64
+    new_tokens: int = 16
+    repetitions: int = 8
+    parts: list[str] = msgspec.field(default_factory=lambda: ["throughput", "continuation"])
+    model: str = ""
+    dtype: str = "auto"
+    enforce_eager: bool = True  # the issue's setting: replicas in eager mode
+    start_timeout: float = 900.0
+    seed: int = 0
+    out: str = "docs/bench/replicas"
+
+
+QUICK = {
+    "concurrency": 2,
+    "rounds": 1,
+    "prompt_tokens": 16,
+    "output_tokens": 4,
+    "history": 96,
+    "generated": 8,
+    "new_tokens": 2,
+    "repetitions": 1,
+}
+
+
+class Throughput(msgspec.Struct):
+    target: str
+    tok_s: float
+    failed: int
+
+
+class Continuation(msgspec.Struct):
+    routing: str
+    continuation_ttft_ms: float | None
+    fresh_ttft_ms: float | None
+    from_cache: int  # continuations that found >= 90% of their prompt in the prefix cache
+    measured: int
+    cached_share: float  # of all continuations' prompt tokens, found in the cache
+    failed: int
+
+    @property
+    def ratio(self) -> float | None:
+        c, f = self.continuation_ttft_ms, self.fresh_ttft_ms
+        return None if c is None or not f else round(c / f, 3)
+
+
+class ReplicaReport(msgspec.Struct, kw_only=True):
+    command: str
+    machine: Machine
+    options: ReplicaOptions
+    throughput: list[Throughput]
+    continuation: list[Continuation]
+
+
+class _Prompts(msgspec.Struct):
+    total: float = 0.0
+    cached: float = 0.0
+
+
+async def _prompt_tokens(session: aiohttp.ClientSession, url: str) -> _Prompts:
+    async with session.get(url + "/metrics") as r:
+        r.raise_for_status()
+        text = await r.text()
+    found = _Prompts()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gateway_prompt_tokens_total":
+                found.total += sample.value
+            elif sample.name == "gateway_prompt_tokens_cached_total":
+                found.cached += sample.value
+    return found
+
+
+@asynccontextmanager
+async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
+    """`ray start --head --block` on loopback, in a process group of its own, ended after."""
+    port = targets.free_port()
+    temp = tempfile.mkdtemp(prefix="rb-", dir="/tmp")  # short: Ray's socket paths have a limit
+    ray = Path(sys.executable).with_name("ray")
+    args = [str(ray), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}"]
+    args += ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--include-dashboard=false"]
+    args += ["--disable-usage-stats"]
+    out = await asyncio.to_thread(log.open, "ab")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *args,
+            env={**os.environ, **RAY_ENV},
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        out.close()
+    try:
+        while not await _listening(port):
+            if process.returncode is not None:
+                raise RuntimeError(f"ray start exited; see {log}")
+            await asyncio.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        await process.wait()
+        await asyncio.to_thread(shutil.rmtree, temp, True)
+
+
+async def _listening(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+@asynccontextmanager
+async def _gateway(
+    name: str, options: ReplicaOptions, extra: dict[str, str], out: Path
+) -> AsyncIterator[Context]:
+    defaults = machine.cpu_defaults(options.dtype)
+    chosen = {"MODEL": options.model, "DTYPE": defaults.dtype, "SEED": options.seed}
+    settings = msgspec.convert({**chosen, "ENFORCE_EAGER": options.enforce_eager}, EngineSettings)
+    env = {**targets.gateway_environment(settings), **extra}
+    port = targets.free_port()
+    log = out / f"{name}.log"
+    replicas = int(extra.get("ENGINE_REPLICAS", "0"))
+    print(f"replicas: {name}: starting on port {port}", file=sys.stderr)
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        if replicas:
+            async with _ray_cluster(max(replicas, 2), out / f"{name}-ray.log") as address:
+                env |= RAY_ENV | {"RAY_ADDRESS": address}
+                command = targets.gateway_command(port)
+                limit, served = options.start_timeout, served_model_name(settings)
+                async with targets.server(command, env, port, log, limit, served) as endpoint:
+                    yield Context(session, endpoint.url)
+        else:
+            command = targets.gateway_command(port)
+            limit, served = options.start_timeout, served_model_name(settings)
+            async with targets.server(command, env, port, log, limit, served) as endpoint:
+                yield Context(session, endpoint.url)
+
+
+async def _throughput(
+    name: str, options: ReplicaOptions, workload: Workload, extra: dict[str, str], out: Path
+) -> Throughput:
+    async with _gateway(name, options, extra, out) as context:
+        warm = workload.requests(name, "warm-up", options.concurrency, options.output_tokens)
+        requests = workload.requests(
+            name, "measure", options.concurrency * options.rounds, options.output_tokens
+        )
+        await asyncio.gather(*(_one(context, r) for r in warm))
+        queue = list(reversed(requests))
+        tokens, failed = 0, 0
+
+        async def client() -> None:
+            nonlocal tokens, failed
+            worker = Worker(context)
+            try:
+                while queue:
+                    request = queue.pop()
+                    try:
+                        tokens += (await ws_batch(worker, request)).tokens
+                    except Exception as e:
+                        failed += 1
+                        print(f"replicas: a request failed: {e}", file=sys.stderr)
+                        await worker.close()
+            finally:
+                await worker.close()
+
+        began = perf_counter()
+        await asyncio.gather(*(client() for _ in range(options.concurrency)))
+        return Throughput(name, round(tokens / (perf_counter() - began), 1), failed)
+
+
+async def _one(context: Context, request: Request) -> Record:
+    worker = Worker(context)
+    try:
+        return await ws_batch(worker, request)
+    finally:
+        await worker.close()
+
+
+def _ttft_ms(record: Record) -> float:
+    assert record.first is not None  # ws_batch returns only answers with text
+    return (record.first - record.sent) * 1000
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
+async def _continuation(
+    routing: str, options: ReplicaOptions, workload: Workload, out: Path
+) -> Continuation:
+    extra = {"ENGINE_REPLICAS": "2", "REPLICA_ROUTING": routing}
+    continued: list[float] = []
+    fresh: list[float] = []
+    from_cache, failed = 0, 0
+    prompted = _Prompts()
+    async with _gateway(f"continuation-{routing}", options, extra, out) as context:
+        worker = Worker(context)
+        try:
+            for rep in range(options.repetitions):
+                words = workload.words_for(
+                    f"{routing}-{rep}", rep, options.history - options.generated
+                )
+                words = workload.salted(words, f"{workload.run}:{routing}:{rep}")
+                key = workload.request_id(routing, rep)
+                try:
+                    first = Request(key, text_of(words), options.generated, len(words))
+                    history = text_of(words) + ((await ws_batch(worker, first)).text or "")
+                    before = await _prompt_tokens(context.session, context.base_url)
+                    again = Request(key, "", options.new_tokens, options.history)
+                    continued.append(_ttft_ms(await ws_batch(worker, again)))
+                    after = await _prompt_tokens(context.session, context.base_url)
+                    total, cached = after.total - before.total, after.cached - before.cached
+                    prompted.total += total
+                    prompted.cached += cached
+                    from_cache += cached >= _FROM_CACHE * total
+                    other = text_of(workload.salted(words, f"{workload.run}:fresh:{rep}"))
+                    cold = Request(
+                        workload.request_id("fresh", routing, rep),
+                        other + history[len(text_of(words)) :],
+                        options.new_tokens,
+                        options.history,
+                    )
+                    fresh.append(_ttft_ms(await ws_batch(worker, cold)))
+                except Exception as e:
+                    failed += 1
+                    print(f"replicas: a repetition failed: {e}", file=sys.stderr)
+                    await worker.close()
+        finally:
+            await worker.close()
+    return Continuation(
+        routing=routing,
+        continuation_ttft_ms=_median(continued),
+        fresh_ttft_ms=_median(fresh),
+        from_cache=from_cache,
+        measured=len(continued),
+        cached_share=round(prompted.cached / prompted.total, 3) if prompted.total else 0.0,
+        failed=failed,
+    )
+
+
+def markdown(report: ReplicaReport) -> str:
+    m = report.machine
+    lines = [
+        f"# {report.command}",
+        "",
+        f"CPU: {m.cpu}, {m.logical_cores} logical cores; load at start {m.load_start}.",
+        "",
+    ]
+    if report.throughput:
+        lines += ["| target | tok/s | / in-process | failed |", "|---|---|---|---|"]
+        base = next((t.tok_s for t in report.throughput if t.target == "in-process"), None)
+        for t in report.throughput:
+            ratio = f"{t.tok_s / base:.2f}x" if base else "-"
+            lines.append(f"| {t.target} | {t.tok_s} | {ratio} | {t.failed} |")
+        lines.append("")
+    if report.continuation:
+        lines += [
+            "| routing (2 replicas) | continuation TTFT p50 | fresh TTFT p50 | continuation / "
+            "fresh | continuations from cache | cached share of their prompt tokens | failed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in report.continuation:
+            lines.append(
+                f"| {c.routing} | {c.continuation_ttft_ms} ms | {c.fresh_ttft_ms} ms | "
+                f"{c.ratio} | {c.from_cache}/{c.measured} | {c.cached_share:.1%} | {c.failed} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+async def run_replicas(options: ReplicaOptions, command: str) -> ReplicaReport:
+    from gateway_bench.benchmark import _tokenizer
+
+    out = Path(options.out)
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    model = options.model or await asyncio.to_thread(_default_model)
+    options = msgspec.structs.replace(options, model=model)
+    tokenizer = await asyncio.to_thread(_tokenizer, model)
+    workload = Workload.from_tokenizer(
+        tokenizer,
+        seed=options.seed,
+        prompt_tokens=(options.prompt_tokens, options.prompt_tokens),
+        output_tokens=options.output_tokens,
+    )
+    host = await asyncio.to_thread(machine.describe, options.dtype)
+    throughput: list[Throughput] = []
+    if "throughput" in options.parts:
+        for name, extra in (("in-process", {}), ("one replica", {"ENGINE_REPLICAS": "1"})):
+            throughput.append(await _throughput(name, options, workload, extra, out))
+    continuation = []
+    if "continuation" in options.parts:
+        for routing in ("affinity", "load"):
+            continuation.append(await _continuation(routing, options, workload, out))
+    report = ReplicaReport(
+        command=command,
+        machine=host,
+        options=options,
+        throughput=throughput,
+        continuation=continuation,
+    )
+    await asyncio.to_thread(
+        (out / "report.json").write_bytes, msgspec.json.format(msgspec.json.encode(report))
+    )
+    await asyncio.to_thread((out / "report.md").write_text, markdown(report))
+    return report
+
+
+def _default_model() -> str:
+    from gateway.default_model import prepare_default_model
+
+    return str(prepare_default_model())
+
+
+def parse(argv: Sequence[str]) -> ReplicaOptions:
+    options = parse_options("replicas", ReplicaOptions, QUICK, argv)
+    unknown = set(options.parts) - {"throughput", "continuation"}
+    if unknown:
+        raise SystemExit(f"unknown part: {', '.join(sorted(unknown))}")
+    return options
+
+
+def main(argv: Sequence[str]) -> int:
+    options = parse(argv)
+    command = shlex.join(["llm-gateway", "bench", *argv])
+    report = asyncio.run(run_replicas(options, command))
+    print(markdown(report))
+    print(f"\nllm-gateway bench --scenario replicas: report in {options.out}/", file=sys.stderr)
+    return 0
