@@ -5,7 +5,10 @@ fairness on, the caller holding the fewest slots goes next, and among those the 
 longest ago (so a caller with 500 requests cannot starve one with 1: they take turns), else
 the earliest. While any request ahead of the bulk classes runs
 or waits, bulk requests hold at most `bulk_max_running` slots (0: no cap), which keeps the
-engine's batch small enough for a person's first token to come quickly.
+engine's batch small enough for a person's first token to come quickly. Bulk requests already
+past the cap when such a request comes are held back inside the engine (its scheduler,
+gateway/bulk_scheduler.py, preempts them), so they take no slot from it: it may start beside
+them.
 """
 
 from __future__ import annotations
@@ -105,15 +108,24 @@ class Admission:
         return any(not self._is_bulk(w.priority) for w in self._waiters)
 
     def _may_start(self, priority: int) -> bool:
-        return self.running < self.max_running and (
-            not self._is_bulk(priority) or self._bulk_open()
-        )
+        if not self._is_bulk(priority):
+            return self.running - self._bulk_held_back() < self.max_running
+        return self.running < self.max_running and self._bulk_open()
+
+    def _bulk_running(self) -> int:
+        return sum(n for p, n in self._running_by_class.items() if self._is_bulk(p))
+
+    def _bulk_held_back(self) -> int:
+        """Bulk requests past the cap, which the engine holds back while any request ahead of
+        bulk is present (as soon as the one asking starts)."""
+        if not self.bulk_max_running:
+            return 0
+        return max(0, self._bulk_running() - self.bulk_max_running)
 
     def _bulk_open(self) -> bool:
         if not self.bulk_max_running:
             return True
-        bulk = sum(n for p, n in self._running_by_class.items() if self._is_bulk(p))
-        return bulk < self.bulk_max_running or not self._interactive_present()
+        return self._bulk_running() < self.bulk_max_running or not self._interactive_present()
 
     def _take(self, priority: int, caller: str) -> None:
         self.running += 1
@@ -148,12 +160,9 @@ class Admission:
 
     def _admit(self) -> None:
         """Hand free slots to the waiters that come first and may start."""
-        while self._waiters and self.running < self.max_running:
-            bulk_open = self._bulk_open()
+        while self._waiters:
             ready = [
-                w
-                for w in self._waiters
-                if not w.granted.done() and (bulk_open or not self._is_bulk(w.priority))
+                w for w in self._waiters if not w.granted.done() and self._may_start(w.priority)
             ]
             if not ready:
                 return

@@ -256,7 +256,7 @@ async def _run_target(
 async def run_mixed(options: MixedOptions, command: str) -> tuple[MixedReport, Path]:
     out = Path(options.out)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    model = options.model or await asyncio.to_thread(_default_model)
+    model = options.model or await asyncio.to_thread(default_model)
     targets.raise_file_limit(4 * options.batch_clients + 256)
     host = await asyncio.to_thread(machine.describe, options.dtype)
     regimes = []
@@ -268,7 +268,7 @@ async def run_mixed(options: MixedOptions, command: str) -> tuple[MixedReport, P
     return report, out
 
 
-def _default_model() -> str:
+def default_model() -> str:
     from gateway.default_model import prepare_default_model
 
     return str(prepare_default_model())

@@ -97,11 +97,10 @@ def goals(regime: RegimeResult) -> list[tuple[str, bool | None]]:
 
 
 def markdown(report: MixedReport) -> str:
-    m = report.machine
     lines = [
         f"# {report.command}",
         "",
-        f"CPU: {m.cpu}, {m.logical_cores} logical cores; load at start {m.load_start}.",
+        report.machine.summary,
         "",
     ]
     for regime in report.regimes:

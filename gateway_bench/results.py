@@ -118,6 +118,12 @@ class Machine(msgspec.Struct, kw_only=True):
     defaults: CpuDefaults
     load_end: float | None = None
 
+    @property
+    def summary(self) -> str:
+        return (
+            f"CPU: {self.cpu}, {self.logical_cores} logical cores; load at start {self.load_start}."
+        )
+
 
 class EngineDescription(msgspec.Struct, kw_only=True):
     model: str

@@ -115,6 +115,26 @@ def test_bulk_holds_at_most_its_cap_while_interactive_requests_are_present() -> 
     asyncio.run(scenario())
 
 
+def test_bulk_past_its_cap_leaves_room_for_interactive_requests_on_a_full_server() -> None:
+    async def scenario() -> None:
+        gate = Admission(max_running=4, max_waiting=10, bulk_max_running=2)
+        jobs = Jobs(gate)
+        for n in range(4):  # every slot bulk: two past the cap once a chat comes
+            await jobs.submit(f"bulk-{n}", BULK)
+        await jobs.submit("chat-0", INTERACTIVE)  # the engine holds two bulk back: room
+        await jobs.submit("chat-1", INTERACTIVE)
+        await jobs.submit("chat-2", INTERACTIVE)  # 2 bulk + 2 chats: the server is full
+        assert jobs.started[-2:] == ["chat-0", "chat-1"]
+        assert (gate.running, gate.waiting) == (6, 1)
+        await jobs.end("bulk-0")  # one fewer held back: still full
+        assert gate.waiting == 1
+        await jobs.end("chat-0")
+        assert jobs.started[-1] == "chat-2"
+        await jobs.end_all()
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_waiter_holding_the_cap_back_lets_bulk_in() -> None:
     async def scenario() -> None:
         gate = Admission(max_running=1, max_waiting=10, bulk_max_running=1)

@@ -1,0 +1,37 @@
+"""`llm-gateway bench --scenario replicas --quick`: each target started, measured and stopped.
+
+The in-process engine and one Ray replica (throughput), then two replicas routed by
+continuation key and by load (continuation), each on a Ray cluster of its own on loopback.
+It asserts that each part ran and reported, never a speed figure (docs/BENCHMARKS.md has
+those); with one repetition even the cache-hit share under load routing is chance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="the bench extra is not installed")
+pytest.importorskip("ray", reason="the ray extra is not installed")
+pytestmark = pytest.mark.timeout(1800)  # three Ray clusters and four gateways start
+
+
+def test_the_quick_replicas_scenario_measures_every_target(tmp_path: Path) -> None:
+    from gateway_bench.replica_bench import markdown, parse, run_replicas
+
+    options = parse(["--scenario", "replicas", "--quick", "--out", str(tmp_path)])
+    report = asyncio.run(run_replicas(options, "llm-gateway bench --scenario replicas --quick"))
+    assert [t.target for t in report.throughput] == ["in-process", "one-replica"]
+    assert all(t.failed == 0 and t.tok_s > 0 for t in report.throughput)
+    assert [c.routing for c in report.continuation] == ["affinity", "load"]
+    for result in report.continuation:
+        assert (result.failed, result.measured) == (0, options.repetitions)
+        assert result.continuation_ttft_ms is not None and result.fresh_ttft_ms is not None
+    affinity = report.continuation[0]
+    assert affinity.from_cache == affinity.measured  # its own replica: the blocks are there
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["command"].endswith("--quick")
+    assert "continuation / fresh" in markdown(report)
