@@ -87,7 +87,11 @@ def create_app(
             settings.max_waiting_requests,
             fair=settings.admission_fairness == "caller",
             bulk_priority=settings.engine.bulk_priority,
-            bulk_max_running=resolve_bulk_cap(settings.engine.bulk_max_running, device_type()),
+            # Replicas each hold bulk to the cap in their own engine: one gate cannot know
+            # which replica a request ahead of bulk is on, so it applies no cap of its own.
+            bulk_max_running=0
+            if settings.engine_replicas
+            else resolve_bulk_cap(settings.engine.bulk_max_running, device_type()),
         )
         store = open_store(settings)
         metrics.engine_requests.set_function(

@@ -87,6 +87,8 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         if capped
         else None,
         additional_config=engine_config(settings.bulk_priority, bulk_cap),
+        # The cap's scheduler extends vLLM's synchronous one (a CPU engine's only kind).
+        async_scheduling=False if capped else None,
     )
 
 

@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from time import perf_counter
 
@@ -156,7 +156,8 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
             await asyncio.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
+        with suppress(ProcessLookupError):  # it may have exited already (and said why)
+            os.killpg(process.pid, signal.SIGTERM)
         await process.wait()
         await asyncio.to_thread(shutil.rmtree, temp, True)
 

@@ -43,9 +43,11 @@ def gateway_settings(**env: str) -> Settings:
         "MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         # Small, so that a few long requests overflow it (tests/test_priorities.py: preemption).
         "KV_CACHE_GIB": "0.25",
-        # Bulk held to 3 running while an interactive request is present (the engine's
-        # scheduler preempts the rest): tests/test_priorities.py.
-        "BULK_MAX_RUNNING": "3",
+        # Bulk held to 4 running while an interactive request is present (the engine's
+        # scheduler preempts the rest: tests/test_priorities.py). No fewer: a bulk stream past
+        # the cap waits while endless interactive streams run, and unending_streams.py starts
+        # 4 bulk streams beside 12 endless interactive ones.
+        "BULK_MAX_RUNNING": "4",
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
     }
     return load_settings({**base, **env}, dotenv_path=None)
