@@ -161,8 +161,13 @@ class Admission:
     def _admit(self) -> None:
         """Hand free slots to the waiters that come first and may start."""
         while self._waiters:
+            # Once per slot handed over, not per waiter: the queue may hold a thousand.
+            room = self.running - self._bulk_held_back() < self.max_running
+            bulk_room = self.running < self.max_running and self._bulk_open()
             ready = [
-                w for w in self._waiters if not w.granted.done() and self._may_start(w.priority)
+                w
+                for w in self._waiters
+                if not w.granted.done() and (bulk_room if self._is_bulk(w.priority) else room)
             ]
             if not ready:
                 return

@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from time import perf_counter
 
@@ -184,19 +184,16 @@ async def _gateway(
     replicas = int(extra.get("ENGINE_REPLICAS", "0"))
     print(f"replicas: {name}: starting on port {port}", file=sys.stderr)
     timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with AsyncExitStack() as stack:
+        session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
         if replicas:
-            async with _ray_cluster(max(replicas, 2), out / f"{name}-ray.log") as address:
-                env |= RAY_ENV | {"RAY_ADDRESS": address}
-                command = targets.gateway_command(port)
-                limit, served = options.start_timeout, served_model_name(settings)
-                async with targets.server(command, env, port, log, limit, served) as endpoint:
-                    yield Context(session, endpoint.url)
-        else:
-            command = targets.gateway_command(port)
-            limit, served = options.start_timeout, served_model_name(settings)
-            async with targets.server(command, env, port, log, limit, served) as endpoint:
-                yield Context(session, endpoint.url)
+            cluster = _ray_cluster(max(replicas, 2), out / f"{name}-ray.log")
+            env |= RAY_ENV | {"RAY_ADDRESS": await stack.enter_async_context(cluster)}
+        command, served = targets.gateway_command(port), served_model_name(settings)
+        endpoint = await stack.enter_async_context(
+            targets.server(command, env, port, log, options.start_timeout, served)
+        )
+        yield Context(session, endpoint.url)
 
 
 async def _throughput(
