@@ -20,15 +20,17 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 import ray
+from grpc.aio import AioRpcError
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayError
 from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
 
 from gateway.affinity import AFFINITY
 from gateway.config import Settings
@@ -40,6 +42,12 @@ from protocols.generation import SamplingOptions
 log = logging.getLogger(__name__)
 APP = "llm-gateway-engine"
 ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
+# The replica's side of Serve's throughput-optimized mode (its other settings: see `_direct`;
+# the direct HTTP ingress it also turns on is not wanted: the gateway is the ingress).
+REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # methods on Serve's loop: no thread hop
+    "RAY_SERVE_LOG_TO_STDERR": "0",
+}
 _SERVED_KEYS = 10_000  # routing keys each replica remembers serving (diagnostics, tests)
 
 
@@ -141,8 +149,8 @@ def _share(cores: list[str], context: Any) -> str:
     return ",".join(cores[rank * len(cores) // count : (rank + 1) * len(cores) // count])
 
 
-def _unavailable(error: RayError) -> GenerationError:
-    if isinstance(error, ActorDiedError | ActorUnavailableError | RayActorError):
+def _unavailable(error: RayError | AioRpcError) -> GenerationError:
+    if isinstance(error, ActorDiedError | ActorUnavailableError | RayActorError | AioRpcError):
         message = "The engine replica serving this request stopped; send it again"
         return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine replica failed: {error}")
@@ -191,8 +199,8 @@ class ReplicaEngine(Engine):
         except (asyncio.CancelledError, GeneratorExit):
             cancel()
             raise
-        except (RayError, GenerationError) as e:
-            failure = _unavailable(e) if isinstance(e, RayError) else e
+        except (RayError, AioRpcError, GenerationError) as e:
+            failure = e if isinstance(e, GenerationError) else _unavailable(e)
             if meter is not None:
                 meter.outcome = failure.kind.value
             if failure is not e:
@@ -296,16 +304,16 @@ def deployment(settings: Settings) -> Any:
     replicas: Any = serve.deployment(EngineReplica)
     return replicas.options(
         num_replicas=settings.engine_replicas,
-        ray_actor_options={"num_cpus": 1},
+        ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": REPLICA_ENV}},
         request_router_config=router,
         max_ongoing_requests=settings.max_running_requests + settings.max_waiting_requests,
         health_check_period_s=5,
     ).bind(settings)
 
 
-def _connect(settings: Settings) -> tuple[Any, ReplicaInfo, Callable[[], None]]:
+def _connect(settings: Settings) -> tuple[Any, Callable[[], None]]:
     """Joins RAY_ADDRESS (or starts a local cluster), deploys the replicas unless they already
-    run there, and waits until they are ready."""
+    run there, and waits until they are ready: their handle, and what removes them."""
     if not ray.is_initialized():
         ray.init(
             address=settings.ray_address or None,
@@ -322,14 +330,25 @@ def _connect(settings: Settings) -> tuple[Any, ReplicaInfo, Callable[[], None]]:
         if app.status == "DEPLOY_FAILED":
             raise RuntimeError(f"The engine replicas could not start: {app.message}")
         time.sleep(1.0)  # a worker thread's wait for replicas another client is starting
-    handle = serve.get_app_handle(APP)
-    info: ReplicaInfo = handle.describe.remote().result()
 
     def shutdown() -> None:
         if not settings.ray_address:  # a cluster of its own: the replicas go with the gateway
             serve.delete(APP)
 
-    return handle, info, shutdown
+    return serve.get_app_handle(APP), shutdown
+
+
+def _direct(handle: Any) -> Any:
+    """The handle as Ray Serve's throughput-optimized mode sets it up (its
+    RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 and RAY_SERVE_USE_GRPC_BY_DEFAULT=1, for this
+    handle only): its router on the gateway's event loop (no hop to a thread of its own per
+    step) and each step over gRPC from the replica (not a Ray object: no owner to report to).
+    Per engine step this halved the CPU the gateway and the replica spend (docs/BENCHMARKS.md).
+    Called on the event loop, which the router then runs on. A handle of its own: Serve
+    caches the one `get_app_handle` gives, and another caller (a thread) may want that."""
+    own: DeploymentHandle[Any] = DeploymentHandle(handle.deployment_name, handle.app_name)
+    own._init(_run_router_in_separate_loop=False)  # type: ignore[no-untyped-call]
+    return own.options(_by_reference=False)
 
 
 def build(args: dict[str, str]) -> Any:
@@ -342,14 +361,9 @@ def build(args: dict[str, str]) -> Any:
 
 def replica_loader(settings: Settings) -> Callable[[], Any]:
     async def load() -> Engine:
-        handle, info, shutdown = await asyncio.to_thread(_connect, settings)
+        handle, shutdown = await asyncio.to_thread(_connect, settings)
+        handle = _direct(handle)
+        info: ReplicaInfo = await handle.describe.remote()
         return ReplicaEngine(handle, info, shutdown)
 
     return load
-
-
-def served_keys(keys: Sequence[str]) -> list[tuple[str, int, int]]:
-    """For each routing key, the replica its ring position names, how many engine requests
-    it served for it, and its pid (asked through the same router: tests and diagnostics)."""
-    handle = serve.get_app_handle(APP)
-    return [handle.options(session_id=k).served.remote(k).result() for k in keys]

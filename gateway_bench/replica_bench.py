@@ -4,7 +4,8 @@ Each target is a gateway started for it (its own local Ray cluster, `ray start -
 loopback, where it has replicas), measured, and stopped:
 
 1. throughput: the in-process engine, then ENGINE_REPLICAS=1 (the same engine on the same
-   cores, reached through a Ray actor). `concurrency` clients on WS `/ws` each send `rounds`
+   cores, reached through a Ray actor), `repeats` times, each ratio within its pair (the
+   machine's load drifts between pairs). `concurrency` clients on WS `/ws` each send `rounds`
    requests (`prompt_tokens` in, `output_tokens` out, greedy, EOS ignored) back to back: the
    tok/s of each and their ratio is what the actor hop costs.
 2. continuation: ENGINE_REPLICAS=2 with REPLICA_ROUTING=affinity, then =load (Ray's default
@@ -54,6 +55,7 @@ _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache:
 class ReplicaOptions(msgspec.Struct, kw_only=True):
     concurrency: int = 32
     rounds: int = 4
+    repeats: int = 1  # throughput pairs (in-process, then one replica), one after the other
     prompt_tokens: int = 128
     output_tokens: int = 64
     history: int = 1536
@@ -307,11 +309,22 @@ def markdown(report: ReplicaReport) -> str:
         "",
     ]
     if report.throughput:
-        lines += ["| target | tok/s | / in-process | failed |", "|---|---|---|---|"]
-        base = next((t.tok_s for t in report.throughput if t.target == "in-process"), None)
+        lines += ["| target | tok/s | / in-process (its pair) | failed |", "|---|---|---|---|"]
+        ratios, base = [], None
         for t in report.throughput:
-            ratio = f"{t.tok_s / base:.2f}x" if base else "-"
-            lines.append(f"| {t.target} | {t.tok_s} | {ratio} | {t.failed} |")
+            if t.target == "in-process":
+                base = t.tok_s
+            ratio = t.tok_s / base if base else None
+            if t.target != "in-process" and ratio is not None:
+                ratios.append(ratio)
+            shown = "-" if ratio is None else f"{ratio:.2f}x"
+            lines.append(f"| {t.target} | {t.tok_s} | {shown} | {t.failed} |")
+        if len(ratios) > 1:
+            ratios.sort()
+            lines.append(
+                f"\nOne replica / in-process, median of {len(ratios)} pairs: "
+                f"**{statistics.median(ratios):.2f}x** (from {ratios[0]:.2f} to {ratios[-1]:.2f})"
+            )
         lines.append("")
     if report.continuation:
         lines += [
@@ -344,8 +357,9 @@ async def run_replicas(options: ReplicaOptions, command: str) -> ReplicaReport:
     host = await asyncio.to_thread(machine.describe, options.dtype)
     throughput: list[Throughput] = []
     if "throughput" in options.parts:
-        for name, extra in (("in-process", {}), ("one-replica", {"ENGINE_REPLICAS": "1"})):
-            throughput.append(await _throughput(name, options, workload, extra, out))
+        for _ in range(options.repeats):
+            for name, extra in (("in-process", {}), ("one-replica", {"ENGINE_REPLICAS": "1"})):
+                throughput.append(await _throughput(name, options, workload, extra, out))
     continuation = []
     if "continuation" in options.parts:
         for routing in ("affinity", "load"):
