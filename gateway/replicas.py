@@ -7,7 +7,8 @@ keyword arguments pass through). The gateway holds a `ReplicaEngine`: an `Engine
 tokenizer is the replicas' own (sent once) and whose engine calls go through a
 `DeploymentHandle` routed by Ray's `ConsistentHashRouter` on the prompt's continuation key
 (gateway/affinity.py), so every continuation of a key reaches the replica whose prefix cache
-holds its blocks; a prompt with no key goes to any replica. Closing a stream cancels the
+holds its blocks; a prompt with no key goes to any replica. Steps come back over gRPC, as in
+Serve's throughput-optimized mode (`_direct`). Closing a stream cancels the
 remote call, which aborts the engine request in the replica. A replica that dies ends each of
 its running requests with one `engine_unavailable` error (nothing is retried: a stream may
 have sent text already); Serve starts another, and the ring moves only the dead one's keys.
@@ -48,6 +49,10 @@ REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # methods on Serve's loop: no thread hop
     "RAY_SERVE_LOG_TO_STDERR": "0",
 }
+# Serve's controller runs its control loop 10 times a second by default: on 2 cores that and
+# its GCS calls took 0.038 cores from the model, 0.016 once a second (docs/BENCHMARKS.md);
+# a dead replica is noticed up to a second later. Set only where the gateway starts Serve.
+CONTROLLER_ENV = {"env_vars": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1"}}
 _SERVED_KEYS = 10_000  # routing keys each replica remembers serving (diagnostics, tests)
 
 
@@ -77,7 +82,10 @@ class EngineReplica:
         context = serve.get_replica_context()
         cores = engine_environment({}).get("VLLM_CPU_OMP_THREADS_BIND", "").split(",")
         if cores != [""]:  # a small machine: its cores shared out, not all to every replica
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _share(cores, context))
+            share = os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _share(cores, context))
+            # Ray sets OMP_NUM_THREADS to the actor's num_cpus (1); the engine's threads are
+            # as many as its cores, and vLLM sizes its CPU attention by torch's thread count.
+            os.environ["OMP_NUM_THREADS"] = str(len(share.split(",")))
         self.engine = await default_loader(msgspec.structs.replace(settings, engine_replicas=0))()
         self.tag = serve.get_replica_context().replica_tag
         self._served: OrderedDict[str, int] = OrderedDict()
@@ -322,7 +330,7 @@ def _connect(settings: Settings) -> tuple[Any, Callable[[], None]]:
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
-    serve.start(proxy_location="Disabled")
+    serve.start(proxy_location="Disabled", controller_options={"runtime_env": CONTROLLER_ENV})
     if APP not in serve.status().applications:  # else deployed already (a RayService, a gateway)
         log.info("deploying %d engine replicas on Ray Serve", settings.engine_replicas)
         serve.run(deployment(settings), name=APP, route_prefix=None)  # returns once ready
