@@ -189,7 +189,9 @@ class ReplicaEngine(Engine):
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()
-        handle = self.handle.options(stream=stream)
+        # Steps over gRPC (per-step cost; each step far below gRPC's 4 MiB message limit);
+        # whole answers as Ray objects (once per request, and of any size).
+        handle = self.handle.options(stream=stream, _by_reference=not stream)
         if key is not None:
             handle = handle.options(session_id=key)
         return getattr(handle, method)
@@ -348,15 +350,16 @@ def _connect(settings: Settings) -> tuple[Any, Callable[[], None]]:
 
 def _direct(handle: Any) -> Any:
     """The handle as Ray Serve's throughput-optimized mode sets it up (its
-    RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 and RAY_SERVE_USE_GRPC_BY_DEFAULT=1, for this
-    handle only): its router on the gateway's event loop (no hop to a thread of its own per
-    step) and each step over gRPC from the replica (not a Ray object: no owner to report to).
-    Per engine step this halved the CPU the gateway and the replica spend (docs/BENCHMARKS.md).
-    Called on the event loop, which the router then runs on. A handle of its own: Serve
-    caches the one `get_app_handle` gives, and another caller (a thread) may want that."""
+    RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0; its RAY_SERVE_USE_GRPC_BY_DEFAULT=1 is
+    `_by_reference=False` per streamed call, `ReplicaEngine._routed`): its router on the
+    gateway's event loop (no hop to a thread of its own per step), each step over gRPC from
+    the replica (not a Ray object: no owner to report to). Per engine step this halved the
+    CPU the gateway and the replica spend (docs/BENCHMARKS.md). Called on the event loop,
+    which the router then runs on. A handle of its own: Serve caches the one
+    `get_app_handle` gives, and another caller (a thread) may want that."""
     own: DeploymentHandle[Any] = DeploymentHandle(handle.deployment_name, handle.app_name)
     own._init(_run_router_in_separate_loop=False)  # type: ignore[no-untyped-call]
-    return own.options(_by_reference=False)
+    return own
 
 
 def build(args: dict[str, str]) -> Any:
