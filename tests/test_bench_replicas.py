@@ -35,3 +35,22 @@ def test_the_quick_replicas_scenario_measures_every_target(tmp_path: Path) -> No
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["command"].endswith("--quick")
     assert "continuation / fresh" in markdown(report)
+
+
+def test_the_report_gives_each_pair_its_ratio_and_their_median() -> None:
+    from gateway_bench import machine
+    from gateway_bench.replica_bench import ReplicaOptions, ReplicaReport, Throughput, markdown
+
+    pairs = [("in-process", 200.0), ("one-replica", 180.0), ("in-process", 250.0)]
+    pairs += [("one-replica", 200.0), ("in-process", 100.0), ("one-replica", 95.0)]
+    report = ReplicaReport(
+        command="llm-gateway bench --scenario replicas --repeats 3",
+        machine=machine.describe("auto"),
+        options=ReplicaOptions(repeats=3),
+        throughput=[Throughput(target, tok_s, 0) for target, tok_s in pairs],
+        continuation=[],
+    )
+    text = markdown(report)
+    assert "| one-replica | 180.0 | 0.90x | 0 |" in text  # within its own pair
+    assert "| one-replica | 200.0 | 0.80x | 0 |" in text
+    assert "median of 3 pairs: **0.90x** (from 0.80 to 0.95)" in text
