@@ -12,6 +12,7 @@ import msgspec
 
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.feedback import FeedbackStore, feedback_path
+from gateway.grpc_client import use_poller_client
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +77,8 @@ def _export_feedback(path: Path) -> int:
 
 
 def run_server(settings: Settings, host: str, port: int) -> int:
+    if settings.engine_replicas:
+        use_poller_client()  # before gateway.app imports Ray, and Ray gRPC
     from gateway.app import create_app
     from gateway.server import GatewayServer, uvicorn_config
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from clients import wait_for, wait_ready
+from gateway.grpc_client import use_poller_client
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 # only (else Ray dials the machine's interface address), and no token from ~/.ray.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_AUTH_MODE"] = "disabled"
+use_poller_client()  # gRPC's client as `llm-gateway serve` sets it with replicas: before Ray
 
 ENGINE_FIXTURES = {"engine", "loop_thread"}  # every server fixture depends on both
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
+from gateway.cli import run_server
 from gateway.config import ConfigError, load_settings
 
 
@@ -86,3 +88,29 @@ def test_prepare_model_command_reuses_the_complete_copy() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(default_model_dir())
     assert "reusing complete copy" in done.stderr
+
+
+def test_a_gateway_with_replicas_sets_grpc_s_client_before_anything_imports_grpc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gRPC reads GRPC_EXPERIMENTS once, at start: `llm-gateway serve` sets it before it
+    imports the app (which imports Ray, and gRPC), and keeps an operator's own value."""
+    seen: dict[str, str] = {}
+
+    class Built(Exception):
+        pass
+
+    def create_app(*args: object, **kwargs: object) -> None:
+        seen.update(os.environ)
+        raise Built
+
+    monkeypatch.setitem(sys.modules, "gateway.app", types.SimpleNamespace(create_app=create_app))
+    settings = load_settings({"ENGINE_REPLICAS": "1"}, dotenv_path=None)
+    for own, expected in ((None, "-event_engine_client"), ("-pollset_alternative", None)):
+        if own is None:
+            monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+        else:
+            monkeypatch.setenv("GRPC_EXPERIMENTS", own)
+        with pytest.raises(Built):
+            run_server(settings, "127.0.0.1", 0)
+        assert seen["GRPC_EXPERIMENTS"] == (expected or own)
