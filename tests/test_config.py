@@ -90,7 +90,7 @@ def test_prepare_model_command_reuses_the_complete_copy() -> None:
     assert "reusing complete copy" in done.stderr
 
 
-def test_a_gateway_with_replicas_sets_grpc_s_client_before_anything_imports_grpc(
+def test_a_gateway_with_replicas_sets_grpc_s_client_before_it_imports_the_app(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """gRPC reads GRPC_EXPERIMENTS once, at start: `llm-gateway serve` sets it before it
