@@ -6,7 +6,8 @@ thread wake-ups a message in the gateway, against 1.25 with gRPC's older poller,
 on the thread that waits for completions. On a machine whose cores the model's threads fill,
 each wake-up can stall them (docs/BENCHMARKS.md, "Engine replicas"). gRPC reads the setting
 once, when it starts: it must be in the environment before anything imports gRPC (Ray does).
-An operator's own GRPC_EXPERIMENTS is kept; a gRPC without the experiment ignores it.
+An operator's own GRPC_EXPERIMENTS is kept. A gRPC that no longer has the experiment logs
+"Unknown experiment" once and goes on with its default client.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-GRPC_CLIENT_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client"}
-
 
 def use_poller_client(environ: MutableMapping[str, str] = os.environ) -> None:
-    for key, value in GRPC_CLIENT_ENV.items():
-        environ.setdefault(key, value)
+    environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client")

@@ -93,24 +93,29 @@ def test_prepare_model_command_reuses_the_complete_copy() -> None:
 def test_a_gateway_with_replicas_sets_grpc_s_client_before_it_imports_the_app(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """gRPC reads GRPC_EXPERIMENTS once, at start: `llm-gateway serve` sets it before it
-    imports the app (which imports Ray, and gRPC), and keeps an operator's own value."""
+    """gRPC reads GRPC_EXPERIMENTS once, at start: `llm-gateway serve` sets it before its
+    `from gateway.app import ...` (gateway.app imports Ray, and gRPC), and keeps an
+    operator's own value. The stand-in app records the environment at that import."""
     seen: dict[str, str] = {}
 
-    class Built(Exception):
+    class Imported(Exception):
         pass
 
-    def create_app(*args: object, **kwargs: object) -> None:
+    def imported(name: str) -> object:
         seen.update(os.environ)
-        raise Built
+        raise Imported(name)
 
-    monkeypatch.setitem(sys.modules, "gateway.app", types.SimpleNamespace(create_app=create_app))
+    app = types.ModuleType("gateway.app")
+    app.__dict__["__getattr__"] = imported  # runs when `from gateway.app import` looks up a name
+    monkeypatch.setitem(sys.modules, "gateway.app", app)
     settings = load_settings({"ENGINE_REPLICAS": "1"}, dotenv_path=None)
-    for own, expected in ((None, "-event_engine_client"), ("-pollset_alternative", None)):
-        if own is None:
-            monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
-        else:
-            monkeypatch.setenv("GRPC_EXPERIMENTS", own)
-        with pytest.raises(Built):
-            run_server(settings, "127.0.0.1", 0)
-        assert seen["GRPC_EXPERIMENTS"] == (expected or own)
+
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    with pytest.raises(Imported):
+        run_server(settings, "127.0.0.1", 0)
+    assert seen["GRPC_EXPERIMENTS"] == "-event_engine_client"
+
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "-pollset_alternative")
+    with pytest.raises(Imported):
+        run_server(settings, "127.0.0.1", 0)
+    assert seen["GRPC_EXPERIMENTS"] == "-pollset_alternative"
