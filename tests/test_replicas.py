@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from redis_server import RedisServer, running_redis
 
@@ -170,6 +171,18 @@ def test_each_key_stays_on_one_replica(replicas: RunningServer) -> None:
     placed = [routed(key_of(rid), "served") for rid in ids]
     assert [count for _, count, _ in placed] == [2] * 100  # both on the replica the ring names
     assert len({replica for replica, _, _ in placed}) == REPLICAS
+
+
+def test_the_replicas_engines_run_at_the_priority_of_the_cluster(replicas: RunningServer) -> None:
+    pids: set[int] = set()
+    while len(pids) < REPLICAS:
+        pids.add(routed(f"nice-{uuid.uuid4()}", "served")[2])
+    for pid in pids:
+        replica = psutil.Process(pid)
+        engine = replica.children(recursive=True)  # vLLM's engine core: the model's threads
+        assert engine
+        # `ray start` is this process's child; Ray's default would be 15 for its workers.
+        assert {p.nice() for p in [replica, *engine]} == {os.getpriority(os.PRIO_PROCESS, 0)}
 
 
 def test_a_closed_stream_aborts_its_engine_request_in_the_replica(
