@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import EngineSettings, served_model_name
 from gateway_bench import machine, targets
 from gateway_bench.clients import ws_batch
-from gateway_bench.metrics import Record
+from gateway_bench.metrics import Record, summarize
 from gateway_bench.mixed import default_model
 from gateway_bench.results import Machine
 from gateway_bench.scenario_options import parse_options
@@ -87,6 +87,9 @@ class Throughput(msgspec.Struct):
     target: str
     tok_s: float
     failed: int
+    # where a ratio below 1 comes from: slower engine steps (ITL) or a later first token
+    ttft_p50_ms: float | None = None
+    itl_p50_ms: float | None = None
 
 
 class Continuation(msgspec.Struct):
@@ -208,17 +211,17 @@ async def _throughput(
         )
         await asyncio.gather(*(_one(context, r) for r in warm))
         queue = list(reversed(requests))
-        tokens, failed = 0, 0
+        records: list[Record] = []
+        failed = 0
 
         async def client() -> None:
-            nonlocal tokens, failed
+            nonlocal failed
             worker = Worker(context)
             try:
                 while queue:
                     request = queue.pop()
                     try:
-                        record = await ws_batch(worker, request)  # then add: += would
-                        tokens += record.tokens  # read `tokens` before the await
+                        records.append(await ws_batch(worker, request))
                     except Exception as e:
                         failed += 1
                         print(f"replicas: a request failed: {e}", file=sys.stderr)
@@ -228,7 +231,12 @@ async def _throughput(
 
         began = perf_counter()
         await asyncio.gather(*(client() for _ in range(options.concurrency)))
-        return Throughput(name, round(tokens / (perf_counter() - began), 1), failed)
+        wall_s = perf_counter() - began
+        measured = summarize(
+            records, concurrency=options.concurrency, wall_s=wall_s, expected_tokens=0
+        )
+        tok_s = round(sum(r.tokens for r in records) / wall_s, 1)
+        return Throughput(name, tok_s, failed, measured.ttft_p50_ms, measured.itl_p50_ms)
 
 
 async def _one(context: Context, request: Request) -> Record:
@@ -309,7 +317,10 @@ def markdown(report: ReplicaReport) -> str:
         "",
     ]
     if report.throughput:
-        lines += ["| target | tok/s | / in-process (its pair) | failed |", "|---|---|---|---|"]
+        lines += [
+            "| target | tok/s | / in-process (its pair) | TTFT p50 ms | ITL p50 ms | failed |",
+            "|---|---|---|---|---|---|",
+        ]
         ratios, base = [], None
         for t in report.throughput:
             if t.target == "in-process":
@@ -318,7 +329,8 @@ def markdown(report: ReplicaReport) -> str:
             if t.target != "in-process" and ratio is not None:
                 ratios.append(ratio)
             shown = "-" if ratio is None else f"{ratio:.2f}x"
-            lines.append(f"| {t.target} | {t.tok_s} | {shown} | {t.failed} |")
+            latency = f"{_shown(t.ttft_p50_ms)} | {_shown(t.itl_p50_ms)}"
+            lines.append(f"| {t.target} | {t.tok_s} | {shown} | {latency} | {t.failed} |")
         if len(ratios) > 1:
             ratios.sort()
             lines.append(
@@ -338,6 +350,10 @@ def markdown(report: ReplicaReport) -> str:
                 f"{c.ratio} | {c.from_cache}/{c.measured} | {c.cached_share:.1%} | {c.failed} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _shown(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:,.1f}"
 
 
 async def run_replicas(options: ReplicaOptions, command: str) -> ReplicaReport:

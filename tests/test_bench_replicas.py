@@ -26,6 +26,7 @@ def test_the_quick_replicas_scenario_measures_every_target(tmp_path: Path) -> No
     report = asyncio.run(run_replicas(options, "llm-gateway bench --scenario replicas --quick"))
     assert [t.target for t in report.throughput] == ["in-process", "one-replica"]
     assert all(t.failed == 0 and t.tok_s > 0 for t in report.throughput)
+    assert all(t.ttft_p50_ms is not None and t.ttft_p50_ms > 0 for t in report.throughput)
     assert [c.routing for c in report.continuation] == ["affinity", "load"]
     for result in report.continuation:
         assert (result.failed, result.measured) == (0, options.repetitions)
@@ -50,7 +51,8 @@ def test_the_report_gives_each_pair_its_ratio_and_their_median() -> None:
         throughput=[Throughput(target, tok_s, 0) for target, tok_s in pairs],
         continuation=[],
     )
+    report.throughput[1].ttft_p50_ms, report.throughput[1].itl_p50_ms = 2490.04, 90.12
     text = markdown(report)
-    assert "| one-replica | 180.0 | 0.90x | 0 |" in text  # within its own pair
-    assert "| one-replica | 200.0 | 0.80x | 0 |" in text
+    assert "| one-replica | 180.0 | 0.90x | 2,490.0 | 90.1 | 0 |" in text  # within its own pair
+    assert "| one-replica | 200.0 | 0.80x | - | - | 0 |" in text
     assert "median of 3 pairs: **0.90x** (from 0.80 to 0.95)" in text
