@@ -48,9 +48,9 @@ ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # methods on Serve's loop: no thread hop
     "RAY_SERVE_LOG_TO_STDERR": "0",
-    # Ray runs its workers at nice 15, and the engine's processes inherit it: beside the
-    # gateway and Ray's own processes (nice 0) the model lost its cores to each of their
-    # wake-ups (docs/BENCHMARKS.md). The engine runs at the priority `ray start` ran at.
+    # Ray runs its workers at nice 15, and the engine's processes inherit it: the model would
+    # give its cores up to the gateway and Ray's own processes (nice 0) whenever they run.
+    # The engine runs at the priority `ray start` ran at, as in-process at the gateway's.
     "RAY_worker_niceness": "0",
 }
 # Serve's controller runs its control loop 10 times a second by default: on 2 cores that and
