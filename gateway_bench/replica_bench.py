@@ -43,6 +43,7 @@ from gateway_bench import machine, targets
 from gateway_bench.clients import ws_batch
 from gateway_bench.metrics import Record, summarize
 from gateway_bench.mixed import default_model
+from gateway_bench.report import number_cell
 from gateway_bench.results import Machine
 from gateway_bench.scenario_options import parse_options
 from gateway_bench.worker import Context, Worker
@@ -235,7 +236,7 @@ async def _throughput(
         measured = summarize(
             records, concurrency=options.concurrency, wall_s=wall_s, expected_tokens=0
         )
-        tok_s = round(sum(r.tokens for r in records) / wall_s, 1)
+        tok_s = round(measured.tokens / wall_s, 1)
         return Throughput(name, tok_s, failed, measured.ttft_p50_ms, measured.itl_p50_ms)
 
 
@@ -329,7 +330,7 @@ def markdown(report: ReplicaReport) -> str:
             if t.target != "in-process" and ratio is not None:
                 ratios.append(ratio)
             shown = "-" if ratio is None else f"{ratio:.2f}x"
-            latency = f"{_shown(t.ttft_p50_ms)} | {_shown(t.itl_p50_ms)}"
+            latency = f"{number_cell(t.ttft_p50_ms)} | {number_cell(t.itl_p50_ms)}"
             lines.append(f"| {t.target} | {t.tok_s} | {shown} | {latency} | {t.failed} |")
         if len(ratios) > 1:
             ratios.sort()
@@ -350,10 +351,6 @@ def markdown(report: ReplicaReport) -> str:
                 f"{c.ratio} | {c.from_cache}/{c.measured} | {c.cached_share:.1%} | {c.failed} |"
             )
     return "\n".join(lines) + "\n"
-
-
-def _shown(ms: float | None) -> str:
-    return "-" if ms is None else f"{ms:,.1f}"
 
 
 async def run_replicas(options: ReplicaOptions, command: str) -> ReplicaReport:

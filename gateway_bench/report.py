@@ -21,7 +21,8 @@ _FIGURES: tuple[tuple[str, Callable[[StepResult], float | None]], ...] = (
 )
 
 
-def _num(value: float | None, digits: int = 1) -> str:
+def number_cell(value: float | None, digits: int = 1) -> str:
+    """A figure as a table shows it: thousands separated, `-` for none."""
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
@@ -59,16 +60,16 @@ def _figures_table(report: BenchReport) -> list[str]:
                     str(s.requests),
                     str(s.errors),
                     f"{s.tokens}/{s.expected_tokens}",
-                    _num(s.tokens_per_s),
+                    number_cell(s.tokens_per_s),
                     _ratio(s.tokens_per_s, c.tokens_per_s if c else None),
                     _ratio(s.tokens_per_s, v.tokens_per_s if v else None),
-                    _num(s.ttft_p50_ms),
-                    _num(s.ttft_p99_ms),
-                    _num(s.itl_p50_ms),
-                    _num(s.itl_p99_ms),
-                    _num(s.e2e_p50_ms, 0),
-                    _num(s.e2e_p99_ms, 0),
-                    _num(s.frontend_cpu_ms_per_token, 2),
+                    number_cell(s.ttft_p50_ms),
+                    number_cell(s.ttft_p99_ms),
+                    number_cell(s.itl_p50_ms),
+                    number_cell(s.itl_p99_ms),
+                    number_cell(s.e2e_p50_ms, 0),
+                    number_cell(s.e2e_p99_ms, 0),
+                    number_cell(s.frontend_cpu_ms_per_token, 2),
                     "-" if s.other_cpu_pct is None else f"{s.other_cpu_pct:.0f}%",
                 ]
             )
@@ -103,10 +104,10 @@ def _continuation(report: BenchReport) -> list[str]:
     rows = [
         [
             str(p.history_tokens),
-            _num(p.continuation_ttft_ms),
-            _num(p.fresh_ttft_ms),
+            number_cell(p.continuation_ttft_ms),
+            number_cell(p.fresh_ttft_ms),
             "-" if p.ratio is None else f"{p.ratio:.2f}",
-            _num(p.resend_ttft_ms),
+            number_cell(p.resend_ttft_ms),
             str(p.repetitions),
             str(p.errors),
         ]
@@ -128,12 +129,15 @@ def _connections(report: BenchReport) -> list[str]:
     rows = [
         ["idle WebSockets (/ws)", f"{c.idle_open} open of {c.idle_requested}"],
         ["errors while idle", str(c.idle_errors)],
-        ["gateway RSS before / with them", f"{_num(c.rss_before_mb)} / {_num(c.rss_idle_mb)} MB"],
-        ["RSS per idle connection", f"{_num(c.kb_per_idle_connection)} KB"],
+        [
+            "gateway RSS before / with them",
+            f"{number_cell(c.rss_before_mb)} / {number_cell(c.rss_idle_mb)} MB",
+        ],
+        ["RSS per idle connection", f"{number_cell(c.kb_per_idle_connection)} KB"],
         ["concurrent streams", f"{c.streams} x {c.stream_output_tokens} tokens"],
         ["stream errors", str(c.stream_errors)],
         ["streams' tokens, wall time", f"{c.stream_tokens} in {c.stream_wall_s} s"],
-        ["gateway RSS peak while streaming", f"{_num(c.rss_streaming_peak_mb)} MB"],
+        ["gateway RSS peak while streaming", f"{number_cell(c.rss_streaming_peak_mb)} MB"],
     ]
     if c.first_error:
         rows.append(["first error", c.first_error.replace("|", "/")])

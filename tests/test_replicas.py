@@ -179,7 +179,7 @@ def test_the_replicas_engines_run_at_the_priority_of_the_cluster(replicas: Runni
         pids.add(routed(f"nice-{uuid.uuid4()}", "served")[2])
     for pid in pids:
         replica = psutil.Process(pid)
-        engine = replica.children(recursive=True)  # vLLM's engine core: the model's threads
+        engine = replica.children(recursive=True)  # vLLM's engine core and model worker
         assert engine
         # `ray start` is this process's child; Ray's default would be 15 for its workers.
         assert {p.nice() for p in [replica, *engine]} == {os.getpriority(os.PRIO_PROCESS, 0)}
