@@ -13,7 +13,8 @@ at the length limit. vLLM's own beam search differs: it normalises over the prom
 keeps every ending candidate, so a beam that ends at once can win with an empty text.
 
 The engine is reached through `next_tokens`: for each sequence, the log-probabilities of its
-most likely next tokens.
+most likely next tokens. Each hypothesis keeps its tokens' own log-probabilities (the model's,
+not divided by the temperature), which the answers report per token.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ class Hypothesis(NamedTuple):
     score: float  # sum of log-probabilities / generated length ** length_penalty
     token_ids: tuple[int, ...]
     ended_at_eos: bool
+    logprobs: tuple[float, ...] = ()  # each token's, as the model scored it
 
 
 class _Beam(NamedTuple):
     logprob: float
     token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
 
 
 class _Candidate(NamedTuple):
@@ -43,6 +46,7 @@ class _Candidate(NamedTuple):
     logprob: float
     token_ids: tuple[int, ...]
     ends_at_eos: bool
+    logprobs: tuple[float, ...]
 
 
 async def beam_search(
@@ -61,30 +65,37 @@ async def beam_search(
     candidates are drawn, without replacement, in proportion to their probability)."""
     keep = max(2, 1 + len(eos_token_ids)) * num_beams
     sampler = random.Random(seed)
-    running = [_Beam(0.0, ())]
+    running = [_Beam(0.0, (), ())]
     finished: list[Hypothesis] = []
     can_improve = True
     for length in range(1, max_new_tokens + 1):
         scores = await next_tokens([[*prompt, *beam.token_ids] for beam in running], keep)
         candidates = []
-        for beam, logprobs in zip(running, scores, strict=True):
-            for token_id, logprob in logprobs.items():
+        for beam, scored in zip(running, scores, strict=True):
+            for token_id, logprob in scored.items():
                 total = beam.logprob + (logprob if temperature is None else logprob / temperature)
                 key = total if temperature is None else total + _gumbel(sampler)
                 ended = token_id in eos_token_ids
-                candidates.append(_Candidate(key, total, (*beam.token_ids, token_id), ended))
+                ids, logprobs = (*beam.token_ids, token_id), (*beam.logprobs, logprob)
+                candidates.append(_Candidate(key, total, ids, ended, logprobs))
         candidates = sorted(candidates, key=lambda c: -c.rank_key)[:keep]
         last = length == max_new_tokens
         full = len(finished) == num_beams
         if can_improve and not (full and early_stopping is True):
             finished += [
-                Hypothesis(c.logprob / length**length_penalty, c.token_ids, c.ends_at_eos)
+                Hypothesis(
+                    c.logprob / length**length_penalty, c.token_ids, c.ends_at_eos, c.logprobs
+                )
                 for c in candidates[:num_beams]
                 if c.ends_at_eos or last
             ]
             finished = sorted(finished, key=lambda h: -h.score)[:num_beams]
         running = sorted(
-            (_Beam(c.logprob, c.token_ids) for c in candidates if not (c.ends_at_eos or last)),
+            (
+                _Beam(c.logprob, c.token_ids, c.logprobs)
+                for c in candidates
+                if not (c.ends_at_eos or last)
+            ),
             key=lambda b: -b.logprob,
         )[:num_beams]
         if not running:

@@ -76,6 +76,7 @@ class _Generation:
         self.first_token_at: float | None = None
         self.last_token_at = self.started
         self.finish_reason: str | None = None
+        self.end_announced = False  # a token message said `finished`
 
     @property
     def sequence(self) -> list[int]:
@@ -126,7 +127,12 @@ class ControlSession:
                 case Feedback():
                     await self._feedback(message)
         except GenerationError as e:
-            self.send(error_message(e, self._current_id()))
+            self.refuse(e)
+
+    def refuse(self, error: GenerationError) -> None:
+        """An error about a client message (one that could not be decoded too): it names the
+        latest generation an `init` announced, as every error after it does."""
+        self.send(error_message(error, self._current_id()))
 
     async def close(self) -> None:
         """The client left: stop everything (the engine request is aborted)."""
@@ -275,19 +281,22 @@ class ControlSession:
 
     def _on_delta(self, gen: _Generation, delta: Delta) -> None:
         gen.token_ids.extend(delta.token_ids)
-        if not delta.text:
+        if not delta.text and delta.finish_reason is None:
             return
         now = time.perf_counter()
         gen.text += delta.text
-        if gen.first_token_at is None:
+        if gen.first_token_at is None and delta.text:
             gen.first_token_at = now
         if gen.config.options.stream:
             self.send(self._token(gen, delta, now))
         gen.last_token_at = now
 
     def _token(self, gen: _Generation, delta: Delta, now: float) -> Token:
+        """A token message; the one of the step that ended the generation says so, even when
+        that step has no text to send (the end-of-sequence token's is not sent)."""
         options = gen.config.options
         last = delta.finish_reason is not None
+        gen.end_announced = last
         message = Token(delta.text, gen.text, delta.finish_reason, last)
         if options.include_token_ids and delta.token_ids:
             message.token_id = delta.token_ids[-1]
@@ -304,6 +313,10 @@ class ControlSession:
 
     def _complete(self, gen: _Generation, reason: str) -> None:
         self._cancel_pause_timer()
+        if gen.config.options.stream and gen.announced_id and not gen.end_announced:
+            # It ended with no engine step to report (stop, regenerate, a lowered max_tokens):
+            # the last token message still says how.
+            self.send(self._token(gen, Delta(0, "", [], None, reason), time.perf_counter()))
         usage = Usage(gen.prompt_length, gen.completion_tokens, len(gen.sequence))
         message = Completion(gen.text, reason, usage, gen.announced_id)
         if gen.config.options.include_timing:

@@ -41,7 +41,8 @@ from gateway.cpu_defaults import (
 )
 from gateway.metrics import StreamMeter
 from protocols.errors import ErrorKind, GenerationError, invalid
-from protocols.generation import SamplingOptions, TokenInfo, TopToken
+from protocols.generation import Delta, SamplingOptions, TokenInfo, TopToken
+from protocols.holdback import described
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -65,6 +66,8 @@ class EngineStep(msgspec.Struct):
     tokens: list[TokenInfo] | None = None
     prompt_tokens: list[TokenInfo] | None = None
     stop_reason: int | str | None = None
+    generated: int | None = None  # tokens generated, where token_ids are fewer (a stop string)
+    beyond: str = ""  # the last token's text past the stop string that ended the sequence
 
 
 def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
@@ -259,20 +262,69 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The conversation as a prompt, in the model's own chat template."""
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The conversation as a prompt, in the model's own chat template: ending with the
+        assistant's turn, or (`continue_final_message`) inside the last message."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise invalid(
                 "This model has no chat template: send `prompt` instead of `messages`", "messages"
             )
         return str(
             self.tokenizer.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=True
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
             )
         )
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids)))
+
+    @property
+    def vocabulary(self) -> int:
+        """How many token ids the tokenizer knows (0 to this less one)."""
+        return len(self.tokenizer)
+
+    def retokenize(self, text: str) -> list[TokenInfo]:
+        """`text`'s own tokens, with no log-probability: what is left of a token a stop string
+        split (protocols/holdback.py)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return [TokenInfo(i, str(self.tokenizer.decode([i])), float("nan")) for i in ids]
+
+    def _cut_at_stop(self, step: EngineStep, options: SamplingOptions) -> EngineStep:
+        """A sequence that ended at a stop string, with only the tokens of its text: vLLM cuts
+        the text but keeps every token id (the stop string's, and one that runs past it)."""
+        if not isinstance(step.stop_reason, str):
+            return step
+        pieces = step.tokens or [
+            TokenInfo(i, self._piece(i, options), float("nan")) for i in step.token_ids
+        ]
+        if "".join(t.text for t in pieces).startswith(step.text):
+            parts = [Delta(0, t.text, [t.token_id], [t]) for t in pieces]
+            out = described(parts, step.text, self.retokenize)
+        else:  # tokens whose text alone is not their text in the sequence (a split character)
+            fresh = self.retokenize(step.text)
+            out = Delta(0, step.text, [t.token_id for t in fresh], fresh)
+        return msgspec.structs.replace(
+            step,
+            token_ids=out.token_ids,
+            tokens=out.tokens if step.tokens is not None else None,
+            generated=len(step.token_ids),
+        )
+
+    def _beyond_stop(self, step: EngineStep, options: SamplingOptions) -> str:
+        """The text of a last step's tokens past the stop string that ended it (vLLM cuts it)."""
+        if not isinstance(step.stop_reason, str):
+            return ""
+        whole = "".join(self._piece(i, options) for i in step.token_ids)
+        return whole[len(step.text) :] if whole.startswith(step.text) else ""
 
     def _piece(self, token_id: int, options: SamplingOptions) -> str:
         return str(self.tokenizer.decode([token_id], options.skip_special_tokens))
@@ -357,6 +409,8 @@ class Engine:
                 first = False
                 if whole and step.is_eos and step.token_ids:
                     step.text = step.text.removesuffix(self._piece(step.token_ids[-1], options))
+                if step.finished:
+                    step.beyond = self._beyond_stop(step, options)
                 if meter is not None:
                     meter.step(len(step.token_ids), step.cached_tokens, step.finished)
                 yield step
@@ -375,7 +429,10 @@ class Engine:
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 if output.finished:
-                    steps = [self._step(output, c, True) for c in output.outputs]
+                    steps = [
+                        self._cut_at_stop(self._step(output, c, True), options)
+                        for c in output.outputs
+                    ]
                     if meter is not None:
                         tokens = sum(len(s.token_ids) for s in steps)
                         meter.step(tokens, steps[0].cached_tokens, True)
@@ -418,9 +475,8 @@ class Engine:
         priority: int = 0,
     ) -> list[EngineStep]:
         """Beam search as transformers does it (gateway/beams.py), run to the end: the best
-        `options.n` beams, best first, each step's beams one engine request each.
-
-        Beam search reports no log-probabilities: each token's is NaN.
+        `options.n` beams, best first, each step's beams one engine request each, each token
+        with the log-probability the model gave it (no alternatives).
         """
         room = self.max_model_len - len(token_ids)
         sample = options.do_sample and options.temperature > 0
@@ -448,7 +504,10 @@ class Engine:
                 b.ended_at_eos,
                 "stop" if b.ended_at_eos else "length",
                 0,
-                [self._token(t, None) for t in b.token_ids],
+                [
+                    msgspec.structs.replace(self._token(t, None), logprob=logprob)
+                    for t, logprob in zip(b.token_ids, b.logprobs, strict=True)
+                ],
             )
             for b in beams
         ]

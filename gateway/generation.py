@@ -167,11 +167,15 @@ async def _history(engine: Engine, request: GenerationRequest) -> History:
             # Only the tail is kept: tokenize enough of it that the cut falls well before it.
             prompt = prompt[-(request.truncate + 16) * longest :]
         elif len(prompt) > engine.max_model_len * longest:
+            # OpenAI's and vLLM's wording, and "prompt is too long": litellm and
+            # langchain-openai recognise an overflow by these words, not by its code.
             raise GenerationError(
                 ErrorKind.CONTEXT_LENGTH_EXCEEDED,
-                f"The prompt is {len(prompt)} characters, more than this model's context of "
-                f"{engine.max_model_len} tokens can hold (no token is longer than {longest} "
-                "characters)",
+                f"This model's maximum context length is {engine.max_model_len} tokens. "
+                f"However, your prompt is too long: it contains {len(prompt)} characters (more "
+                f"than {engine.max_model_len * longest} characters, which is the upper bound "
+                f"for {engine.max_model_len} input tokens). Please reduce the length of the "
+                "input prompt.",
                 request.prompt_field,
             )
         if len(prompt) > _TOKENIZE_INLINE_CHARS:
@@ -185,8 +189,9 @@ async def _history(engine: Engine, request: GenerationRequest) -> History:
     if length >= engine.max_model_len:
         raise GenerationError(
             ErrorKind.CONTEXT_LENGTH_EXCEEDED,
-            f"The prompt is {length} tokens; this model's context is {engine.max_model_len} "
-            "tokens, which must also hold the new tokens",
+            f"This model's maximum context length is {engine.max_model_len} tokens. However, "
+            f"your prompt is too long: it contains {length} input tokens, which leaves no room "
+            "for output tokens. Please reduce the length of the input prompt.",
             request.prompt_field,
         )
     return history
@@ -228,11 +233,12 @@ async def _engine_events(
         yield _finished(request, history, steps, started)
         return
     holdback = request.holdback or Holdback()
-    holdback.begin(options.stop, options.include_stop_str_in_output)
+    holdback.begin(options.stop, options.include_stop_str_in_output, engine.retokenize)
     first: EngineStep | None = None
     last: EngineStep | None = None
     texts: list[str] = []
-    new_ids: list[int] = []
+    new_ids: list[int] = []  # the ids of the text sent: none of a cut stop string's
+    generated = 0
     stream = engine.stream(token_ids, options, meter, priority)
     async with aclosing(stream):
         async for step in stream:
@@ -240,16 +246,17 @@ async def _engine_events(
                 first = step
                 yield Initialized(index, history.text)
             last = step
-            new_ids.extend(step.token_ids)
+            generated += len(step.token_ids)
             if step.finished:
                 reason = step.finish_reason or "length"
                 piece = Delta(index, step.text, list(step.token_ids), step.tokens, reason)
                 stop_string = step.stop_reason if isinstance(step.stop_reason, str) else None
-                out: Delta | None = holdback.finish(piece, stop_string)
+                out: Delta | None = holdback.finish(piece, stop_string, step.beyond)
             else:
                 out = holdback.push(Delta(index, step.text, list(step.token_ids), step.tokens))
             if out is not None:
                 texts.append(out.text)
+                new_ids.extend(out.token_ids)
                 yield out
             if holdback.stopped_at is not None:
                 # The held text completed a stop string begun before this request: end it here
@@ -265,6 +272,7 @@ async def _engine_events(
         last,
         text="".join(texts),
         token_ids=new_ids,
+        generated=generated,
         tokens=None,
         cached_tokens=first.cached_tokens,
         prompt_tokens=first.prompt_tokens,
@@ -290,7 +298,11 @@ def _finished(
         execution_time=time.perf_counter() - started,
         sequences=[
             GeneratedSequence(
-                s.text, len(s.token_ids), s.finish_reason or "length", s.stop_reason, s.tokens
+                s.text,
+                len(s.token_ids) if s.generated is None else s.generated,
+                s.finish_reason or "length",
+                s.stop_reason,
+                s.tokens,
             )
             for s in steps
         ],

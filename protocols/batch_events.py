@@ -54,8 +54,13 @@ class Complete(msgspec.Struct, tag_field="type", tag="COMPLETE"):
 
 
 class ErrorEvent(msgspec.Struct, tag_field="type", tag="ERROR"):
-    request_id: str | None
+    request_id: str  # NO_ID when no request_id could be read
     error: str
+
+
+# The spec types every request_id as a string: an ERROR that can name no prompt (the payload is
+# not JSON, names no prompts, or an entry has no string request_id) says "".
+NO_ID = ""
 
 
 WireEvent = Accepted | StartedEvent | InitializedEvent | Progress | Complete | ErrorEvent
@@ -83,7 +88,10 @@ class PayloadFrames:
         self._ids = [item.request_id for item in items]
         self._only_new_tokens = only_new_tokens
         self._unchecked = set(range(len(items)))
-        self._refused: Frame = [ErrorEvent(r.request_id, r.error.message) for r in rejected]
+        self._refused: Frame = [
+            ErrorEvent(NO_ID if r.request_id is None else r.request_id, r.error.message)
+            for r in rejected
+        ]
         self._accepted: list[int] = []
         self._started: dict[int, WireEvent] = {}
         self._initialized: dict[int, WireEvent] = {}

@@ -12,7 +12,11 @@ import msgspec
 
 from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
 from protocols.generation import PromptItem, SamplingOptions
-from protocols.generation_config import GenerationConfig, resolve_options
+from protocols.generation_config import (
+    GenerationConfig,
+    resolve_options,
+    strip_generation_config,
+)
 from protocols.json_body import decode_json_object
 
 
@@ -86,6 +90,7 @@ def decode_batch(
     doc = decode_json_object(raw)
     items, positions, rejected = decode_prompts(doc)
     settings_doc = {k: v for k, v in doc.items() if k != "prompts"}
+    strip_generation_config(settings_doc, "generation_config", "generation_config")
     try:
         settings = msgspec.convert(settings_doc, PayloadSettings)
         stream = settings.stream_response and streaming_allowed
@@ -97,3 +102,31 @@ def decode_batch(
         rejected.sort(key=lambda r: r.position)
         return BatchRequest([], [], rejected, defaults, True, False)
     return BatchRequest(items, positions, rejected, options, settings.only_new_tokens, stream)
+
+
+def refuse_repeated_ids(batch: BatchRequest) -> BatchRequest:
+    """The payload refused as a whole when it names a request_id twice (`/ws`): one Rejected
+    per request_id, before anything runs, so no request_id gets two answers. A request_id
+    refused for a reason of its own keeps it; the others get the repeated ids' error."""
+    repeats = [r for r in batch.rejected if r.error.kind is ErrorKind.DUPLICATE_REQUEST_ID]
+    if not repeats:
+        return batch
+    names = ", ".join(dict.fromkeys(repr(r.request_id) for r in repeats))
+    repeated = GenerationError(
+        ErrorKind.DUPLICATE_REQUEST_ID,
+        f"request_id {names} appears more than once in the payload: none of its prompts ran",
+        repeats[0].error.field,
+    )
+    twice = {r.request_id for r in repeats}
+    pairs = zip(batch.items, batch.positions, strict=True)
+    entries = sorted(
+        [(position, item.request_id, None) for item, position in pairs]
+        + [(r.position, r.request_id, r.error) for r in batch.rejected],
+        key=lambda entry: entry[0],
+    )
+    refused: dict[str | None, Rejected] = {}
+    for position, request_id, error in entries:
+        if request_id not in refused:
+            own = error if error is not None and request_id not in twice else repeated
+            refused[request_id] = Rejected(request_id, own, position)
+    return BatchRequest([], [], list(refused.values()), batch.options, batch.only_new_tokens, False)

@@ -1,12 +1,14 @@
 """WS `/generate` and POST `/v1/generate` (control-ws.md): messages and codecs.
 
-Every message is a msgspec Struct tagged by `type`. Client messages decode through one
-`Decoder(ClientMessage)`; a bad message's error names its JSON path.
+Every message is a msgspec Struct tagged by `type`. Client messages decode as JSON, lose the
+transformers GenerationConfig fields their `parameters` do not honour
+(protocols/transformers_fields.py), then convert to `ClientMessage`; a bad message's error
+names its JSON path. Unknown fields are ignored, except in `parameters`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, assert_never
+from typing import Annotated, Any, Literal, assert_never
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -21,12 +23,13 @@ from protocols.generation import (
     TopP,
 )
 from protocols.json_body import MALFORMED, malformed
+from protocols.transformers_fields import strip_ignored, without_ignored
 
 Rating = Annotated[float, Meta(ge=-1.0, le=1.0)]
 LOGPROB_ALTERNATIVES = 5  # alternatives sent with each token when include_logprobs is set
 
 
-class Parameters(msgspec.Struct, kw_only=True):
+class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: MaxNewTokens | UnsetType = UNSET
     temperature: Temperature | UnsetType = UNSET
     top_p: TopP | UnsetType = UNSET
@@ -47,6 +50,8 @@ class RestOptions(msgspec.Struct, kw_only=True):
 class Options(RestOptions, kw_only=True):
     stream: bool = True
 
+
+_PARAMETERS = Parameters.__struct_fields__
 
 # --- client -> server ----------------------------------------------------------------------
 
@@ -162,7 +167,7 @@ class Error(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):
 
 ServerMessage = Status | Init | Token | Completion | Error
 
-_CLIENT_DECODER: msgspec.json.Decoder[ClientMessage] = msgspec.json.Decoder(ClientMessage)
+_JSON = msgspec.json.Decoder()
 _SERVER_DECODER: msgspec.json.Decoder[ServerMessage] = msgspec.json.Decoder(ServerMessage)
 _ENCODER = msgspec.json.Encoder()
 
@@ -206,7 +211,11 @@ def check_prompt(config: Config) -> None:
 
 def decode_client(raw: bytes | str) -> ClientMessage:
     try:
-        return _CLIENT_DECODER.decode(raw)
+        doc: Any = _JSON.decode(raw)
+        if isinstance(doc, dict):
+            strip_ignored(doc, "parameters", _PARAMETERS, "control parameters")
+        message: ClientMessage = msgspec.convert(doc, ClientMessage)
+        return message
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     except MALFORMED as e:
@@ -261,9 +270,10 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-class RestRequest(Parameters, kw_only=True):
+class RestRequest(Parameters, forbid_unknown_fields=False, kw_only=True):
     """The spec's REST body: the config's parameters flat beside the prompt (or nested in
-    `parameters`, as in a WebSocket `config`; a flat one wins over the same nested one)."""
+    `parameters`, as in a WebSocket `config`; a flat one wins over the same nested one).
+    Unknown fields beside the prompt are ignored, as in a WebSocket message."""
 
     prompt: str | UnsetType = UNSET
     messages: Messages | UnsetType = UNSET
@@ -284,7 +294,11 @@ class RestResponse(msgspec.Struct, omit_defaults=True):
 
 def rest_config(raw: bytes) -> Config:
     try:
-        body = msgspec.json.decode(raw, type=RestRequest)
+        doc: Any = _JSON.decode(raw)
+        if isinstance(doc, dict):
+            doc = without_ignored(doc, _PARAMETERS, "/v1/generate")
+            strip_ignored(doc, "parameters", _PARAMETERS, "/v1/generate parameters")
+        body = msgspec.convert(doc, RestRequest)
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     except MALFORMED as e:

@@ -217,10 +217,8 @@ def stop_cause(
 def best_sequences(
     finished: Finished, keep: int, *, by_mean: bool = False
 ) -> list[GeneratedSequence]:
-    """The best `keep` sequences, best first, by total (or mean) token log-probability.
-
-    Beams come ranked by the engine and carry no log-probabilities: their order is kept.
-    """
+    """The best `keep` sequences, best first, by total (or mean) token log-probability (not
+    for beams: they come ranked by their own length-normalised score)."""
 
     def score(sequence: GeneratedSequence) -> float:
         known = [t.logprob for t in sequence.tokens or () if not math.isnan(t.logprob)]

@@ -1,11 +1,15 @@
 """`generation_config`, shared by the batch-events WebSocket and the REST routes.
 
 Every field is optional; an absent one takes the server's default (the specs' "from .env").
-`seed`, `stop`, `ignore_eos` and `min_tokens` are the gateway's documented extensions.
-An unknown field is an error, never ignored.
+`seed`, `stop`, `ignore_eos` and `min_tokens` are the gateway's documented extensions, and
+`early_stopping` is transformers' (beam search). The other fields of transformers'
+GenerationConfig are accepted and ignored (protocols/transformers_fields.py); any other
+unknown field is an error.
 """
 
 from __future__ import annotations
+
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -21,6 +25,7 @@ from protocols.generation import (
     TopK,
     TopP,
 )
+from protocols.transformers_fields import strip_ignored
 
 STREAMING_BEAM_SEARCH_ERROR = (
     "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1."
@@ -36,10 +41,16 @@ class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     max_new_tokens: MaxNewTokens | UnsetType = UNSET
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
     length_penalty: float | UnsetType = UNSET
+    early_stopping: bool | Literal["never"] | UnsetType = UNSET
     seed: int | UnsetType | None = UNSET
     stop: list[str] | UnsetType = UNSET
     ignore_eos: bool | UnsetType = UNSET
     min_tokens: MinTokens | UnsetType = UNSET
+
+
+def strip_generation_config(doc: dict[str, Any], key: str, where: str) -> None:
+    """`doc[key]`, a generation_config, less the GenerationConfig fields it ignores (logged)."""
+    strip_ignored(doc, key, GenerationConfig.__struct_fields__, where)
 
 
 def resolve_options(

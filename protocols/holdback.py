@@ -8,13 +8,21 @@ one while its text could be the start of a stop string, and go out together: eve
 carries exactly the text of its tokens. A Holdback can outlive an engine request (a paused
 generation keeps what it holds), so a stop string that spans two requests is found here: the
 engine sees only its own request's text.
+
+Where a stop string is cut off, the Delta keeps only the tokens whose text it still shows: a
+token the cut splits (" mission" before the stop string "mission to") is replaced by the
+tokens of its kept text (" "), tokenized afresh and with no log-probability, so ids, text and
+the history a continuation resumes from all describe what the client was sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from protocols.generation import Delta
+from protocols.generation import Delta, TokenInfo
+
+# A text's tokens as the model's tokenizer makes them, with no log-probability (NaN).
+Retokenize = Callable[[str], list[TokenInfo]]
 
 
 class Holdback:
@@ -24,14 +32,17 @@ class Holdback:
         self._stops: tuple[str, ...] = ()
         self._keep_stop = False
         self._earlier = 0  # characters of held text from an earlier engine request
+        self._retokenize: Retokenize = _untokenized
 
     @property
     def held_ids(self) -> list[int]:
         return [token_id for piece in self.held for token_id in piece.token_ids]
 
-    def begin(self, stops: Sequence[str], keep_stop: bool) -> None:
-        """An engine request starts (or continues the sequence) with these stop strings."""
+    def begin(self, stops: Sequence[str], keep_stop: bool, retokenize: Retokenize) -> None:
+        """An engine request starts (or continues the sequence) with these stop strings;
+        `retokenize` tokenizes what is left of a token a stop string cuts."""
         self._stops, self._keep_stop = tuple(stops), keep_stop
+        self._retokenize = retokenize
         self.stopped_at = None
         self._earlier = len(_text(self.held))
 
@@ -61,15 +72,22 @@ class Holdback:
         self._earlier = max(self._earlier - len(released.text), 0)
         return released
 
-    def finish(self, piece: Delta, stop_string: str | None) -> Delta:
-        """The engine's last piece: everything held goes out, less the stop string."""
+    def finish(self, piece: Delta, stop_string: str | None, beyond: str = "") -> Delta:
+        """The engine's last piece: everything held goes out, less the stop string.
+
+        `beyond` is the text of the piece's last token past the stop string's end, which the
+        engine cut from the piece's text: that token is split too.
+        """
         self.held.append(piece)
         text = _text(self.held)
         if (stopped := self._spanning(text)) is not None:
             return stopped
         if stop_string is not None and not self._keep_stop:
             text = text.removesuffix(stop_string)
-        return self._release(len(self.held), text, piece.finish_reason)
+        if beyond:
+            self.held[-1] = Delta(piece.index, piece.text + beyond, piece.token_ids, piece.tokens)
+        cut = text if text != _text(self.held) else None  # an end token keeps its id
+        return self._release(len(self.held), cut, piece.finish_reason)
 
     def _spanning(self, text: str) -> Delta | None:
         """All that is held, up to a stop string that began in an earlier request, if any."""
@@ -94,15 +112,68 @@ class Holdback:
 
     def _release(self, count: int, text: str | None, finish_reason: str | None) -> Delta:
         pieces, self.held = self.held[:count], self.held[count:]
-        with_tokens = [p.tokens for p in pieces if p.tokens is not None]
-        return Delta(
-            pieces[0].index,
-            _text(pieces) if text is None else text,
-            [token_id for p in pieces for token_id in p.token_ids],
-            [t for tokens in with_tokens for t in tokens] if with_tokens else None,
-            finish_reason,
-        )
+        out = _joined(pieces) if text is None else described(pieces, text, self._retokenize)
+        out.finish_reason = finish_reason
+        return out
+
+
+def described(pieces: Sequence[Delta], text: str, retokenize: Retokenize) -> Delta:
+    """`text`, a prefix of the pieces' text, with exactly the tokens that make it up.
+
+    Whole pieces, then whole tokens of the piece the end of `text` falls in (where its
+    tokens' texts are known), keep their ids and log-probabilities; the text left after them
+    is tokenized afresh.
+    """
+    kept: list[Delta] = []
+    covered = 0
+    for piece in pieces:
+        if covered + len(piece.text) > len(text) or (covered == len(text) and piece.token_ids):
+            kept.extend(_whole_tokens(piece, len(text) - covered))
+            break
+        kept.append(piece)
+        covered += len(piece.text)
+    out = _joined(kept) if kept else Delta(pieces[0].index if pieces else 0, "", [], None)
+    rest = text[len(out.text) :]
+    if rest:
+        fresh = retokenize(rest)
+        out.token_ids.extend(t.token_id for t in fresh)
+        if any(p.tokens is not None for p in pieces):
+            out.tokens = [*(out.tokens or ()), *fresh]
+    out.text = text
+    return out
+
+
+def _whole_tokens(piece: Delta, length: int) -> list[Delta]:
+    """The tokens of `piece` whose text lies within its first `length` characters, as pieces:
+    none unless each token's text is known and they make up the piece's text."""
+    tokens = piece.tokens
+    if tokens is None or len(tokens) != len(piece.token_ids):
+        return []
+    if "".join(t.text for t in tokens) != piece.text:
+        return []
+    kept: list[Delta] = []
+    covered = 0
+    for token in tokens:
+        covered += len(token.text)
+        if covered > length or (covered == length and not token.text):
+            break
+        kept.append(Delta(piece.index, token.text, [token.token_id], [token]))
+    return kept
+
+
+def _joined(pieces: Sequence[Delta]) -> Delta:
+    with_tokens = [p.tokens for p in pieces if p.tokens is not None]
+    return Delta(
+        pieces[0].index,
+        _text(pieces),
+        [token_id for p in pieces for token_id in p.token_ids],
+        [t for tokens in with_tokens for t in tokens] if with_tokens else None,
+    )
 
 
 def _text(pieces: Sequence[Delta]) -> str:
     return "".join(p.text for p in pieces)
+
+
+def _untokenized(text: str) -> list[TokenInfo]:
+    raise AssertionError("Holdback.begin sets the tokenizer before any text is cut")

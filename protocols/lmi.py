@@ -7,7 +7,7 @@ documents, jsonlines or server-sent events.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, assert_never
+from typing import Annotated, Any, Literal, assert_never, get_type_hints
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -36,6 +36,7 @@ from protocols.generation import (
 )
 from protocols.json_body import MALFORMED, decode_json_object
 from protocols.sse import sse_event
+from protocols.transformers_fields import strip_ignored
 
 Output = Literal["json", "jsonlines", "sse"]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # what the engine can carry
@@ -78,9 +79,18 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prompt_logprobs: LogprobCount | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    typical_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     truncate: Count | None = None
     priority: Priority | None = None  # the gateway's: a class at or behind the route's
+
+
+# The parameters' shape without their ranges: a payload that fits it is valid, and a value
+# out of range is the spec's "bad generation parameter value" (get_type_hints drops the Meta).
+_PARAMETER_TYPES = msgspec.defstruct(
+    "LmiParameterTypes",
+    [(name, hint, None) for name, hint in get_type_hints(LmiParameters).items()],
+    forbid_unknown_fields=True,
+    kw_only=True,
+)
 
 
 class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -104,16 +114,21 @@ class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     details: bool
     return_full_text: bool
     tgi_compat: bool
-    ignored: tuple[str, ...] = ()  # parameters given that the engine cannot honour
 
 
 class InvalidPayload(Exception):
-    """A payload the spec answers with 424; `dynamic` picks the dynamic batch error body."""
+    """A payload the spec answers with 424; `dynamic` picks the dynamic batch error body.
 
-    def __init__(self, error: GenerationError, dynamic: bool) -> None:
+    `output` is set when the payload is valid but a generation parameter's value is not (out of
+    its range, or a combination the engine cannot run): the spec answers "a bad generation
+    parameter value" as a failed generation, in the request's output form.
+    """
+
+    def __init__(self, error: GenerationError, dynamic: bool, output: Output | None = None) -> None:
         super().__init__(error.message)
         self.error = error
         self.dynamic = dynamic
+        self.output = output
 
 
 # Parameters beam search (gateway/beams.py) does not apply, with the values that ask nothing.
@@ -133,10 +148,6 @@ _SAMPLING_NO_OPS: dict[str, tuple[object, ...]] = {
     "top_p": (None, 1.0),
     "min_p": (None, 0.0),
 }
-
-
-# Parameters the spec lists that vLLM has no equivalent for, with the values that ask nothing.
-_IGNORED: dict[str, tuple[object, ...]] = {"typical_p": (None, 1.0)}
 
 
 class _ChatProbe(msgspec.Struct):
@@ -172,11 +183,22 @@ def decode_lmi(
     except GenerationError as e:
         raise InvalidPayload(e, dynamic=False) from e
     dynamic = isinstance(doc.get("inputs"), list)
+    strip_ignored(doc, "parameters", LmiParameters.__struct_fields__, "LMI parameters")
+    parameters = doc.get("parameters")
+    if parameters is None:
+        parameters = {}
+    try:  # the payload's shape first: its parameters' values are checked after
+        payload = msgspec.convert({**doc, "parameters": None}, _Payload)
+    except msgspec.ValidationError as e:
+        raise InvalidPayload(validation_error(e), dynamic) from e
     try:
-        payload = msgspec.convert(doc, _Payload)
-        p = payload.parameters or LmiParameters()
-        output = output_form(payload.stream, formatter, tgi_compat)
-        streaming = output != "json"
+        msgspec.convert(parameters, _PARAMETER_TYPES)
+    except msgspec.ValidationError as e:
+        raise InvalidPayload(validation_error(e, "$.parameters"), dynamic) from e
+    output = output_form(payload.stream, formatter, tgi_compat)
+    streaming = output != "json"
+    try:
+        p = msgspec.convert(parameters, LmiParameters)
         details = p.details if p.details is not None else tgi_compat
         if dynamic and streaming and p.details:
             raise refuse("details", "details are not available when streaming a dynamic batch")
@@ -184,9 +206,9 @@ def decode_lmi(
             p, streaming=streaming, details=details, max_new_tokens=max_new_tokens
         )
     except msgspec.ValidationError as e:
-        raise InvalidPayload(validation_error(e), dynamic) from e
+        raise InvalidPayload(validation_error(e, "$.parameters"), dynamic, output) from e
     except GenerationError as e:
-        raise InvalidPayload(e, dynamic) from e
+        raise InvalidPayload(e, dynamic, output) from e
     inputs = payload.inputs if isinstance(payload.inputs, list) else [payload.inputs]
     return LmiRequest(
         inputs=inputs,
@@ -200,7 +222,6 @@ def decode_lmi(
         details=details,
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,
-        ignored=tuple(name for name, no_op in _IGNORED.items() if getattr(p, name) not in no_op),
     )
 
 
@@ -398,7 +419,10 @@ class LmiEncoder:
     def answer(self, prompt: str, finished: Finished) -> Answer:
         request = self.request
         head = prompt if request.return_full_text else ""
-        best, *others = best_sequences(finished, request.returned)
+        if request.options.num_beams > 1:  # ranked by the search's own score
+            best, *others = finished.sequences[: request.returned]
+        else:
+            best, *others = best_sequences(finished, request.returned)
         if not request.details:
             return Answer(head + best.text)
         prefill = self._prefill(finished)
@@ -448,15 +472,25 @@ class LmiEncoder:
         return self.frame(_ENCODER.encode(Outputs(texts)))
 
     def failed_answer(self, message: str) -> bytes:
-        details = Details("error", None, None, None, error_msg=message)
-        return self.document([Answer("", details)])
+        return failed_answer(message, tgi_compat=self._compat)
 
     def failed_line(self, message: str) -> bytes:
-        """The spec's last line of a stream whose generation failed."""
-        details = Details("error", None, None)
-        if self._compat:
-            token: Token = CompatToken(-1, "", -1.0, True)
-            line = Line(token, "", details, error=message, error_type="generation")
-        else:
-            line = Line(LmiToken(-1, "", -1.0, True, error_msg=message), "", details)
-        return self.frame(_ENCODER.encode(line))
+        return failed_line(message, self.request.output, tgi_compat=self._compat)
+
+
+def failed_answer(message: str, *, tgi_compat: bool) -> bytes:
+    """The spec's answer to a rolling request whose generation failed (or could not start)."""
+    answer = Answer("", Details("error", None, None, None, error_msg=message))
+    return _ENCODER.encode([answer] if tgi_compat else answer)
+
+
+def failed_line(message: str, output: Output, *, tgi_compat: bool) -> bytes:
+    """The spec's last line of a stream whose generation failed (or could not start)."""
+    details = Details("error", None, None)
+    if tgi_compat:
+        token: Token = CompatToken(-1, "", -1.0, True)
+        line = Line(token, "", details, error=message, error_type="generation")
+    else:
+        line = Line(LmiToken(-1, "", -1.0, True, error_msg=message), "", details)
+    data = _ENCODER.encode(line)
+    return sse_event(data) if output == "sse" else data + b"\n"

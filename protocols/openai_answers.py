@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal, assert_never
@@ -48,9 +49,11 @@ class ChatLogprobs(msgspec.Struct):
 
 
 class TextLogprobs(msgspec.Struct):
+    """null for a token the engine scored nothing for: an echoed prompt's first."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -164,13 +167,14 @@ class OpenAIEncoder:
         for prompt, done in enumerate(finished):
             self.count(done, first=True)
             for j, sequence in enumerate(done.sequences):
-                choices.append(self._choice(prompt * self.call.choices + j, sequence))
+                choices.append(self._choice(prompt * self.call.choices + j, sequence, done))
         answer = Answer(self.id, self._object, self.created, self.model, choices, self.usage)
         return _ENCODER.encode(answer)
 
     def count(self, done: Finished, *, first: bool) -> None:
         """Add a Finished to the usage; `first`: the first choice of its prompt."""
-        self._completion_tokens += sum(s.generated_tokens for s in done.sequences)
+        if not self.call.prompt_only:
+            self._completion_tokens += sum(s.generated_tokens for s in done.sequences)
         if first:
             self._prompt_tokens += done.prompt_tokens
             self._cached_tokens += done.cached_tokens
@@ -195,6 +199,12 @@ class OpenAIEncoder:
             choice = TextChoice(delta.index, delta.text, text_logprobs, delta.finish_reason)
         return self._event([choice])
 
+    def whole_choice(self, done: Finished) -> bytes:
+        """A streamed choice sent whole, in one chunk (an echo: the prompt's log-probabilities
+        come with the end)."""
+        [sequence] = done.sequences
+        return self._event([self._choice(done.index, sequence, done)])
+
     def closing(self) -> bytes:
         """The usage chunk (when asked for), then [DONE]."""
         if not self.call.include_usage:
@@ -210,15 +220,21 @@ class OpenAIEncoder:
         answer = Answer(self.id, self._chunk, self.created, self.model, choices, usage)
         return self._frame(_ENCODER.encode(answer))
 
-    def _choice(self, index: int, sequence: GeneratedSequence) -> ChatChoice | TextChoice:
+    def _choice(
+        self, index: int, sequence: GeneratedSequence, done: Finished
+    ) -> ChatChoice | TextChoice:
         reason = sequence.finish_reason
         if self.chat:
             message = Message(role="assistant", content=sequence.text)
             return ChatChoice(index, message, self._chat_logprobs(sequence.tokens), reason)
-        text = sequence.text
+        text, tokens = sequence.text, sequence.tokens
+        if self.call.prompt_only:
+            text, tokens = "", []
         if self.call.echo_prompts is not None:
             text = self.call.echo_prompts[index // self.call.choices] + text
-        return TextChoice(index, text, self._text_logprobs(sequence.tokens), reason)
+            if tokens is not None and done.prefill is not None:
+                tokens = done.prefill + tokens
+        return TextChoice(index, text, self._text_logprobs(tokens), reason)
 
     def _chat_logprobs(self, tokens: list[TokenInfo] | None) -> ChatLogprobs | None:
         top = self.call.top_logprobs
@@ -237,7 +253,9 @@ class OpenAIEncoder:
         )
 
     def _text_logprobs(self, tokens: list[TokenInfo] | None) -> TextLogprobs | None:
-        """Offsets count from the start of this choice's text in this answer or chunk."""
+        """Offsets count from the start of this choice's text in this answer or chunk (the
+        echoed prompt's included). Each position's top tokens include the chosen one, as
+        OpenAI's completions and vLLM's list them (up to `logprobs` + 1)."""
         top = self.call.top_logprobs
         if top is None or tokens is None:
             return None
@@ -245,10 +263,16 @@ class OpenAIEncoder:
         for t in tokens:
             offsets.append(at)
             at += len(t.text)
+        scored = [not math.isnan(t.logprob) for t in tokens]
         return TextLogprobs(
             [t.text for t in tokens],
-            [t.logprob for t in tokens],
-            [{a.text: a.logprob for a in top_tokens(t, top)} for t in tokens],
+            [t.logprob if s else None for t, s in zip(tokens, scored, strict=True)],
+            [
+                {t.text: t.logprob, **{a.text: a.logprob for a in top_tokens(t, top)}}
+                if s
+                else None
+                for t, s in zip(tokens, scored, strict=True)
+            ],
             offsets,
         )
 

@@ -5,6 +5,7 @@ known fields with bad values are 400s naming the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -14,6 +15,7 @@ from protocols.errors import invalid, validation_error
 from protocols.generation import (
     Count,
     GenerationRequest,
+    History,
     LogprobCount,
     MaxNewTokens,
     MinP,
@@ -24,11 +26,14 @@ from protocols.generation import (
     SamplingOptions,
     TopK,
     TopP,
+    token_array,
 )
 from protocols.json_body import MALFORMED, malformed
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Stop = str | Annotated[list[str], Meta(max_length=16)]
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # History keeps them as 32-bit ints
+TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -80,7 +85,11 @@ class ChatRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | Annotated[list[str], Meta(min_length=1)]
+    """`prompt`: a string, strings, token ids, or lists of token ids (as OpenAI and vLLM take
+    it); `max_tokens` 0 with `echo` scores the prompt alone."""
+
+    prompt: str | Annotated[list[str | TokenId | TokenIds], Meta(min_length=1)]
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None
     logprobs: LogprobCount | None = None
     echo: bool = False
 
@@ -95,16 +104,18 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool
     include_usage: bool
     top_logprobs: int | None  # set: report log-probabilities, with this many alternatives
-    echo_prompts: list[str] | None = None
+    echo_prompts: list[str] | None = None  # each prompt's text, to put before its choices
+    prompt_only: bool = False  # `max_tokens` 0: the one token generated is not reported
+    token_prompts: bool = False  # some prompts are token ids, their text yet to spell
 
 
 def decode_chat(raw: bytes, context: int) -> OpenAICall:
-    body = _decode(raw, ChatRequest)
+    body = decode_body(raw, ChatRequest)
     if body.tools:
         raise invalid("Tools are not supported: this server parses no tool calls", "tools")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
-    messages = tuple(_message(m, i) for i, m in enumerate(body.messages))
+    messages = tuple(chat_message(m, i) for i, m in enumerate(body.messages))
     top = (body.top_logprobs or 0) if body.logprobs else None
     limit = body.max_completion_tokens or body.max_tokens or context
     options = _options(body, limit, top)
@@ -115,13 +126,91 @@ def decode_chat(raw: bytes, context: int) -> OpenAICall:
 
 
 def decode_completion(raw: bytes, context: int) -> OpenAICall:
-    body = _decode(raw, CompletionRequest)
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    options = _options(body, body.max_tokens or 16, body.logprobs)  # OpenAI's default: 16
-    requests = [
-        GenerationRequest(options=options, prompt=p, prompt_field="prompt") for p in prompts
-    ]
-    return _call(body, requests, body.logprobs, prompts if body.echo else None)
+    """Token-id prompts come as histories without their text: `spelled` gives it."""
+    body = decode_body(raw, CompletionRequest)
+    prompts = _prompts(body.prompt)
+    prompt_only = body.max_tokens == 0
+    if prompt_only and not body.echo:
+        raise invalid("max_tokens 0 needs echo: true (it scores the prompt alone)", "max_tokens")
+    # OpenAI's default: 16. The prompt alone: vLLM's way, one token generated, not reported.
+    limit = 16 if body.max_tokens is None else max(body.max_tokens, 1)
+    options = _options(body, limit, body.logprobs)
+    if body.echo and body.logprobs is not None:
+        options = msgspec.structs.replace(options, prompt_logprobs=body.logprobs)
+    requests = [_prompt_request(options, prompt, field) for prompt, field in prompts]
+    call = _call(body, requests, body.logprobs)
+    if body.echo:
+        # A streamed echo comes whole, one chunk per choice: the prompt's log-probabilities
+        # arrive with the end of its generation.
+        requests = [msgspec.structs.replace(r, stream=False) for r in call.requests]
+        texts = [p if isinstance(p, str) else "" for p, _ in prompts]
+        call = msgspec.structs.replace(call, requests=requests, echo_prompts=texts)
+    token_prompts = any(not isinstance(p, str) for p, _ in prompts)
+    return msgspec.structs.replace(call, prompt_only=prompt_only, token_prompts=token_prompts)
+
+
+def spelled(
+    call: OpenAICall, vocabulary: int, decode: Callable[[Sequence[int]], str]
+) -> OpenAICall:
+    """`call` with its token-id prompts checked against the model's `vocabulary` (its number of
+    token ids) and given their text, decoded as vLLM's server decodes them."""
+    per_prompt = call.choices if call.stream else 1
+    echoed = list(call.echo_prompts) if call.echo_prompts is not None else None
+    texts: dict[int, str] = {}
+    requests = []
+    for request in call.requests:
+        history = request.history
+        if history is not None:
+            prompt = request.index // per_prompt
+            if prompt not in texts:
+                check_token_ids(history.token_ids, vocabulary, request.prompt_field)
+                texts[prompt] = decode(history.token_ids)
+            history = History(history.token_ids, texts[prompt])
+            request = msgspec.structs.replace(request, history=history)
+            if echoed is not None:
+                echoed[prompt] = texts[prompt]
+        requests.append(request)
+    return msgspec.structs.replace(
+        call, requests=requests, echo_prompts=echoed, token_prompts=False
+    )
+
+
+def check_token_ids(token_ids: Sequence[int], vocabulary: int, field: str) -> None:
+    """Every id within the model's `vocabulary` (its number of token ids), else a 400 naming
+    the first that is not (`field[i]`)."""
+    for i, token_id in enumerate(token_ids):
+        if token_id >= vocabulary:
+            raise invalid(
+                f"Token id {token_id} is out of vocabulary: this model's token ids are 0 to "
+                f"{vocabulary - 1}",
+                f"{field}[{i}]",
+            )
+
+
+def _prompts(prompt: str | list[str | int | list[int]]) -> list[tuple[str | list[int], str]]:
+    """Each prompt, text or token ids, with the field its errors name."""
+    if isinstance(prompt, str):
+        return [(prompt, "prompt")]
+    ids = [p for p in prompt if isinstance(p, int)]
+    if len(ids) == len(prompt):
+        return [(ids, "prompt")]
+    each = [p for p in prompt if not isinstance(p, int)]
+    if len(each) == len(prompt) and len({type(p) for p in each}) == 1:
+        return [(p, f"prompt[{i}]") for i, p in enumerate(each)]
+    raise invalid(
+        "`prompt` is a string, a list of strings, a list of token ids or a list of lists of "
+        "token ids, not a mix",
+        "prompt",
+    )
+
+
+def _prompt_request(
+    options: SamplingOptions, prompt: str | list[int], field: str
+) -> GenerationRequest:
+    if isinstance(prompt, str):
+        return GenerationRequest(options=options, prompt=prompt, prompt_field=field)
+    history = History(token_array(prompt), "")
+    return GenerationRequest(options=options, history=history, prompt_field=field)
 
 
 class JsonSchema(msgspec.Struct, kw_only=True):
@@ -149,7 +238,8 @@ def _schema(response_format: ResponseFormat) -> str | None:
             return msgspec.json.encode(response_format.json_schema.schema_).decode()
 
 
-def _decode(raw: bytes, kind: type[Any]) -> Any:
+def decode_body(raw: bytes, kind: type[Any]) -> Any:
+    """The body as `kind`; errors name the field, as OpenAI's do."""
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as e:
@@ -158,7 +248,7 @@ def _decode(raw: bytes, kind: type[Any]) -> Any:
         raise malformed(e) from e
 
 
-def _message(message: ChatMessage, index: int) -> dict[str, Any]:
+def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         content = "\n".join(part.text for part in content)
@@ -200,12 +290,7 @@ def _bias(bias: dict[str, float]) -> list[tuple[int, float]]:
         raise invalid("logit_bias keys must be token ids", "logit_bias") from e
 
 
-def _call(
-    body: _Common,
-    prompts: list[GenerationRequest],
-    top_logprobs: int | None,
-    echo_prompts: list[str] | None = None,
-) -> OpenAICall:
+def _call(body: _Common, prompts: list[GenerationRequest], top_logprobs: int | None) -> OpenAICall:
     """Streaming answers each choice from a request of its own (the engine streams one
     sequence per request); otherwise one request per prompt generates all `n`."""
     per_prompt = body.n if body.stream else 1
@@ -224,7 +309,6 @@ def _call(
         stream=body.stream,
         include_usage=usage,
         top_logprobs=top_logprobs,
-        echo_prompts=echo_prompts,
     )
 
 
@@ -233,9 +317,9 @@ def _call(
 ANY_MODEL = frozenset({"tgi", "dummy"})
 
 
-def unknown_model(call: OpenAICall, served: str) -> str | None:
+def unknown_model(model: str | None, served: str) -> str | None:
     """Why `model` is refused (404), or None: it names the served model (or any, as TGI's
     clients do)."""
-    if call.model is None or call.model == served or call.model in ANY_MODEL:
+    if model is None or model == served or model in ANY_MODEL:
         return None
-    return f"The model `{call.model}` does not exist; this server serves `{served}`"
+    return f"The model `{model}` does not exist; this server serves `{served}`"

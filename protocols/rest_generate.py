@@ -10,7 +10,7 @@ from msgspec import UNSET, UnsetType
 from protocols.batch_payload import BatchRequest, PayloadSettings, Rejected, decode_batch
 from protocols.errors import GenerationError, validation_error
 from protocols.generation import Failed, Finished, PromptItem, SamplingOptions
-from protocols.generation_config import resolve_options
+from protocols.generation_config import resolve_options, strip_generation_config
 from protocols.json_body import decode_json_object
 
 
@@ -48,6 +48,7 @@ _ENCODER = msgspec.json.Encoder()
 
 def decode_one(raw: bytes, defaults: SamplingOptions) -> OneRequest:
     doc = decode_json_object(raw)
+    strip_generation_config(doc, "generation_config", "generation_config")
     try:
         payload = msgspec.convert(doc, _OnePayload)
     except msgspec.ValidationError as e:

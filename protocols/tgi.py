@@ -30,6 +30,7 @@ from protocols.generation import (
 )
 from protocols.json_body import decode_json_object
 from protocols.sse import sse_event
+from protocols.transformers_fields import strip_ignored
 
 # TGI's launcher defaults, enforced and reported by /info.
 MAX_BEST_OF = 2
@@ -44,7 +45,6 @@ class TgiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     frequency_penalty: Penalty | None = None
     top_k: Annotated[int, Meta(gt=0, le=2**31 - 1)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
-    typical_p: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
     do_sample: bool | None = None
     max_new_tokens: MaxNewTokens | None = None
     return_full_text: bool | None = None
@@ -86,6 +86,7 @@ def decode_tgi(
 ) -> TgiCall:
     """`stream` None reads the payload's own flag (POST `/`); raises GenerationError."""
     doc = decode_json_object(raw)
+    strip_ignored(doc, "parameters", TgiParameters.__struct_fields__, "TGI parameters")
     try:
         payload = msgspec.convert(doc, _Payload)
     except msgspec.ValidationError as e:
@@ -96,8 +97,6 @@ def decode_tgi(
     # TGI samples when asked to, or when any sampling filter differs from its neutral value.
     sampling = bool(p.do_sample) or p.temperature not in (None, 1.0) or bool(p.top_k or p.top_p)
     prefill = bool(p.decoder_input_details)
-    if p.typical_p is not None:
-        raise refuse("typical_p", "typical_p is not supported by vLLM, this server's engine")
     if p.watermark:
         raise refuse("watermark", "watermarking is not supported by this server")
     if p.grammar is not None:

@@ -8,6 +8,8 @@ here waits against a clock: pytest-timeout's per-test limit is the only safety n
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import socket
 import tempfile
 import threading
@@ -176,3 +178,28 @@ def failing_loader(engine: Engine, marker: str) -> EngineLoader:
         return failing
 
     return load
+
+
+@contextmanager
+def vllm_openai_server(loop: LoopThread) -> Iterator[str]:
+    """vLLM's own OpenAI server on the default model, as gateway_settings() runs the gateway's
+    engine (float32, eager, the same context, a small KV cache): a subprocess on a free port,
+    started as the bench starts it (gateway_bench/targets.py). Yields its URL once /health
+    answers 200; stopped, engine core included, when the context ends."""
+    from gateway.config import served_model_name
+    from gateway.cpu_defaults import engine_environment
+    from gateway.default_model import prepare_default_model
+    from gateway_bench import targets
+
+    settings = gateway_settings().engine
+    port = free_port()
+    model, name = str(prepare_default_model()), served_model_name(settings)
+    command = targets.vllm_server_command(settings, model, name, port, settings.dtype)
+    env = {**engine_environment(os.environ), "HF_HUB_OFFLINE": "1"}
+    # No limit of its own: pytest-timeout ends a server that never gets ready.
+    running = targets.server(command, env, port, SCRATCH / "vllm-server.log", math.inf)
+    endpoint = loop.run(running.__aenter__())
+    try:
+        yield endpoint.url
+    finally:
+        loop.run(running.__aexit__(None, None, None))

@@ -54,6 +54,13 @@ def test_the_best_beam_is_scored_over_its_own_length() -> None:
     assert best.token_ids == (1, 2, 3, 0) and best.ended_at_eos
     assert best.score == pytest.approx((-1.0 - 0.05 * 3) / 4)
     assert second.token_ids == (0,) and second.score == pytest.approx(-0.9)
+    # Each token keeps the model's own log-probability, even when beams are sampled.
+    assert best.logprobs == (-1.0, -0.05, -0.05, -0.05) and second.logprobs == (-0.9,)
+    sampled = search(TABLE, temperature=0.5, seed=3)
+    for hypothesis in sampled:
+        prefixes = [hypothesis.token_ids[:k] for k in range(len(hypothesis.token_ids))]
+        expected = [TABLE[p][t] for p, t in zip(prefixes, hypothesis.token_ids, strict=True)]
+        assert list(hypothesis.logprobs) == expected
     # A strong length penalty below 0 favours the short one, as in transformers.
     assert search(TABLE, length_penalty=-2.0)[0].token_ids == (0,)
 

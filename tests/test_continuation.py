@@ -134,3 +134,28 @@ def test_an_evicted_key_starts_afresh(make_server: Callable[..., RunningServer])
     batch(small.http, [("k2", p2)], generation_config=cfg)  # k2 afresh, which drops k1 again
     [dropped] = batch(small.http, [("k1", p1)], only_new_tokens=False, generation_config=cfg)
     assert dropped["prompt"] == p1
+
+
+def test_a_continuation_after_a_stop_string_continues_the_text_the_client_holds(
+    server: RunningServer,
+) -> None:
+    prompt = CHAT.format("Write a short story about a robot learning to paint.")
+    whole = one(server.http, f"plain-{uuid.uuid4()}", prompt, greedy(30))
+    # A stop string that begins inside a word token: the client holds that word's space.
+    words = whole.split(" ")
+    cut = len(words[0]) + len(words[1]) + len(words[2]) + 3  # after the third space
+    stop = whole[cut : cut + len(words[3]) + 3]
+    key = f"stopped-{uuid.uuid4()}"
+    first = one(server.http, key, prompt, greedy(60, stop=[stop]))
+    assert first == whole[:cut], (stop, first)
+    continued = one(server.http, key, "", greedy(8, ignore_eos=True), only_new_tokens=False)
+    assert continued.startswith(prompt + first)
+    fresh = one(server.http, f"fresh-{uuid.uuid4()}", prompt + first, greedy(8, ignore_eos=True))
+    assert continued == prompt + first + fresh, (stop, first)
+
+
+def one(url: str, request_id: str, prompt: str, config: dict[str, object], **fields: object) -> str:
+    body = {"request_id": request_id, "prompt": prompt, "generation_config": config, **fields}
+    response = httpx.post(url + "/api/generate-one", json=body, timeout=None)
+    assert response.status_code == 200, response.text
+    return response.text

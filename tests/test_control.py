@@ -6,10 +6,11 @@ import json
 
 import httpx
 import pytest
-from control_client import config, receive, tokens_of, until
+from control_client import Message, config, control, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
 
-from clients import CHAT, connect
+from clients import CHAT, UNENDING, connect
 from serving import RunningServer
 
 STORY = CHAT.format("Tell me a long story about a brave knight.")
@@ -116,8 +117,13 @@ def test_bad_messages_get_errors_naming_the_field_and_the_connection_stays(
         ws.send(json.dumps({"type": "config", "prompt": "hi", "model": "gpt-9"}))
         error = receive(ws)
         assert error["field"] == "$.model" and "gpt-9" in error["message"]
-        # Fields this server does not know are ignored: the protocol may grow.
-        ws.send(config(STORY, {"stream": True, "future": 1}, max_tokens=3, bogus=1, temperature=0))
+        # Fields this server does not know are ignored, so the protocol may grow; in
+        # `parameters` only transformers' GenerationConfig fields are (logged), so a misspelt
+        # parameter never goes unnoticed.
+        ws.send(config(STORY, max_tokens=3, bogus=1))
+        assert receive(ws)["field"] == "$.parameters.bogus"
+        options = {"stream": True, "future": 1}
+        ws.send(config(STORY, options, max_tokens=3, typical_p=0.5, temperature=0))
         assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 3
         ws.send(json.dumps({"type": "dance"}))  # after the first config: recoverable
         error = receive(ws)
@@ -192,3 +198,69 @@ def test_chat_messages_are_rendered_with_the_models_template(server: RunningServ
         json={"messages": chat, "max_tokens": 3, "temperature": 0},
     )
     assert rest.status_code == 200 and rest.json()["usage"]["completion_tokens"] == 3
+
+
+def ending(ws: ClientConnection, *controls: str) -> tuple[list[Message], Message]:
+    """The token messages of a generation (the `controls` sent after its second), and its
+    completion."""
+    messages = until(ws, "token") + until(ws, "token") if controls else []
+    for action in controls:
+        ws.send(control(action))
+    messages += until(ws, "completion")
+    return tokens_of(messages), messages[-1]
+
+
+def test_the_last_token_message_says_how_the_generation_ended(server: RunningServer) -> None:
+    ids = {"include_token_ids": True}
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=12, temperature=0))
+        plain = until(ws, "completion")[-1]["generated_text"]
+        stop = " " + plain.split()[5]
+        runs = {
+            "eos": config(CHAT.format("Say OK."), ids, max_tokens=50, temperature=0),
+            "length": config(STORY, ids, max_tokens=3, temperature=0),
+            "stop string": config(STORY, ids, max_tokens=12, temperature=0, stop=[stop]),
+        }
+        ends: dict[str, tuple[list[Message], Message]] = {}
+        for label, message in runs.items():
+            ws.send(message)
+            ends[label] = ending(ws)
+        endless = config(STORY, max_tokens=UNENDING, ignore_eos=True, temperature=0)
+        ws.send(endless)
+        ends["stop"] = ending(ws, "stop")
+        ws.send(endless)
+        ends["pause, then stop"] = ending(ws, "pause", "stop")
+    for label, (tokens, completion) in ends.items():
+        *before, last = tokens
+        assert all(not t["finished"] and t["finish_reason"] is None for t in before), label
+        assert last["finished"] is True, (label, last)
+        assert last["finish_reason"] == completion["finish_reason"], (label, last)
+        assert "".join(t["token"] for t in tokens) == completion["generated_text"], label
+    assert [ends[label][1]["finish_reason"] for label in ends] == [
+        "stop",
+        "length",
+        "stop",
+        "cancelled",
+        "cancelled",
+    ]
+    eos = ends["eos"][0][-1]
+    assert eos["token"] == "" and eos["generated_text"] == ends["eos"][1]["generated_text"]
+    assert ends["length"][0][-1]["token"] and ends["length"][0][-1]["token_id"] >= 0
+    assert ends["stop"][0][-1]["token"] == ""
+
+
+def test_errors_while_a_generation_runs_name_its_request_id(server: RunningServer) -> None:
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(STORY, max_tokens=UNENDING, ignore_eos=True, temperature=0))
+        init = until(ws, "init")[-1]
+        for refused in (
+            control("modify", top_p=2),  # refused by the decoder
+            control("rewind"),
+            "{oops",
+            control("resume"),  # refused by the session
+        ):
+            ws.send(refused)
+            error = until(ws, "error")[-1]
+            assert error["request_id"] == init["request_id"], (refused, error)
+        ws.send(control("stop"))
+        assert until(ws, "completion")[-1]["request_id"] == init["request_id"]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import httpx
 import pytest
 from control_client import Message, config, control, tokens_of, until
+from huggingface_hub import InferenceClient
 
 from clients import CHAT, connect, events_of, greedy, payload, run_ws
 from serving import RunningServer
@@ -52,7 +53,8 @@ def run(server: RunningServer, *actions: tuple[int, str], **parameters: Any) -> 
 
 
 def ids_of(token: Message) -> list[int]:
-    ids: list[int] = token.get("token_ids") or [token["token_id"]]
+    """The message's token ids: none in the last one when its step had no text to send."""
+    ids: list[int] = token.get("token_ids") or ([token["token_id"]] if "token_id" in token else [])
     return ids
 
 
@@ -156,3 +158,67 @@ def test_progress_events_carry_whole_tokens_with_a_stop_list(server: RunningServ
     progress = [e["text"] for e in events_of(frames, "held") if e["type"] == "PROGRESS"]
     assert " sleepy town" in progress  # held at " sleepy", out with the token after it
     assert "".join(progress) == events_of(frames, "held")[-1]["text"]
+
+
+PAINT = CHAT.format("Write a short story about a robot learning to paint.")
+
+
+def split_stop(server: RunningServer) -> tuple[str, str]:
+    """A stop string that begins inside a token of the greedy story (the issue's " mission"
+    before "mission to"), and the text the story keeps before it, which ends in that token's
+    first character."""
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(PAINT, {"include_token_ids": True}, max_tokens=30, temperature=0))
+        messages = until(ws, "completion")
+    tokens = tokens_of(messages)
+    engine = engine_of(server)
+    for k in range(3, len(tokens) - 1):
+        [token_id] = ids_of(tokens[k])
+        text = engine.decode([token_id])
+        if len(text) >= 3 and text[0] == " " and text[1:].isalpha():
+            before = "".join(t["token"] for t in tokens[:k])
+            return text[1:] + tokens[k + 1]["token"], before + " "
+    raise AssertionError(f"no word token to split in {messages[-1]['generated_text']!r}")
+
+
+def test_ids_and_logprobs_at_a_stop_string_describe_the_text_sent(server: RunningServer) -> None:
+    stop, kept = split_stop(server)
+    engine = engine_of(server)
+    with connect(server.ws + "/generate") as ws:
+        ws.send(config(PAINT, WITH_IDS, max_tokens=60, temperature=0, stop=[stop]))
+        messages = until(ws, "completion")
+    assert messages[-1]["generated_text"] == kept, (stop, messages[-1])
+    tokens = tokens_of(messages)
+    for message in tokens:
+        ids = ids_of(message)
+        assert engine.decode(ids) == message["token"], (stop, message)
+        assert message["logprobs"][0]["token"] == engine.decode(ids[-1:]), (stop, message)
+    # The last token of the kept text is what is left of the split one, tokenized afresh: the
+    # engine never scored it, so it has no log-probability.
+    last = tokens[-1]
+    assert last["token"].endswith(" ") and ids_of(last)[-1] == engine.encode(" ")[-1], last
+    assert last["logprobs"][0]["logprob"] is None, last
+
+
+def test_tgi_and_lmi_details_list_only_the_tokens_of_the_text(server: RunningServer) -> None:
+    stop, kept = split_stop(server)
+    engine = engine_of(server)
+    parameters = {"max_new_tokens": 60, "do_sample": False, "stop_sequences": [stop]}
+    tgi = InferenceClient(base_url=server.http)
+    asked: dict[str, Any] = {"stop": [stop], "max_new_tokens": 60, "return_full_text": False}
+    whole = tgi.text_generation(PAINT, details=True, **asked)
+    streamed = list(tgi.text_generation(PAINT, stream=True, details=True, **asked))
+    lmi = httpx.post(
+        server.http + "/invocations",
+        json={"inputs": PAINT, "parameters": parameters | {"details": True}},
+        timeout=None,
+    ).json()
+    assert whole.generated_text == lmi["generated_text"] == kept
+    assert whole.details is not None and whole.details.finish_reason == "stop_sequence"
+    for label, tokens in (
+        ("tgi", [(t.id, t.text) for t in whole.details.tokens]),
+        ("tgi stream", [(e.token.id, e.token.text) for e in streamed]),
+        ("lmi", [(t["id"], t["text"]) for t in lmi["details"]["tokens"]]),
+    ):
+        assert "".join(text for _, text in tokens) == kept, (label, tokens)
+        assert engine.decode([i for i, _ in tokens]) == kept, (label, tokens)

@@ -245,7 +245,7 @@ def test_deep_nesting_is_refused_naming_where(name: str) -> None:
 
 def test_unreadable_frames_are_error_events() -> None:
     for raw in (MALFORMED["deep arrays"], MALFORMED["invalid UTF-8 in a string"]):
-        accepted, errors = ws_events.decode_starts(raw, DEFAULTS)
-        assert not accepted and errors[0].field == "$", errors
-        assert errors[0].data.startswith("Malformed JSON: ")
+        accepted, refused = ws_events.decode_starts(raw, DEFAULTS)
+        assert not accepted and refused[0].error.field == "$", refused
+        assert refused[0].error.data.startswith("Malformed JSON: ")
     assert not is_chat(_bytes(MALFORMED["deep messages"]))

@@ -82,7 +82,9 @@ def _budgeted(path: str, body: Any) -> Any:
             body["max_tokens"] = TOKENS
         return body
     nested = "generation_config" if path.startswith("/api/") else "parameters"
-    inner = body.get(nested, {})
+    inner = body.get(nested)
+    if inner is None:  # null asks for the route's default budget too
+        inner = {}
     if isinstance(inner, dict) and "max_new_tokens" not in inner:
         body[nested] = {**inner, "max_new_tokens": TOKENS}
     return body

@@ -186,8 +186,16 @@ def test_n_best_of_and_beam_search_return_best_of_sequences(server: RunningServe
     assert len(best_of["details"]["best_of_sequences"]) == 1
     beams = details_of(server, PROMPT, max_new_tokens=5, num_beams=3)
     assert len(beams["details"]["best_of_sequences"]) == 2
-    assert beams["details"]["tokens"][0]["log_prob"] is None  # vLLM's beams carry none
     assert "".join(t["text"] for t in beams["details"]["tokens"]) == beams["generated_text"]
+    # Each beam token has the model's log-probability; a beam's score is their mean
+    # (length_penalty 1), by which the beams come best first.
+    sequences = [beams["details"], *beams["details"]["best_of_sequences"]]
+    means = [total(s["tokens"]) / len(s["tokens"]) for s in sequences]
+    assert means == sorted(means, reverse=True) and all(m < 0 for m in means), means
+    first = beams["details"]["tokens"][0]
+    alone = details_of(server, PROMPT, max_new_tokens=1, logprobs=20)["details"]["tokens"][0]
+    scored = {top["id"]: top["log_prob"] for top in alone["top_tokens"]}
+    assert math.isclose(first["log_prob"], scored[first["id"]], abs_tol=1e-3), (first, scored)
 
 
 def test_jsonlines_stream_one_token_a_line_then_text_and_details(server: RunningServer) -> None:
@@ -281,8 +289,6 @@ def test_spec_parameters_are_accepted_and_those_vllm_lacks_ignored_with_a_warnin
 def test_payload_validation_answers_424_naming_the_field(server: RunningServer) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"inputs": PROMPT, "parameters": {"top_k": "x"}}, "$.parameters.top_k"),
-        ({"inputs": PROMPT, "parameters": {"max_new_tokens": 0}}, "$.parameters.max_new_tokens"),
-        ({"inputs": PROMPT, "parameters": {"num_beams": 2}, "stream": True}, "num_beams"),
         ({"inputs": PROMPT, "parameters": {"do_sample": True, "nn": 2}}, "field `nn`"),
         ({"input": PROMPT}, "field `input`"),
         ({"inputs": "word " * 3000}, "$.inputs"),  # longer than the context
@@ -303,6 +309,29 @@ def test_payload_validation_answers_424_naming_the_field(server: RunningServer) 
         server, {"inputs": [PROMPT, "word " * 3000], "parameters": {"max_new_tokens": 2}}
     )
     assert too_long.status_code == 424 and "$.inputs[1]" in too_long.json()["error"]
+
+
+def test_a_bad_parameter_value_is_answered_as_a_failed_generation(server: RunningServer) -> None:
+    # The spec: "an issue with the request (such as bad generation parameter value)" gets the
+    # failed generation's body; "an issue with payload validation" gets {"error", "code"}.
+    for parameters, field in (
+        ({"temperature": -1}, "$.parameters.temperature"),
+        ({"max_new_tokens": 0}, "$.parameters.max_new_tokens"),
+        ({"num_beams": 2, "stop_sequences": ["x"]}, "$.parameters.stop_sequences"),
+    ):
+        response = invoke(server, {"inputs": PROMPT, "parameters": parameters})
+        assert response.status_code == 424, parameters
+        answer = response.json()
+        assert answer["generated_text"] == "" and answer["details"]["finish_reason"] == "error"
+        assert answer["details"]["tokens"] is None and field in answer["details"]["error_msg"]
+    streamed = invoke(server, {"inputs": PROMPT, "stream": True, "parameters": {"num_beams": 2}})
+    assert streamed.status_code == 424
+    assert streamed.headers["content-type"] == "application/jsonlines"
+    [line] = lines(streamed)
+    assert line["token"]["id"] == -1 and line["details"]["finish_reason"] == "error"
+    assert "$.parameters.num_beams" in line["token"]["error_msg"]
+    payload = invoke(server, {"inputs": PROMPT, "parameters": {"temperature": "hot"}})
+    assert payload.status_code == 424 and set(payload.json()) == {"error", "code"}
 
 
 def test_a_generation_failure_gives_finish_reason_error(server: RunningServer) -> None:

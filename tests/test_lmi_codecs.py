@@ -108,9 +108,9 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
     assert o.include_stop_str_in_output and o.ignore_eos
     assert (o.logprobs, o.prompt_logprobs, request.top_n) == (3, 1, 3)
     assert not o.skip_special_tokens and not o.spaces_between_special_tokens
-    assert request.ignored == ()  # typical_p 1.0 asks nothing of the engine
+    # typical_p is a GenerationConfig field vLLM cannot honour: accepted and ignored.
     ignored = lmi({"inputs": PROMPT, "parameters": {"typical_p": 0.5, "early_stopping": True}})
-    assert ignored.ignored == ("typical_p",) and ignored.options.early_stopping is True
+    assert ignored.options.early_stopping is True
     assert request.truncate == 100
 
 
@@ -182,6 +182,23 @@ def test_streaming_refusals_and_the_dynamic_flag() -> None:
     details = refused({"inputs": [PROMPT], "stream": True, "parameters": {"details": True}})
     assert details.dynamic and details.error.field == "$.parameters.details"
     assert not refused({"inputs": 5}).dynamic
+
+
+def test_a_bad_parameter_value_is_a_failed_generation_but_a_bad_payload_is_not() -> None:
+    value = {"inputs": PROMPT, "parameters": {"temperature": -1}}
+    assert refused(value).output == "json"  # the spec's "bad generation parameter value"
+    assert refused(value | {"stream": True}).output == "jsonlines"
+    assert refused(value, "sse").output == "sse"
+    combination = {"inputs": PROMPT, "stream": True, "parameters": {"num_beams": 2}}
+    assert refused(combination).output == "jsonlines"
+    for payload in (
+        {"inputs": PROMPT, "parameters": {"temperature": "hot"}},
+        {"inputs": PROMPT, "parameters": {"temprature": 1}},
+        {"inputs": PROMPT, "parameters": [1]},
+        {"inputs": ""},
+        {"inputs": PROMPT, "extra": 1},
+    ):
+        assert refused(payload).output is None, payload  # payload validation
 
 
 def test_error_bodies_are_the_specs() -> None:
@@ -300,7 +317,6 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
         ({"best_of": 2}, "sampling"),
         ({"best_of": 3, "do_sample": True}, "<= 2"),
         ({"best_of": 2, "do_sample": True, "seed": 1}, "seed"),
-        ({"typical_p": 0.5}, "typical_p"),
         ({"watermark": True}, "watermark"),
         ({"grammar": {"type": "regex", "value": "a"}}, "grammar"),
         ({"adapter_id": "x"}, "adapter"),
@@ -314,6 +330,8 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
         assert words in caught.value.message, params
     with pytest.raises(GenerationError, match="decoder_input_details"):
         call(stream=True, decoder_input_details=True)
+    # transformers' GenerationConfig fields are accepted; those vLLM cannot honour, ignored.
+    assert call(typical_p=0.5, num_beams=4).options.num_beams == 1
     streamed = json.dumps({"inputs": PROMPT, "stream": True, "parameters": {"best_of": 2}})
     with pytest.raises(GenerationError, match="streaming"):
         decode_tgi(streamed, stream=None, full_text_default=True, max_new_tokens=20)
@@ -369,6 +387,18 @@ def test_best_of_ranks_by_total_log_probability_in_lmi_and_by_mean_in_tgi() -> N
     tgi_doc = json.loads(TgiEncoder(call).document(both, listed=False))
     assert tgi_doc["generated_text"] == "B C"
     assert [s["generated_text"] for s in tgi_doc["details"]["best_of_sequences"]] == ["A"]
+
+
+def test_beams_keep_the_searchs_order() -> None:
+    # A beam's score is its log-probability over its length: the short one's total is higher.
+    short = GeneratedSequence("A", 1, "stop", None, [TokenInfo(5, "A", -1.0)])
+    long = GeneratedSequence("B C", 2, "length", None, [TokenInfo(6, "B", -0.6)] * 2)
+    params = {"num_beams": 2, "details": True}
+    doc = LmiEncoder(lmi({"inputs": PROMPT, "parameters": params})).answer(
+        PROMPT, finished(sequences=[long, short])
+    )
+    assert doc.generated_text == "B C"
+    assert doc.details and [t.log_prob for t in doc.details.tokens or ()] == [-0.6, -0.6]
 
 
 def test_tgi_error_shapes() -> None:

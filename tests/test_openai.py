@@ -157,12 +157,44 @@ def test_errors_in_openais_shape_and_status(server: RunningServer) -> None:
     with pytest.raises(openai.BadRequestError) as long:
         api.completions.create(model=MODEL, prompt="word " * 3000, max_tokens=4)
     assert long.value.code == "context_length_exceeded"
+    assert (
+        "This model's maximum context length is 2048 tokens. However, your prompt is too long"
+        in long.value.message
+    )
     tools: list[ChatCompletionFunctionToolParam] = [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     ]
     with pytest.raises(openai.BadRequestError) as refused:
         api.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools)
     assert "tools" in str(refused.value).lower()
+
+
+def test_litellm_and_langchain_recognise_a_prompt_over_the_context(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else fetched when imported
+    import litellm
+    from langchain_core.exceptions import ContextOverflowError
+    from langchain_openai import ChatOpenAI
+    from litellm.exceptions import ContextWindowExceededError
+    from pydantic import SecretStr
+
+    long, base = "word " * 3000, server.http + "/v1"
+    with pytest.raises(ContextWindowExceededError):
+        litellm.completion(
+            model=f"openai/{MODEL}",
+            messages=[{"role": "user", "content": long}],
+            api_base=base,
+            api_key="unused",
+            max_tokens=4,
+        )
+    with pytest.raises(ContextWindowExceededError):
+        litellm.text_completion(
+            model=f"hosted_vllm/{MODEL}", prompt=long, api_base=base, api_key="unused", max_tokens=4
+        )
+    chat = ChatOpenAI(model=MODEL, base_url=base, api_key=SecretStr("unused"), max_retries=0)
+    with pytest.raises(ContextOverflowError):
+        chat.invoke(long)
 
 
 def test_huggingface_hub_chat_completion(server: RunningServer) -> None:

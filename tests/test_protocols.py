@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from protocols.batch_events import PayloadFrames, decode_frame, encode_frame
-from protocols.batch_payload import Rejected, decode_batch
+from protocols.batch_payload import Rejected, decode_batch, refuse_repeated_ids
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import (
     Delta,
@@ -34,6 +34,7 @@ from protocols.rest_generate import (
     encode_error,
     failure_of_one,
 )
+from protocols.ws_events import FrameEvents, decode_starts
 
 DEFAULTS = SamplingOptions(max_new_tokens=64, temperature=0.7)
 
@@ -193,3 +194,78 @@ def test_batch_answers_keep_the_payloads_order() -> None:
 def test_error_body() -> None:
     error = GenerationError(ErrorKind.RATE_LIMITED, "busy")
     assert json.loads(encode_error(error)) == {"error": "busy", "type": "rate_limited"}
+
+
+def test_a_request_id_twice_refuses_the_whole_ws_payload_once_per_id() -> None:
+    prompts = [
+        {"request_id": "a", "prompt": "p"},
+        {"request_id": "b", "prompt": 5},
+        {"request_id": "a", "prompt": "q"},
+        {"request_id": "c", "prompt": "r"},
+        {"prompt": "no id"},
+    ]
+    batch = refuse_repeated_ids(decode_batch(body(prompts=prompts), DEFAULTS))
+    assert not batch.items
+    frames = PayloadFrames(batch.items, batch.rejected, only_new_tokens=True).frames([])
+    twice = "request_id 'a' appears more than once in the payload: none of its prompts ran"
+    assert [[msgspec.to_builtins(e) for e in frame] for frame in frames] == [
+        [
+            {"type": "ERROR", "request_id": request_id, "error": error}
+            for request_id, error in (
+                ("a", twice),
+                ("b", "Expected `str`, got `int` - at `$.prompts[1].prompt`"),
+                ("c", twice),
+                ("", "Object missing required field `request_id` - at `$.prompts[4]`"),
+            )
+        ]
+    ]
+    once = decode_batch(body(prompts=prompts[3:4]), DEFAULTS)
+    assert refuse_repeated_ids(once) is once
+
+
+def test_ws_events_echo_only_the_starts_that_passed_their_checks() -> None:
+    starts = [
+        {"type": "START", "id": "ok", "data": "p"},
+        {"type": "START", "id": "empty", "data": ""},
+        {"type": "START", "id": "twice", "data": "p"},
+        {"type": "START", "id": "long", "data": "p"},
+        {"type": "START", "id": "twice", "data": "q"},
+    ]
+    accepted, refused = decode_starts(json.dumps(starts), DEFAULTS)
+    assert [a.start.id for a in accepted] == ["ok", "long"]
+    frames = FrameEvents(accepted, refused)
+
+    def sent(*step: Event) -> list[list[dict[str, object]]]:
+        return [[msgspec.to_builtins(e) for e in frame] for frame in frames.frames(step)]
+
+    assert sent() == []  # neither is checked yet
+    too_long = Failed(1, ErrorKind.CONTEXT_LENGTH_EXCEEDED, "too long", "$[3].data")
+    assert sent(Queued(0), Delta(0, "x", [1]), too_long) == [
+        [{"type": "START", "id": "ok", "data": "p"}],
+        [
+            {
+                "type": "ERROR",
+                "id": "empty",
+                "data": "A START needs a prompt: `data` is empty - at `$[1].data`",
+                "field": "$[1].data",
+            },
+            {
+                "type": "ERROR",
+                "id": "twice",
+                "data": "id 'twice' appears more than once in the frame: no START of it ran",
+                "field": "$[2].id",
+            },
+            {"type": "ERROR", "id": "long", "data": "too long", "field": "$[3].data"},
+        ],
+        [{"type": "PROGRESS", "id": "ok", "data": "x"}],
+    ]
+    [running], [] = decode_starts(json.dumps(starts[0]), DEFAULTS)
+    busy = FrameEvents([running], [])
+    duplicate = Failed(0, ErrorKind.DUPLICATE_REQUEST_ID, "'events:ok' is busy", "request_id")
+    [[error]] = busy.frames([duplicate])
+    assert msgspec.to_builtins(error) == {
+        "type": "ERROR",
+        "id": "ok",
+        "data": "id 'ok' is already generating: wait for its end, or use another id",
+        "field": "$.id",
+    }

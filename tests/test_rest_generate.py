@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from clients import (
     CHAT,
@@ -110,6 +111,23 @@ def test_one_bad_prompt_fails_alone_in_a_batch(server: RunningServer) -> None:
     assert answers[0]["request_id"] == "good" and answers[0]["response"]
     assert answers[1]["request_id"] == "bad" and answers[1]["response"] == ""
     assert answers[1]["field"] == "$.prompts[1].prompt"
+
+
+def test_generation_config_fields_vllm_lacks_are_accepted_and_logged(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = greedy(4, typical_p=0.5, no_repeat_ngram_size=None, early_stopping=False)
+    answer = httpx.post(
+        server.http + "/api/generate-one",
+        json=one("hf", stream_response=False, generation_config=config),
+        timeout=None,
+    )
+    assert answer.status_code == 200 and answer.text
+    assert "typical_p" in caplog.text and "no_repeat_ngram_size" not in caplog.text  # null
+    typo = one("typo", generation_config=greedy(4, typical_q=0.5))
+    refused = httpx.post(server.http + "/api/generate-one", json=typo, timeout=None)
+    assert refused.status_code == 422
+    assert refused.json()["field"] == "$.generation_config.typical_q"
 
 
 def test_a_batch_whose_every_prompt_is_invalid_answers_422(server: RunningServer) -> None:

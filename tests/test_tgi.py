@@ -132,7 +132,6 @@ def test_sampling_and_best_of(server: RunningServer) -> None:
     [
         ({"temperature": 0.0}, "temperature"),
         ({"top_p": 1.0}, "top_p"),
-        ({"typical_p": 0.5}, "typical_p"),
         ({"watermark": True}, "watermark"),
         ({"best_of": 2}, "best_of"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
@@ -146,6 +145,17 @@ def test_validation_errors_reach_the_client(
         tgi.text_generation(PROMPT, max_new_tokens=2, **params)
     with pytest.raises(ValidationError, match=words):
         list(tgi.text_generation(PROMPT, max_new_tokens=2, stream=True, **params))
+
+
+def test_generation_config_fields_vllm_lacks_are_accepted_and_ignored(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    greedy = client(server).text_generation(SHORT, max_new_tokens=8)
+    typical = client(server).text_generation(SHORT, max_new_tokens=8, typical_p=0.5)
+    assert typical == greedy  # typical sampling asks nothing of vLLM: ignored, and logged
+    assert "typical_p" in caplog.text
+    unknown = post(server, "/generate", inputs=SHORT, parameters={"typical_q": 0.5})
+    assert unknown.status_code == 422 and "unknown field `typical_q`" in unknown.json()["error"]
 
 
 def test_error_bodies_and_statuses(server: RunningServer) -> None:

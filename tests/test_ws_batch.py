@@ -59,7 +59,7 @@ def test_only_new_tokens_false_sends_prompt_in_initialized_and_complete(
 
 def test_batch_arrays_as_the_spec_draws_them(server: RunningServer) -> None:
     ids = [f"b{i}" for i in range(4)]
-    refused = [("b1", PROMPT), ("empty", ""), ("long", "word " * MAX_MODEL_LEN)]
+    refused = [("empty", ""), ("long", "word " * MAX_MODEL_LEN)]
     message = payload(
         *[(r, CHAT.format(f"Count to {i + 3}.")) for i, r in enumerate(ids)],
         *refused,
@@ -71,7 +71,7 @@ def test_batch_arrays_as_the_spec_draws_them(server: RunningServer) -> None:
     # Validation before ACCEPTED: the refused prompts get their ERROR instead.
     assert frames[0] == [{"type": "ACCEPTED", "request_id": r} for r in ids]
     assert [(e["type"], e["request_id"]) for e in frames[1]] == [("ERROR", r) for r, _ in refused]
-    assert "twice" in frames[1][0]["error"] and "context" in frames[1][2]["error"]
+    assert "empty" in frames[1][0]["error"] and "context" in frames[1][1]["error"]
     # STARTED, INITIALIZED and COMPLETE: one array each, covering every accepted prompt.
     assert types[2:4] == ["STARTED", "INITIALIZED"] and types[-1] == "COMPLETE"
     assert set(types[4:-1]) == {"PROGRESS"}
@@ -84,6 +84,36 @@ def test_batch_arrays_as_the_spec_draws_them(server: RunningServer) -> None:
     for r, complete in zip(ids, frames[-1], strict=True):
         progress = [e["text"] for e in events_of(frames[4:-1], r)]
         assert complete["new_tokens_count"] == 16 and complete["text"] == "".join(progress)
+
+
+def test_a_request_id_twice_in_a_payload_refuses_the_payload_once_per_id(
+    server: RunningServer,
+) -> None:
+    message = payload(("d1", PROMPT), ("d2", PROMPT), ("d1", PROMPT), generation_config=greedy(2))
+    with connect(server.ws + "/ws") as ws:
+        ws.send(message)
+        refusal = json.loads(ws.recv())
+        ws.send(payload(("after", PROMPT), generation_config=greedy(2)))  # the connection goes on
+        after = frames_until_done(ws, {"after"})
+    assert [(e["type"], e["request_id"]) for e in refusal] == [("ERROR", "d1"), ("ERROR", "d2")]
+    assert all("'d1' appears more than once" in e["error"] for e in refusal)
+    # Nothing of the refused payload ran: the next frames are all the other payload's.
+    assert {e["request_id"] for frame in after for e in frame} == {"after"}
+    assert after[0] == [{"type": "ACCEPTED", "request_id": "after"}]
+
+
+def test_a_transformers_generation_config_passes_through(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers import GenerationConfig
+
+    passed = GenerationConfig(max_new_tokens=4, do_sample=False, typical_p=0.5)  # type: ignore[no-untyped-call]
+    config: dict[str, Any] = passed.to_dict()
+    config["early_stopping"] = True  # honoured by beam search, harmless without it
+    frames = run_ws(server.ws, payload(("hf", PROMPT), generation_config=config), {"hf"})
+    complete = events_of(frames, "hf")[-1]
+    assert complete["type"] == "COMPLETE" and complete["new_tokens_count"] == 4
+    assert "typical_p" in caplog.text  # ignored (vLLM has no typical sampling), and logged
 
 
 def test_a_request_id_in_flight_is_refused_before_acceptance(server: RunningServer) -> None:
@@ -125,7 +155,7 @@ def test_malformed_json_and_bad_fields_get_errors_and_the_connection_stays_usabl
     with connect(server.ws + "/ws") as ws:
         ws.send("{not json")
         [error] = json.loads(ws.recv())
-        assert error["type"] == "ERROR" and error["request_id"] is None
+        assert error["type"] == "ERROR" and error["request_id"] == ""  # a string, as typed
         assert "Malformed JSON" in error["error"]
 
         ws.send(json.dumps({"prompts": []}))

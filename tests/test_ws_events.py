@@ -8,7 +8,7 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection
 
-from clients import CHAT, UNENDING, connect
+from clients import CHAT, MAX_MODEL_LEN, UNENDING, connect
 from protocols.ws_events import Complete, Progress, Start, decode_frame
 from serving import RunningServer
 
@@ -109,6 +109,50 @@ def test_bad_events_get_an_error_event_and_the_connection_stays_usable(
         ]
         ws.send(json.dumps([start("again", max_new_tokens=2)]))
         assert frames_until_complete(ws, {"again"})[-1][0]["type"] == "COMPLETE"
+
+
+def test_a_refused_start_gets_its_error_and_no_echo(
+    server: RunningServer, idle_engine: Callable[..., None]
+) -> None:
+    with connect(server.ws + "/ws/events") as busy, connect(server.ws + "/ws/events") as ws:
+        busy.send(json.dumps([start("busy", max_new_tokens=UNENDING, ignore_eos=True)]))
+        assert json.loads(busy.recv())[0]["id"] == "busy"  # echoed: it is running
+        ws.send(
+            json.dumps(
+                [
+                    start("fine", max_new_tokens=2),
+                    start("empty", ""),
+                    start("long", "word " * MAX_MODEL_LEN),
+                    start("busy", max_new_tokens=2),
+                    start("dup", max_new_tokens=2),
+                    start("dup", max_new_tokens=2),
+                ]
+            )
+        )
+        echo, errors, *rest = frames_until_complete(ws, {"fine", "empty", "long", "busy", "dup"})
+    idle_engine()
+    assert echo == [{"type": "START", "id": "fine", "data": PROMPT}]
+    assert [(e["type"], e["id"], e["field"]) for e in errors] == [
+        ("ERROR", "empty", "$[1].data"),
+        ("ERROR", "long", "$[2].data"),
+        ("ERROR", "busy", "$[3].id"),
+        ("ERROR", "dup", "$[4].id"),
+    ]
+    assert "continu" not in errors[0]["data"] and "`data` is empty" in errors[0]["data"]
+    assert "already generating" in errors[2]["data"] and "events:" not in errors[2]["data"]
+    assert "more than once" in errors[3]["data"]
+    assert {e["id"] for frame in rest for e in frame} == {"fine"}
+    assert rest[-1][0]["type"] == "COMPLETE"
+
+
+def test_generation_config_fields_vllm_lacks_are_accepted(server: RunningServer) -> None:
+    with connect(server.ws + "/ws/events") as ws:
+        ws.send(json.dumps([start("hf", max_new_tokens=2, typical_p=0.5, max_length=None)]))
+        frames = frames_until_complete(ws, {"hf"})
+        ws.send(json.dumps([start("typo", max_new_tokens=2, typical_q=0.5)]))
+        [error] = frames_until_complete(ws, {"typo"})[-1]
+    assert frames[0][0]["type"] == "START" and frames[-1][0]["type"] == "COMPLETE"
+    assert error["field"] == "$[0].parameters.typical_q"
 
 
 def test_an_id_is_not_a_continuation_key(server: RunningServer) -> None:

@@ -13,6 +13,7 @@ from gateway.routes import (
     rest_generate,
     sagemaker,
     tgi,
+    tokenize,
     ui,
     ws_events,
 )
@@ -28,6 +29,7 @@ _MODULES = (
     sagemaker,
     tgi,
     openai,
+    tokenize,
     openapi,
     ui,
 )

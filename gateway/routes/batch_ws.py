@@ -14,8 +14,8 @@ from starlette.websockets import WebSocket
 
 from gateway.routes.websocket_payloads import Outbox, serve_payloads
 from gateway.state import Gateway
-from protocols.batch_events import ErrorEvent, PayloadFrames, encode_frame
-from protocols.batch_payload import decode_batch
+from protocols.batch_events import NO_ID, ErrorEvent, PayloadFrames, encode_frame
+from protocols.batch_payload import decode_batch, refuse_repeated_ids
 from protocols.errors import GenerationError
 from protocols.names import Protocol
 
@@ -28,9 +28,9 @@ async def batch_events(websocket: WebSocket) -> None:
 
 async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
     try:
-        batch = decode_batch(raw, gateway.settings.generation)
+        batch = refuse_repeated_ids(decode_batch(raw, gateway.settings.generation))
     except GenerationError as e:
-        outbox.put_nowait(encode_frame([ErrorEvent(None, e.message)]))
+        outbox.put_nowait(encode_frame([ErrorEvent(NO_ID, e.message)]))
         return
     frames = PayloadFrames(batch.items, batch.rejected, only_new_tokens=batch.only_new_tokens)
     if not batch.items:  # nothing to run: the refusals are all there is

@@ -70,7 +70,7 @@ async def control_ws(websocket: WebSocket) -> None:
                 decoded = decode_client(message.get("text") or message.get("bytes") or b"")
             except GenerationError as e:
                 if session.state != "new" or e.field != "$.type":  # a bad config may be retried
-                    session.send(error_message(e))
+                    session.refuse(e)
                     continue
             if session.state == "new" and not isinstance(decoded, Config):
                 first = invalid("The first message must be a `config` message", "$.type")

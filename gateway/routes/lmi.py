@@ -35,10 +35,14 @@ from gateway.state import gateway_of
 from protocols.errors import ErrorKind, named
 from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
 from protocols.lmi import (
+    MEDIA_TYPES,
     InvalidPayload,
     LmiEncoder,
     LmiRequest,
+    Output,
     decode_lmi,
+    failed_answer,
+    failed_line,
     is_chat,
     lmi_status,
     payload_error,
@@ -88,9 +92,9 @@ async def answer(
             max_new_tokens=settings.lmi_max_new_tokens,
         )
     except InvalidPayload as e:
+        if e.output is not None and not e.dynamic:  # a bad generation parameter value
+            return _bad_parameter(named(e.error), e.output, settings.option_tgi_compat)
         return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
-    if lmi.ignored:
-        log.warning("ignored LMI parameters vLLM cannot honour: %s", ", ".join(lmi.ignored))
     encoder = LmiEncoder(lmi)
     steps = gateway.batches.run(requests_of(lmi), protocol)
     if lmi.output == "json":
@@ -126,6 +130,13 @@ def _refusal(failed: Failed, lmi: LmiRequest, encoder: LmiEncoder) -> Whole:
         return Whole(424, encoder.failed_answer(error.message), JSON)
     status = lmi_status(error.kind)
     return Whole(status, payload_error(named(error), status, dynamic=False), JSON)
+
+
+def _bad_parameter(message: str, output: Output, tgi_compat: bool) -> Whole:
+    """The spec's answer to "a bad generation parameter value": a generation that failed."""
+    if output == "json":
+        return Whole(424, failed_answer(message, tgi_compat=tgi_compat), JSON)
+    return Whole(424, failed_line(message, output, tgi_compat=tgi_compat), MEDIA_TYPES[output])
 
 
 def _has_output(step: list[Event]) -> bool:

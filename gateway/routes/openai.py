@@ -21,7 +21,7 @@ from protocols.errors import GenerationError
 from protocols.generation import Delta, Event, Failed, Finished
 from protocols.names import Protocol
 from protocols.openai_answers import OpenAIEncoder, error_of, not_found
-from protocols.openai_requests import decode_chat, decode_completion, unknown_model
+from protocols.openai_requests import decode_chat, decode_completion, spelled, unknown_model
 
 SSE = "text/event-stream"
 JSON_LINES = "application/jsonlines"
@@ -48,10 +48,13 @@ async def prepare(
     decode = decode_chat if chat else decode_completion
     try:
         call = decode(raw, _context(gateway))
+        if call.token_prompts:
+            engine = await gateway.holder.wait()  # its tokenizer spells the prompts
+            call = spelled(call, engine.vocabulary, engine.decode)
     except GenerationError as e:
         return _error(e)
     served = served_model_name(gateway.settings.engine)
-    why = unknown_model(call, served)
+    why = unknown_model(call.model, served)
     if why is not None:
         return Whole(404, not_found(why), JSON)
     encoder = OpenAIEncoder(call, served, chat=chat, lines=lines)
@@ -104,6 +107,8 @@ async def _chunks(
                     yield Chunk(encoder.chunk(event))
                 case Finished(index=index):
                     encoder.count(event, first=index % encoder.call.choices == 0)
+                    if encoder.call.echo_prompts is not None:
+                        yield Chunk(encoder.whole_choice(event))
                 case Failed():
                     yield Chunk(encoder.failure(event.error()), event.message)
                     return

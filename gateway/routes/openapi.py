@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from gateway.routes.health import Health
 from gateway.routes.openai import _Models
-from protocols import control, eventstream, lmi, openai_answers, rest_generate, tgi
+from protocols import control, eventstream, lmi, openai_answers, rest_generate, tgi, tokenize
 from protocols.batch_payload import PayloadSettings
 from protocols.openai_requests import ChatRequest, CompletionRequest
 
@@ -132,6 +132,24 @@ OPS = (
         {JSON: _Models},
         openai_answers.ErrorBody,
         (401,),
+    ),
+    Op(
+        "post",
+        "/tokenize",
+        "vLLM's tokenize: a prompt, or messages in the chat template",
+        tokenize.TokenizeRequest,
+        {JSON: tokenize.TokenizeResponse},
+        openai_answers.ErrorBody,
+        (400, 401, 404, 413, 503),
+    ),
+    Op(
+        "post",
+        "/detokenize",
+        "vLLM's detokenize",
+        tokenize.DetokenizeRequest,
+        {JSON: tokenize.DetokenizeResponse},
+        openai_answers.ErrorBody,
+        (400, 401, 404, 413, 503),
     ),
     _lmi("/invocations"),
     _lmi("/predictions/{model_name}"),

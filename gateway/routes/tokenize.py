@@ -1,0 +1,81 @@
+"""vLLM's POST `/tokenize` and `/detokenize`, with the engine's own tokenizer and chat
+template. The shapes are protocols/tokenize.py; errors are OpenAI's error object."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.config import served_model_name
+from gateway.routes.prepared import JSON
+from gateway.state import gateway_of
+from protocols.errors import GenerationError
+from protocols.openai_answers import error_of, not_found
+from protocols.openai_requests import check_token_ids, unknown_model
+from protocols.tokenize import (
+    DetokenizeResponse,
+    TokenizeResponse,
+    decode_detokenize,
+    decode_tokenize,
+    encode,
+)
+
+# Tokenizing costs about a microsecond a character: past this, in a worker thread (as
+# gateway/generation.py does), so the event loop keeps serving meanwhile.
+_TOKENIZE_INLINE_CHARS = 4096
+
+
+async def tokenize(request: Request) -> Response:
+    gateway = gateway_of(request)
+    try:
+        body = decode_tokenize(await request.body())
+        why = unknown_model(body.model, served_model_name(gateway.settings.engine))
+        if why is not None:
+            return Response(not_found(why), 404, media_type=JSON)
+        engine = await gateway.holder.wait()
+        text = body.prompt
+        if body.messages is not None:
+            text = engine.render_chat(
+                body.conversation(),
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+            )
+        text = text or ""
+
+        def encoded() -> list[int]:
+            return list(engine.tokenizer.encode(text, add_special_tokens=body.special_tokens))
+
+        ids = await asyncio.to_thread(encoded) if len(text) > _TOKENIZE_INLINE_CHARS else encoded()
+    except GenerationError as e:
+        return _error(e)
+    strings = list(engine.tokenizer.convert_ids_to_tokens(ids)) if body.return_token_strs else None
+    answer = TokenizeResponse(len(ids), engine.max_model_len, ids, strings)
+    return Response(encode(answer), media_type=JSON)
+
+
+async def detokenize(request: Request) -> Response:
+    gateway = gateway_of(request)
+    try:
+        body = decode_detokenize(await request.body())
+        why = unknown_model(body.model, served_model_name(gateway.settings.engine))
+        if why is not None:
+            return Response(not_found(why), 404, media_type=JSON)
+        engine = await gateway.holder.wait()
+        check_token_ids(body.tokens, engine.vocabulary, "tokens")
+    except GenerationError as e:
+        return _error(e)
+    return Response(encode(DetokenizeResponse(engine.decode(body.tokens))), media_type=JSON)
+
+
+def _error(error: GenerationError) -> Response:
+    status, body = error_of(error)
+    return Response(body, status, media_type=JSON)
+
+
+routes = [
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+]
