@@ -2,59 +2,44 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from gateway.admission import Admission
-from gateway.api_keys import KeyRing
-from gateway.auth import ApiKeyMiddleware
-from gateway.batch import BatchRunner
-from gateway.body_limit import BodyLimitMiddleware
-from gateway.config import Settings, served_model_name
-from gateway.continuation import open_store
-from gateway.cpu_defaults import resolve_bulk_cap
-from gateway.deadlines import Deadlines
+from gateway.config.priorities import PriorityClasses
+from gateway.config.settings import Settings
 from gateway.drain import Drain, DrainMiddleware
-from gateway.engine import Engine, device_type
-from gateway.engine_holder import EngineHolder
-from gateway.feedback import FeedbackStore, feedback_path
-from gateway.generation import GenerationService
-from gateway.limits import Limits
-from gateway.metrics import GatewayMetrics
-from gateway.origins import OriginMiddleware, parse_origins
-from gateway.priorities import PriorityClasses
+from gateway.edge.api_keys import KeyRing
+from gateway.edge.auth import ApiKeyMiddleware
+from gateway.edge.body_limit import BodyLimitMiddleware
+from gateway.edge.limits import Limits
+from gateway.edge.origins import OriginMiddleware, parse_origins
+from gateway.engine.adapter import device_type
+from gateway.engine.cpu_defaults import resolve_bulk_cap
+from gateway.engine.holder import EngineHolder
+from gateway.engine.loader import EngineLoader, local_loader
+from gateway.engine_path.admission import Admission
+from gateway.engine_path.batch import BatchRunner
+from gateway.engine_path.deadlines import Deadlines
+from gateway.engine_path.generation import GenerationService
+from gateway.engine_path.metrics import GatewayMetrics
 from gateway.routes import ROUTES
 from gateway.state import Gateway
+from gateway.stores.configured import open_store
+from gateway.stores.feedback import FeedbackStore, feedback_path
 from protocols.names import Protocol
-
-EngineLoader = Callable[[], Awaitable[Engine]]
 
 
 def default_loader(settings: Settings) -> EngineLoader:
     if settings.engine_replicas:  # the engine on Ray Serve replicas (docs/SCALE-OUT.md)
-        from gateway.replicas import replica_loader
+        from gateway.engine.replicas import replica_loader
 
         return replica_loader(settings)
-
-    async def load() -> Engine:
-        model = settings.engine.model
-        if not model:
-            from gateway.default_model import prepare_default_model
-
-            model = str(await asyncio.to_thread(prepare_default_model))
-        named = msgspec.structs.replace(
-            settings.engine, served_model_name=served_model_name(settings.engine)
-        )
-        return await Engine.start(named, model)
-
-    return load
+    return local_loader(settings)
 
 
 def create_app(

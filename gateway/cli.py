@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
-import logging
 import sys
 from pathlib import Path
 
 import msgspec
 
-from gateway.config import ConfigError, Settings, load_settings
-from gateway.feedback import FeedbackStore, feedback_path
-from gateway.grpc_client import use_poller_client
+from gateway.config.loading import load_settings
+from gateway.config.settings import ConfigError
+from gateway.server import run_server
+from gateway.stores.feedback import FeedbackStore, feedback_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser("container", help="the container image's entry (docs/DEPLOY.md)")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["container", "llm-gateway"]:  # any command, inside the container
+        return main(argv[2:])
     if argv[:1] == ["container"]:  # serve, SageMaker's serve, health: gateway/container.py
         from gateway.container import main as container
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "prepare-model":
-        from gateway.default_model import prepare_default_model
+        from gateway.engine.default_model import prepare_default_model
 
         print(prepare_default_model())
         return 0
@@ -74,47 +75,6 @@ def _export_feedback(path: Path) -> int:
     for record in FeedbackStore(path).records():
         sys.stdout.write(encoder.encode(record).decode() + "\n")
     return 0
-
-
-def run_server(settings: Settings, host: str, port: int) -> int:
-    if settings.engine_replicas:
-        use_poller_client()  # before gateway.app imports Ray, and Ray gRPC
-    from gateway.app import create_app
-    from gateway.server import GatewayServer, uvicorn_config
-
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    server: GatewayServer | None = None
-
-    def give_up(reason: str) -> None:
-        if server is not None:
-            server.give_up(reason)
-
-    app = create_app(settings, on_give_up=give_up)
-    if not (settings.api_keys or settings.api_keys_file) and not _is_loopback(host):
-        logging.getLogger("gateway").warning(
-            "no API keys (API_KEYS, API_KEYS_FILE): anyone who can reach %s:%d can use every "
-            "route (docs/SECURITY.md)",
-            host,
-            port,
-        )
-    config = uvicorn_config(app, settings, host, port, log_level=settings.log_level)
-    server = GatewayServer(config, app)
-    server.run()
-    if server.gave_up is not None:
-        print(f"llm-gateway: {server.gave_up}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 if __name__ == "__main__":

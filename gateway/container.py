@@ -11,7 +11,7 @@ Under SageMaker (the `serve` argument, or any SM_* variable) the gateway listens
 0.0.0.0:8080, or SAGEMAKER_BIND_TO_PORT when SageMaker sets it, whatever HOST and PORT say,
 and logs to stdout only. In both modes the model directory is /opt/ml/model, or
 SAGEMAKER_MODEL_DIR: a Hugging Face model there is served, and LMI's serving.properties there
-is read (gateway/config_aliases.py), unless MODEL, HF_MODEL_ID and the like name another.
+is read (gateway/config/aliases.py), unless MODEL, HF_MODEL_ID and the like name another.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.config import ConfigError, load_settings
-from gateway.config_aliases import MODEL_DIR, given_host
+from gateway.config.aliases import MODEL_DIR, given_host
+from gateway.config.loading import load_settings
+from gateway.config.settings import ConfigError
+from gateway.server import run_server
 
 SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 SAGEMAKER_PORT = "8080"
@@ -52,11 +54,7 @@ def container_env(environ: Mapping[str, str], sagemaker: bool) -> dict[str, str]
 
 
 def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
-    from gateway import cli
-
     environ = os.environ if environ is None else environ
-    if argv[:1] == ["llm-gateway"]:
-        return cli.main(argv[1:])
     if argv not in ([], ["serve"], ["health"]):
         print(USAGE, file=sys.stderr)
         return 2
@@ -77,7 +75,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
         return 2
     logging.getLogger().setLevel(settings.log_level.upper())
     try:
-        return cli.run_server(settings, settings.host, settings.port)
+        return run_server(settings, settings.host, settings.port)
     except ConfigError as e:
         print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
         return 2

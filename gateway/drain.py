@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.deadlines import Deadlines
-from gateway.refusals import close_websocket
+from gateway.edge.refusals import close_websocket
+from gateway.engine_path.deadlines import Deadlines
 
 log = logging.getLogger(__name__)
 GOING_AWAY = 1001

@@ -4,14 +4,18 @@ SIGTERM as a graceful drain (gateway/drain.py) rather than an end of every open 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
 import signal
+import sys
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.config import Settings
+from gateway.config.settings import Settings
+from gateway.engine.grpc_client import use_poller_client
 
 
 def uvicorn_config(
@@ -71,3 +75,43 @@ class GatewayServer(uvicorn.Server):
                 await gateway_of_app(self.app).drain.run()
         finally:
             self.should_exit = True
+
+
+def run_server(settings: Settings, host: str, port: int) -> int:
+    if settings.engine_replicas:
+        use_poller_client()  # before gateway.app imports Ray, and Ray gRPC
+    from gateway.app import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    server: GatewayServer | None = None
+
+    def give_up(reason: str) -> None:
+        if server is not None:
+            server.give_up(reason)
+
+    app = create_app(settings, on_give_up=give_up)
+    if not (settings.api_keys or settings.api_keys_file) and not _is_loopback(host):
+        logging.getLogger("gateway").warning(
+            "no API keys (API_KEYS, API_KEYS_FILE): anyone who can reach %s:%d can use every "
+            "route (docs/SECURITY.md)",
+            host,
+            port,
+        )
+    config = uvicorn_config(app, settings, host, port, log_level=settings.log_level)
+    server = GatewayServer(config, app)
+    server.run()
+    if server.gave_up is not None:
+        print(f"llm-gateway: {server.gave_up}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

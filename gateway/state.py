@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, cast
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
-from gateway.batch import BatchRunner
-from gateway.config import Settings
-from gateway.engine_holder import EngineHolder
-from gateway.feedback import FeedbackStore
-from gateway.generation import GenerationService
+from gateway.config.settings import Settings
+from gateway.engine.holder import EngineHolder
+from gateway.engine_path.batch import BatchRunner
+from gateway.engine_path.generation import GenerationService
+from gateway.stores.feedback import FeedbackStore
 
 if TYPE_CHECKING:  # drain -> refusals -> the routes, which import this module
     from gateway.drain import Drain

@@ -10,13 +10,11 @@ Importing it fails with ModuleNotFoundError when the `bench` extra is not instal
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import os
 import shlex
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 # The `bench` extra's packages (pyproject.toml), checked without importing them.
 EXTRA = ("aiohttp", "psutil", "tqdm", "matplotlib")
@@ -26,16 +24,6 @@ if _missing:
         f"llm-gateway bench needs {', '.join(_missing)}: pip install 'llm-gateway[bench]'",
         name=_missing[0],
     )
-
-T = TypeVar("T")
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def _scenario(args: Sequence[str]) -> str:
@@ -52,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports vLLM: its INFO lines would break the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from gateway_bench.benchmark import run_benchmark
+    from gateway_bench.event_loop import run_loop
     from gateway_bench.options import parse
     from gateway_bench.report import markdown
 
@@ -70,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replicas(args)
     options = parse(args)
     command = shlex.join(["llm-gateway", "bench", *args])
-    result, out = _run(run_benchmark(options, command=command))
+    result, out = run_loop(run_benchmark(options, command=command))
     print(markdown(result, chart=None))
     print(f"\nllm-gateway bench: report written to {out}/", file=sys.stderr)
     return 0

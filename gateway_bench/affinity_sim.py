@@ -1,7 +1,7 @@
 """Replica affinity, simulated with Ray Serve's own router code (docs/BENCHMARKS.md).
 
 `python -m gateway_bench.affinity_sim` (needs the `ray` extra): for 4, 8 and 16 replicas,
-conversations of request_ids (keys as the gateway makes them, gateway/affinity.py) replayed
+conversations of request_ids (keys as the gateway makes them, gateway/engine/affinity.py) replayed
 turn by turn, interleaved.
 A turn is served from the prefix cache when it reaches the replica that served the key's
 previous turn (the cache is taken as large enough: what routing alone decides). Affinity is
@@ -19,7 +19,7 @@ from collections import Counter
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
 
-from gateway.affinity import affinity_key
+from gateway.engine.affinity import affinity_key
 
 CONVERSATIONS = 2000
 TURNS = 8

@@ -25,7 +25,7 @@ import aiohttp
 import msgspec
 from tqdm import tqdm
 
-from gateway.config import EngineSettings, served_model_name
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import chart, goals, machine, report, targets
 from gateway_bench.clients import (
     GATEWAY_CLIENTS,
@@ -54,7 +54,7 @@ from gateway_bench.worker import Context
 from gateway_bench.workload import Workload
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 _FD_MARGIN = 1024
 
@@ -62,7 +62,7 @@ _FD_MARGIN = 1024
 def _model_dir(options: BenchOptions) -> str:
     if options.model:
         return options.model
-    from gateway.default_model import prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
 
     return str(prepare_default_model(progress=lambda message: tqdm.write(message)))
 

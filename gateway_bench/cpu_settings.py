@@ -4,7 +4,7 @@ Each variant (dtype, OpenMP thread binding, allocator and OpenMP runtime preload
 runs in a fresh process that builds an in-process `AsyncLLM` (eager, the default model) and
 sends 64-token greedy requests with `ignore_eos` at each concurrency. Variants run in turn,
 `--repeats` times in interleaved order, so slow drift on a shared machine spreads over all.
-The figures decide the gateway's CPU defaults (gateway/cpu_defaults.py, docs/BENCHMARKS.md).
+The figures decide the gateway's CPU defaults (gateway/engine/cpu_defaults.py, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ async def _measure(concurrency: list[int], tokens: int, rounds: int) -> dict[str
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from gateway.config import EngineSettings
-    from gateway.default_model import prepare_default_model
-    from gateway.engine import engine_args
+    from gateway.config.settings import EngineSettings
+    from gateway.engine.adapter import engine_args
+    from gateway.engine.default_model import prepare_default_model
 
     variant = {"ENFORCE_EAGER": True, "DTYPE": os.environ["DTYPE"], "KV_CACHE_GIB": 2.0}
     settings = msgspec.convert(variant, EngineSettings)

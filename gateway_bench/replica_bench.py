@@ -38,7 +38,7 @@ import aiohttp
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import EngineSettings, served_model_name
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
 from gateway_bench.clients import ws_batch
 from gateway_bench.metrics import Record, summarize

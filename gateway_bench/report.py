@@ -181,7 +181,8 @@ def _cpu(report: BenchReport) -> str:
     env = ", ".join(f"{k}={v}" for k, v in d.environment.items()) or "none added"
     return (
         f"- CPU flags: {flags}. Device {d.device}; dtype {dtype}: {d.dtype_reason}; vLLM "
-        f"environment: {env}. These are the gateway's CPU defaults (gateway/cpu_defaults.py), "
+        f"environment: {env}. These are the gateway's CPU defaults "
+        "(gateway/engine/cpu_defaults.py), "
         "given to the ceiling and to vLLM's server, not to vLLM's server with its defaults."
     )
 

@@ -96,7 +96,7 @@ class Goal(msgspec.Struct, kw_only=True):
 
 
 class CpuDefaults(msgspec.Struct, kw_only=True):
-    """What gateway/cpu_defaults.py chose for this machine: the gateway's engine settings,
+    """What gateway/engine/cpu_defaults.py chose for this machine: the gateway's engine settings,
     also given to the ceiling and to vLLM's server (not to its "defaults" variant)."""
 
     device: str  # vLLM's platform: "cpu", "cuda", ...

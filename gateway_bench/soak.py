@@ -26,6 +26,7 @@ import msgspec
 from tqdm import tqdm
 
 from gateway_bench import machine, targets
+from gateway_bench.event_loop import run_loop
 from gateway_bench.metrics import percentile
 from gateway_bench.soak_calls import FINISHED, RATE_LIMITED
 from gateway_bench.soak_options import SoakOptions, parse
@@ -53,7 +54,7 @@ def _tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     if not model:
-        from gateway.default_model import prepare_default_model
+        from gateway.engine.default_model import prepare_default_model
 
         model = str(prepare_default_model(progress=lambda message: tqdm.write(message)))
     return AutoTokenizer.from_pretrained(model)
@@ -230,11 +231,9 @@ async def soak_benchmark(options: SoakOptions, command: str) -> tuple[SoakReport
 
 
 def main(argv: Sequence[str]) -> int:
-    from gateway_bench import _run
-
     options = parse(argv)
     command = shlex.join(["llm-gateway", "bench", *argv])
-    report, out = _run(soak_benchmark(options, command))
+    report, out = run_loop(soak_benchmark(options, command))
     write(report, out)
     print(markdown(report))
     print(f"\nllm-gateway bench: soak report written to {out}/", file=sys.stderr)

@@ -9,7 +9,7 @@ from typing import get_args, get_type_hints
 
 import msgspec
 
-from gateway.config import EngineSettings
+from gateway.config.settings import EngineSettings
 
 _DEFAULTS = EngineSettings()
 _DTYPES: tuple[str, ...] = get_args(get_type_hints(EngineSettings)["dtype"])

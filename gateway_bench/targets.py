@@ -25,7 +25,7 @@ from time import perf_counter
 import aiohttp
 import msgspec
 
-from gateway.config import EngineSettings
+from gateway.config.settings import EngineSettings
 
 GIB = 1 << 30
 _STOP_GRACE_S = 30.0

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.config import EngineSettings, served_model_name
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
 
 # vLLM's `vllm bench serve` entry point, without the console script (see the docstring).
@@ -65,7 +65,7 @@ def vllm_bench_serve(
 
 
 async def run(o: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
-    from gateway.default_model import prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
 
     model = o.model or str(await asyncio.to_thread(prepare_default_model))
     settings = EngineSettings(model=o.model, enforce_eager=o.enforce_eager)

@@ -15,16 +15,8 @@ from collections.abc import Sequence
 import msgspec
 
 from protocols.batch_payload import Rejected
-from protocols.generation import (
-    Delta,
-    Event,
-    Failed,
-    Finished,
-    Initialized,
-    PromptItem,
-    Queued,
-    Started,
-)
+from protocols.events import Delta, Event, Failed, Finished, Initialized, Queued, Started
+from protocols.generation import PromptItem
 
 
 class Accepted(msgspec.Struct, tag_field="type", tag="ACCEPTED"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from protocols.generation import Delta, TokenInfo
+from protocols.events import Delta, TokenInfo
 
 # A text's tokens as the model's tokenizer makes them, with no log-probability (NaN).
 Retokenize = Callable[[str], list[TokenInfo]]

@@ -13,9 +13,9 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.errors import ErrorKind, GenerationError, refuse, validation_error
+from protocols.events import Finished, TokenInfo, TopToken, best_sequences, stop_cause, top_tokens
 from protocols.generation import (
     Count,
-    Finished,
     LogprobCount,
     MaxNewTokens,
     MinP,
@@ -26,13 +26,8 @@ from protocols.generation import (
     RepetitionPenalty,
     SamplingOptions,
     Temperature,
-    TokenInfo,
     TopK,
     TopP,
-    TopToken,
-    best_sequences,
-    stop_cause,
-    top_tokens,
 )
 from protocols.json_body import MALFORMED, decode_json_object
 from protocols.sse import sse_event
@@ -131,7 +126,7 @@ class InvalidPayload(Exception):
         self.output = output
 
 
-# Parameters beam search (gateway/beams.py) does not apply, with the values that ask nothing.
+# Parameters beam search (gateway/engine/beams.py) does not apply, with the values that ask nothing.
 _BEAM_NO_OPS: dict[str, tuple[object, ...]] = {
     "repetition_penalty": (None, 1.0),
     "presence_penalty": (None, 0.0),

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from protocols.errors import ErrorKind, GenerationError
-from protocols.generation import Delta, Finished, GeneratedSequence, TokenInfo, top_tokens
+from protocols.events import Delta, Finished, GeneratedSequence, TokenInfo, top_tokens
 from protocols.openai_requests import OpenAICall
 from protocols.sse import sse_event
 

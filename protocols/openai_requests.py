@@ -12,10 +12,10 @@ import msgspec
 from msgspec import Meta
 
 from protocols.errors import invalid, validation_error
+from protocols.events import History, token_array
 from protocols.generation import (
     Count,
     GenerationRequest,
-    History,
     LogprobCount,
     MaxNewTokens,
     MinP,
@@ -26,7 +26,6 @@ from protocols.generation import (
     SamplingOptions,
     TopK,
     TopP,
-    token_array,
 )
 from protocols.json_body import MALFORMED, malformed
 

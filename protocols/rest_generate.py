@@ -9,7 +9,8 @@ from msgspec import UNSET, UnsetType
 
 from protocols.batch_payload import BatchRequest, PayloadSettings, Rejected, decode_batch
 from protocols.errors import GenerationError, validation_error
-from protocols.generation import Failed, Finished, PromptItem, SamplingOptions
+from protocols.events import Failed, Finished
+from protocols.generation import PromptItem, SamplingOptions
 from protocols.generation_config import resolve_options, strip_generation_config
 from protocols.json_body import decode_json_object
 

@@ -13,20 +13,22 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.errors import ErrorKind, GenerationError, named, refuse, validation_error
-from protocols.generation import (
-    Count,
+from protocols.events import (
     Finished,
     GeneratedSequence,
-    MaxNewTokens,
-    NonEmpty,
-    Penalty,
-    RepetitionPenalty,
-    SamplingOptions,
     TokenInfo,
     TopToken,
     best_sequences,
     stop_cause,
     top_tokens,
+)
+from protocols.generation import (
+    Count,
+    MaxNewTokens,
+    NonEmpty,
+    Penalty,
+    RepetitionPenalty,
+    SamplingOptions,
 )
 from protocols.json_body import decode_json_object
 from protocols.sse import sse_event

@@ -16,17 +16,9 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
-from protocols.generation import (
-    Delta,
-    Failed,
-    Finished,
-    GenerationRequest,
-    Queued,
-    SamplingOptions,
-)
-from protocols.generation import (
-    Event as Outcome,
-)
+from protocols.events import Delta, Failed, Finished, Queued
+from protocols.events import Event as Outcome
+from protocols.generation import GenerationRequest, SamplingOptions
 from protocols.generation_config import (
     GenerationConfig,
     resolve_options,

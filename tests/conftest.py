@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from clients import wait_for, wait_ready
-from gateway.grpc_client import use_poller_client
+from gateway.engine.grpc_client import use_poller_client
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 # Ray reads these when first imported, and vLLM imports Ray (when installed) with the first
@@ -48,8 +48,8 @@ def loop_thread() -> Iterator[LoopThread]:
 
 @pytest.fixture(scope="session")
 def engine(loop_thread: LoopThread) -> Iterator[Engine]:
-    from gateway.default_model import prepare_default_model
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
+    from gateway.engine.default_model import prepare_default_model
 
     model = str(prepare_default_model())
     built = loop_thread.run(Engine.start(gateway_settings().engine, model))

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from starlette.applications import Starlette
 
 from clients import MAX_MODEL_LEN, POLL
-from gateway.config import Settings, load_settings
+from gateway.config.loading import load_settings
+from gateway.config.settings import Settings
 from gateway.server import GatewayServer, uvicorn_config
 from protocols.errors import ErrorKind, GenerationError
 
 if TYPE_CHECKING:  # they import vllm: imported where a server is built, not at collection
-    from gateway.app import EngineLoader
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
+    from gateway.engine.loader import EngineLoader
     from gateway.state import Gateway
 
 T = TypeVar("T")
@@ -186,9 +187,9 @@ def vllm_openai_server(loop: LoopThread) -> Iterator[str]:
     engine (float32, eager, the same context, a small KV cache): a subprocess on a free port,
     started as the bench starts it (gateway_bench/targets.py). Yields its URL once /health
     answers 200; stopped, engine core included, when the context ends."""
-    from gateway.config import served_model_name
-    from gateway.cpu_defaults import engine_environment
-    from gateway.default_model import prepare_default_model
+    from gateway.config.settings import served_model_name
+    from gateway.engine.cpu_defaults import engine_environment
+    from gateway.engine.default_model import prepare_default_model
     from gateway_bench import targets
 
     settings = gateway_settings().engine

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission
-from gateway.continuation import ContinuationStore
+from gateway.engine_path.admission import Admission
+from gateway.stores.continuation import ContinuationStore
 from protocols.errors import ErrorKind, GenerationError
-from protocols.generation import History, token_array
+from protocols.events import History, token_array
 
 
 def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:

@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission
-from gateway.config import ConfigError, load_settings
-from gateway.priorities import BULK, INTERACTIVE, STANDARD, PriorityClasses
+from gateway.config.loading import load_settings
+from gateway.config.priorities import BULK, INTERACTIVE, STANDARD, PriorityClasses
+from gateway.config.settings import ConfigError
+from gateway.engine_path.admission import Admission
 from protocols.names import Protocol
 
 

@@ -16,12 +16,12 @@ from huggingface_hub import InferenceClient
 from websockets.exceptions import ConnectionClosed
 
 from clients import connect, greedy, payload
-from gateway.api_keys import KeyRing, parse_keys, presented_key
-from gateway.auth import is_open
+from gateway.edge.api_keys import KeyRing, parse_keys, presented_key
+from gateway.edge.auth import is_open
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 KEY, OTHER, LATER = "sk-first-0123456789", "sk-second-9876543210", "sk-later-5555555555"
 QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]

@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from clients import CHAT, events_of, payload, run_ws
-from gateway.beams import beam_search
+from gateway.engine.beams import beam_search
 from serving import RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 PROMPTS = [
     "What is Deep Learning?",
@@ -78,7 +78,7 @@ def transformers_beams(engine: Engine, prompt: str) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gateway.default_model import prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
 
     dtype = getattr(torch, engine.dtype)
     model: Any = AutoModelForCausalLM.from_pretrained(str(prepare_default_model()), dtype=dtype)

@@ -32,7 +32,7 @@ from protocols.names import Protocol
 from serving import LoopThread, RunningServer
 
 if TYPE_CHECKING:  # it imports vllm: not needed to collect the pure tests
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SOAK_PROTOCOLS = [p.name for p in PROTOCOLS]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import run_server
-from gateway.config import ConfigError, load_settings
+from gateway.config.loading import load_settings
+from gateway.config.settings import ConfigError
+from gateway.server import run_server
 
 
 def test_defaults_without_configuration() -> None:
@@ -55,7 +56,7 @@ def test_an_invalid_value_names_its_variable(name: str, value: str) -> None:
 def test_every_variable_is_documented_in_env_example() -> None:
     example = (Path(__file__).parent.parent / ".env.example").read_text()
     documented = {line.split("=")[0].lstrip("# ") for line in example.splitlines() if "=" in line}
-    from gateway.config import GENERATION_PREFIX, EngineSettings, Settings
+    from gateway.config.settings import GENERATION_PREFIX, EngineSettings, Settings
     from protocols.generation_config import GenerationConfig
     from protocols.names import Protocol
 
@@ -80,7 +81,7 @@ def test_the_cli_refuses_to_start_on_a_bad_value(tmp_path: Path) -> None:
 
 
 def test_prepare_model_command_reuses_the_complete_copy() -> None:
-    from gateway.default_model import default_model_dir, prepare_default_model
+    from gateway.engine.default_model import default_model_dir, prepare_default_model
 
     prepare_default_model()
     llm_gateway = Path(sys.executable).with_name("llm-gateway")

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config.loading import load_settings
+from gateway.config.settings import ConfigError, Settings
 
 
 def settings(**env: str) -> Settings:

@@ -26,7 +26,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 STORY = CHAT.format("Write a long, detailed story about a dragon and a village.")
 

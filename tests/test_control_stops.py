@@ -14,7 +14,7 @@ from clients import CHAT, connect, events_of, greedy, payload, run_ws
 from serving import RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 ROBOT = CHAT.format("Write a story about a robot.")
 WITH_IDS = {"include_token_ids": True, "include_logprobs": True}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.cpu_defaults import (
+from gateway.engine.cpu_defaults import (
     CPU_BULK_MAX_RUNNING,
     cpu_flags,
     engine_environment,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway import default_model
-from gateway.default_model import (
-    DEFAULT_MODEL_NAME,
-    default_cache_dir,
+from gateway.config.cache import default_cache_dir
+from gateway.config.settings import DEFAULT_MODEL_NAME
+from gateway.engine import default_model
+from gateway.engine.default_model import (
     default_model_dir,
     is_complete,
     prepare_default_model,

@@ -12,7 +12,7 @@ import httpx
 import yaml
 from deploy_files import DOCKERFILE, ROOT, instructions
 
-from gateway.config import Settings
+from gateway.config.settings import Settings
 from serving import RunningServer
 
 COMPOSE = ROOT / "deploy/compose"

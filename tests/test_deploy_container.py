@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_settings
+from gateway.cli import main as cli
+from gateway.config.loading import load_settings
 from gateway.container import container_env, is_sagemaker, main
 from serving import free_port
 
@@ -33,7 +34,7 @@ def test_sagemaker_gets_its_contract_whatever_else_is_set() -> None:
 def test_other_arguments_run_llm_gateway_or_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["llm-gateway", "export-feedback", "--db", str(tmp_path / "none")], {}) == 1
+    assert cli(["container", "llm-gateway", "export-feedback", "--db", str(tmp_path / "none")]) == 1
     assert "no feedback database" in capsys.readouterr().err
     assert main(["serve", "--port", "1"], {}) == 2
     assert "usage: llm-gateway container" in capsys.readouterr().err

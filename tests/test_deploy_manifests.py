@@ -15,7 +15,7 @@ import pytest
 import yaml
 from deploy_files import DOCKERFILE, ROOT, entrypoint, instructions
 
-from gateway.config import Settings
+from gateway.config.settings import Settings
 
 DOCKERFILES = sorted(p for p in (ROOT / "deploy").rglob("Dockerfile*") if p.suffix == "")
 OVERLAYS = sorted(p for p in (ROOT / "deploy/k8s/overlays").iterdir() if p.is_dir())

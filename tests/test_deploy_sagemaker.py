@@ -66,7 +66,7 @@ def _answers_ping(endpoint: Endpoint) -> bool:
 
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    from gateway.default_model import prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
 
     model_dir = tmp_path_factory.mktemp("opt-ml-model")
     (model_dir / "serving.properties").write_text(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from gateway.cpu_defaults import cpu_flags, reported_flags, resolve_dtype
+from gateway.engine.cpu_defaults import cpu_flags, reported_flags, resolve_dtype
 from serving import RunningServer
 
 

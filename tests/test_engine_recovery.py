@@ -29,8 +29,8 @@ from clients import (
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.app import EngineLoader
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
+    from gateway.engine.loader import EngineLoader
 
 
 def own_engine_loader(rebuilds: asyncio.Event | None) -> EngineLoader:
@@ -39,8 +39,8 @@ def own_engine_loader(rebuilds: asyncio.Event | None) -> EngineLoader:
     calls = 0
 
     async def load() -> Engine:
-        from gateway.default_model import prepare_default_model
-        from gateway.engine import Engine
+        from gateway.engine.adapter import Engine
+        from gateway.engine.default_model import prepare_default_model
 
         nonlocal calls
         calls += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from protocols.generation import Delta, TokenInfo
+from protocols.events import Delta, TokenInfo
 from protocols.holdback import Holdback, described
 
 # A stand-in tokenizer of its own words: one token per character, ids from 100 on.

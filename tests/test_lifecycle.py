@@ -15,7 +15,7 @@ from clients import CHAT, UNENDING, connect, frames_until_done, greedy, payload,
 from serving import LoopThread, RunningServer, gateway_settings, loading_server, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 LONG = greedy(UNENDING, ignore_eos=True)
 PROMPT = CHAT.format("Write a very long essay about rivers.")

@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from clients import CHAT, UNENDING, connect, greedy, payload
-from gateway.api_keys import parse_keys
-from gateway.config import ConfigError
-from gateway.limits import Limiter, Limits, RateLimited
+from gateway.config.settings import ConfigError
+from gateway.edge.api_keys import parse_keys
+from gateway.edge.limits import Limiter, Limits, RateLimited
 from serving import RunningServer
 
 ONE_AT_A_TIME, TWO_A_MINUTE, FEW_TOKENS, FREE = (

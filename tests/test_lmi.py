@@ -31,7 +31,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 PROMPT = CHAT.format("Name three colours.")
 FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)

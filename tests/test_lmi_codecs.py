@@ -10,15 +10,8 @@ import pytest
 from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untyped]
 
 from protocols.errors import GenerationError, invalid
+from protocols.events import Finished, GeneratedSequence, History, TokenInfo, TopToken, token_array
 from protocols.eventstream import model_error, model_stream_error, payload_part
-from protocols.generation import (
-    Finished,
-    GeneratedSequence,
-    History,
-    TokenInfo,
-    TopToken,
-    token_array,
-)
 from protocols.lmi import (
     InvalidPayload,
     LmiEncoder,

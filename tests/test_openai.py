@@ -24,7 +24,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION: list[ChatCompletionMessageParam] = [

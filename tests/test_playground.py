@@ -28,7 +28,7 @@ from clients import outcomes_since, settled_metrics
 from serving import LoopThread, RunningServer, loading_server
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by deploy/install-browser.sh
 CHROMIUM_ARGS = [

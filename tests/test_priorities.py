@@ -31,7 +31,7 @@ from clients import (
 from serving import RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 LONG = greedy(UNENDING, ignore_eos=True)
 PROMPT = CHAT.format("Name a river.")

@@ -10,7 +10,7 @@ import pytest
 from protocols.batch_events import PayloadFrames, decode_frame, encode_frame
 from protocols.batch_payload import Rejected, decode_batch, refuse_repeated_ids
 from protocols.errors import ErrorKind, GenerationError, invalid
-from protocols.generation import (
+from protocols.events import (
     Delta,
     Event,
     Failed,
@@ -18,12 +18,11 @@ from protocols.generation import (
     GeneratedSequence,
     History,
     Initialized,
-    PromptItem,
     Queued,
-    SamplingOptions,
     Started,
     token_array,
 )
+from protocols.generation import PromptItem, SamplingOptions
 from protocols.generation_config import STREAMING_BEAM_SEARCH_ERROR
 from protocols.rest_generate import (
     answer_of,

@@ -13,7 +13,7 @@ import pytest
 from redis_server import RedisServer, running_redis
 
 from clients import CHAT, UNENDING, connect, events_of, greedy, payload, run_ws, wait_for
-from gateway.redis_store import running_key
+from gateway.stores.redis_store import running_key
 from serving import RunningServer
 
 MakeServer = Callable[..., RunningServer]

@@ -11,9 +11,9 @@ import pytest
 from redis_server import RedisServer, running_redis
 
 from clients import wait_for
-from gateway.redis_store import RedisClaim, RedisStore, history_key, running_key
+from gateway.stores.redis_store import RedisClaim, RedisStore, history_key, running_key
 from protocols.errors import ErrorKind, GenerationError
-from protocols.generation import History, token_array
+from protocols.events import History, token_array
 from serving import LoopThread
 
 T = TypeVar("T")

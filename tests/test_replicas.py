@@ -101,14 +101,14 @@ def routed(key: str, method: str) -> Any:
     """A replica method called through the gateway's router with `key` as its session."""
     from ray import serve
 
-    from gateway.replicas import APP
+    from gateway.engine.replicas import APP
 
     handle = serve.get_app_handle(APP).options(session_id=key)
     return getattr(handle, method).remote(*([key] if method == "served" else [])).result()
 
 
 def key_of(request_id: str) -> str:
-    from gateway.affinity import affinity_key
+    from gateway.engine.affinity import affinity_key
 
     return affinity_key(("", request_id))
 

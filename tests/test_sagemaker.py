@@ -15,7 +15,7 @@ from clients import CHAT, UNENDING, outcomes_since, settled_metrics, wait_ready
 from serving import LoopThread, RunningServer, failing_loader, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine import Engine
+    from gateway.engine.adapter import Engine
 
 PROMPT = CHAT.format("Name three colours.")
 FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)

@@ -95,7 +95,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("offline")
 def test_lm_eval_log_likelihood_scores_the_same(server: RunningServer, vllm_server: str) -> None:
-    from gateway.default_model import prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
 
     tokenizer = {
         "tokenizer": str(prepare_default_model()),

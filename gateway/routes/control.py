@@ -19,9 +19,9 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.control_session import ControlSession
-from gateway.engine_holder import EngineHolder
-from gateway.routes.http_errors import status_of
+from gateway.edge.http_errors import status_of
+from gateway.engine.holder import EngineHolder
+from gateway.engine_path.control_session import ControlSession
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.routes.websocket_payloads import close_going_away, write_frames
 from gateway.state import gateway_of
@@ -54,7 +54,12 @@ async def control_ws(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
     await websocket.accept()
     outbox: asyncio.Queue[bytes] = asyncio.Queue()
-    session = ControlSession(gateway, lambda message: outbox.put_nowait(encode(message)))
+    session = ControlSession(
+        gateway.settings,
+        gateway.service,
+        gateway.feedback,
+        lambda message: outbox.put_nowait(encode(message)),
+    )
     writer = asyncio.create_task(write_frames(websocket, outbox))
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
     connections = gateway.service.metrics.connections.labels(Protocol.CONTROL)
@@ -139,7 +144,13 @@ async def v1_generate(request: Request) -> Response:
     except GenerationError as e:
         return _error_response(error_message(e), e.kind)
     queue: asyncio.Queue[ServerMessage] = asyncio.Queue()
-    session = ControlSession(gateway, queue.put_nowait, protocol=Protocol.V1_GENERATE)
+    session = ControlSession(
+        gateway.settings,
+        gateway.service,
+        gateway.feedback,
+        queue.put_nowait,
+        protocol=Protocol.V1_GENERATE,
+    )
     await session.handle(config)
     messages = _messages(session, queue)
     if config.options.stream:

@@ -33,7 +33,8 @@ from gateway.routes.prepared import (
 from gateway.routes.streaming import chained, closer, open_stream, until_disconnect
 from gateway.state import gateway_of
 from protocols.errors import ErrorKind, named
-from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
+from protocols.events import Delta, Event, Failed, Finished, TokenInfo
+from protocols.generation import GenerationRequest
 from protocols.lmi import (
     MEDIA_TYPES,
     InvalidPayload,

@@ -1,7 +1,7 @@
 """OpenAI's API: POST `/v1/chat/completions` (also TGI's Messages API, which
 `huggingface_hub.InferenceClient.chat_completion` calls), POST `/v1/completions`, GET
 `/v1/models`. The codecs are protocols/openai_*.py; every prompt goes through the one engine
-path (gateway/batch.py over gateway/generation.py).
+path (gateway/engine_path/batch.py over gateway/engine_path/generation.py).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config import served_model_name
+from gateway.config.settings import served_model_name
 from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Prepared, Streamed, Whole, to_response
 from gateway.routes.streaming import chained, closer, collect, open_stream
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError
-from protocols.generation import Delta, Event, Failed, Finished
+from protocols.events import Delta, Event, Failed, Finished
 from protocols.names import Protocol
 from protocols.openai_answers import OpenAIEncoder, error_of, not_found
 from protocols.openai_requests import decode_chat, decode_completion, spelled, unknown_model

@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.routes.http_errors import status_of
+from gateway.edge.http_errors import status_of
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
-from protocols.generation import Delta, Event, Failed, Finished, Initialized, Queued
+from protocols.events import Delta, Event, Failed, Finished, Initialized, Queued
 from protocols.names import Protocol
 from protocols.rest_generate import (
     batch_answers,

@@ -20,7 +20,8 @@ from gateway.routes.prepared import JSON
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
-from protocols.generation import Delta, Event, Failed, Finished, GenerationRequest, TokenInfo
+from protocols.events import Delta, Event, Failed, Finished, TokenInfo
+from protocols.generation import GenerationRequest
 from protocols.json_body import MALFORMED
 from protocols.names import Protocol
 from protocols.tgi import Info, TgiEncoder, decode_tgi, encode_info, error_body, error_event

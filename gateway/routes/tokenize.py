@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config import served_model_name
+from gateway.config.settings import served_model_name
 from gateway.routes.prepared import JSON
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
@@ -24,7 +24,7 @@ from protocols.tokenize import (
 )
 
 # Tokenizing costs about a microsecond a character: past this, in a worker thread (as
-# gateway/generation.py does), so the event loop keeps serving meanwhile.
+# gateway/engine_path/generation.py does), so the event loop keeps serving meanwhile.
 _TOKENIZE_INLINE_CHARS = 4096
 
 

@@ -1,9 +1,9 @@
-"""The API-key check in front of every route, written once (the keys: gateway/api_keys.py).
+"""The API-key check in front of every route, written once (the keys: gateway/edge/api_keys.py).
 
 A request without a valid key never reaches its route: HTTP gets 401 in its protocol's own
 error shape (OpenAI's error object, TGI's, LMI's, the control protocol's, the REST routes');
 a WebSocket is accepted and closed at once with 1008, before any generation. A request that
-passes becomes the `Caller` (gateway/caller.py) of everything it does: its key, or its
+passes becomes the `Caller` (gateway/edge/caller.py) of everything it does: its key, or its
 connection when the gateway has no keys. A 429 of a rate-limited caller says when to retry.
 """
 
@@ -13,10 +13,10 @@ import math
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api_keys import SUBPROTOCOL_PREFIX, KeyRing, presented_key, subprotocol_key
-from gateway.caller import CALLER, Caller
-from gateway.limits import Limits
-from gateway.refusals import CLOSE_POLICY_VIOLATION, close_websocket, error_response
+from gateway.edge.api_keys import SUBPROTOCOL_PREFIX, KeyRing, presented_key, subprotocol_key
+from gateway.edge.caller import CALLER, Caller
+from gateway.edge.limits import Limits
+from gateway.edge.refusals import CLOSE_POLICY_VIOLATION, close_websocket, error_response
 from protocols.errors import ErrorKind, GenerationError
 
 REFUSED = GenerationError(

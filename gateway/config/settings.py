@@ -1,31 +1,19 @@
-"""Settings, read once from the environment and a `.env` file into typed objects.
-
-The environment wins over `.env`. Every variable is documented in `.env.example`. An invalid
-value raises `ConfigError` naming the variable, which stops start-up.
-"""
+"""Settings: the typed objects every variable of `.env.example` is read into
+(gateway/config/loading.py reads them)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal
 
 import msgspec
-from dotenv import dotenv_values
 from msgspec import Meta
 
-from gateway.config_aliases import resolve_aliases
-from gateway.priorities import parse_classes
-from protocols.errors import GenerationError, split_validation_message
 from protocols.generation import SamplingOptions
-from protocols.generation_config import GenerationConfig, check_options
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 GENERATION_PREFIX = "DEFAULT_"
-_S = TypeVar("_S", bound=msgspec.Struct)
 
 
 class ConfigError(ValueError):
@@ -46,14 +34,18 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: int = 0
     max_num_batched_tokens: Annotated[int, Meta(ge=0)] = 0  # tokens a step; 0: vLLM's own
-    # "priority": requests carry their class (gateway/priorities.py); "fcfs": arrival order.
+    # "priority": requests carry their class (gateway/config/priorities.py); "fcfs": arrival order.
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # Classes at or past BULK_PRIORITY are bulk; while an interactive request runs or waits,
     # bulk holds at most BULK_MAX_RUNNING of the running batch (0: any; auto: by the device,
-    # gateway/cpu_defaults.py), in the admission queue and in the engine, whose scheduler
-    # preempts the excess (gateway/bulk_scheduler.py).
+    # gateway/engine/cpu_defaults.py), in the admission queue and in the engine, whose scheduler
+    # preempts the excess (gateway/engine/bulk_scheduler.py).
     bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
     bulk_max_running: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
+
+
+# The model served with no configuration (gateway/engine/default_model.py).
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def served_model_name(engine: EngineSettings) -> str:
@@ -61,8 +53,6 @@ def served_model_name(engine: EngineSettings) -> str:
     if engine.served_model_name:
         return engine.served_model_name
     if not engine.model:
-        from gateway.default_model import DEFAULT_MODEL_NAME
-
         return DEFAULT_MODEL_NAME
     return engine.model
 
@@ -117,62 +107,3 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     priority_classes: dict[str, int] = msgspec.field(default_factory=dict)  # PRIORITY_<PROTOCOL>
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
-
-
-def load_settings(
-    env: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
-) -> Settings:
-    values: dict[str, str] = {}
-    if dotenv_path is not None and Path(dotenv_path).is_file():
-        values.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
-    values.update(os.environ if env is None else env)
-    values = resolve_aliases(values)  # LMI's and TGI's names, where the gateway's own are unset
-    engine = _convert(values, EngineSettings, "")
-    generation = _convert(_generation_fields(values), SamplingOptions, GENERATION_PREFIX)
-    try:
-        check_options(generation, streaming=False, path="$")
-    except GenerationError as e:
-        message, where = split_validation_message(e.message)
-        name = GENERATION_PREFIX + (e.field or where).removeprefix("$.").upper()
-        raise ConfigError(f"{name}: {message}") from e
-    base = _convert(values, Settings, "", skip=("engine", "generation", "priority_classes"))
-    try:
-        classes = {p.value: n for p, n in parse_classes(values).items()}
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    return msgspec.structs.replace(
-        base, engine=engine, generation=generation, priority_classes=classes
-    )
-
-
-def _generation_fields(values: Mapping[str, str]) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name in GenerationConfig.__struct_fields__:
-        raw = values.get(GENERATION_PREFIX + name.upper())
-        if raw is None or raw == "":
-            continue
-        if name == "stop":
-            fields[name] = [s for s in raw.split(",") if s]
-        elif name == "seed" and raw.lower() == "none":
-            fields[name] = None
-        else:
-            fields[name] = raw
-    return fields
-
-
-def _convert(
-    values: Mapping[str, Any], kind: type[_S], prefix: str, skip: tuple[str, ...] = ()
-) -> _S:
-    """Convert env strings into `kind`; `prefix` maps a field back to its variable's name."""
-    if prefix:
-        subset = dict(values)  # already keyed by field name
-    else:
-        names = {f.upper() for f in kind.__struct_fields__ if f not in skip}
-        subset = {k: v for k, v in values.items() if k in names and v != ""}
-    try:
-        return msgspec.convert(subset, kind, strict=False)
-    except msgspec.ValidationError as e:
-        message, where = split_validation_message(str(e))
-        field = where.removeprefix("$").removeprefix(".").split(".")[0].split("[")[0]
-        name = prefix + field.upper() if prefix else field
-        raise ConfigError(f"{name or 'configuration'}: {message}") from e

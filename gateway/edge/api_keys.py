@@ -22,8 +22,8 @@ from urllib.parse import parse_qs
 
 from starlette.types import Scope
 
-from gateway.config import ConfigError
-from gateway.limits import NO_LIMITS, OVERRIDE_NAMES, Limits
+from gateway.config.settings import ConfigError
+from gateway.edge.limits import NO_LIMITS, OVERRIDE_NAMES, Limits
 
 log = logging.getLogger(__name__)
 SUBPROTOCOL_PREFIX = "bearer."

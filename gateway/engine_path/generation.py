@@ -5,8 +5,8 @@ protocol: the in-flight request_id check, the ready engine, tokenizing (off the 
 long prompts) or chat rendering, truncation, the context check, continuation from a history,
 admission, metrics, the error mapping (every failure is a `Failed` event), and abort on
 cancel (closing the generator closes the engine stream, which aborts the engine request).
-Batches of prompts and continuation keys (gateway/batch.py) and the control session's actions
-(gateway/control_session.py) are layers on top of it.
+Batches of prompts and continuation keys (gateway/engine_path/batch.py) and the control
+session's actions (gateway/engine_path/control_session.py) are layers on top of it.
 """
 
 from __future__ import annotations
@@ -21,28 +21,28 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from gateway.admission import Admission
-from gateway.caller import current_caller
-from gateway.deadlines import SHUTTING_DOWN, Deadlines
-from gateway.engine import Engine, EngineStep
-from gateway.engine_holder import EngineHolder
-from gateway.limits import Limiter, RateLimited
-from gateway.metrics import GatewayMetrics, StreamMeter
-from gateway.priorities import PriorityClasses
+from gateway.config.priorities import PriorityClasses
+from gateway.edge.caller import current_caller
+from gateway.edge.limits import Limiter, RateLimited
+from gateway.engine.adapter import Engine, EngineStep
+from gateway.engine.holder import EngineHolder
+from gateway.engine_path.admission import Admission
+from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
+from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
 from protocols.errors import ErrorKind, GenerationError, invalid
-from protocols.generation import (
+from protocols.events import (
     Delta,
     Event,
     Failed,
     Finished,
     GeneratedSequence,
-    GenerationRequest,
     History,
     Initialized,
     Queued,
     Started,
     token_array,
 )
+from protocols.generation import GenerationRequest
 from protocols.holdback import Holdback
 from protocols.names import Protocol
 

@@ -7,7 +7,7 @@ plus everything generated) as token ids and text. The store is bounded: past
 dropped. A dropped key is unknown again: its next request starts afresh from its prompt.
 
 `HistoryStore` is what the gateway asks of a store; `InProcessStore` keeps histories in this
-process (the default), `gateway/redis_store.py` in Redis (REDIS_URL), shared by gateways.
+process (the default), `gateway/stores/redis_store.py` in Redis (REDIS_URL), shared by gateways.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from gateway.config import Settings
-from protocols.generation import History
+from protocols.events import History
 
 Key = tuple[str, ...]
 
@@ -117,14 +116,3 @@ class ContinuationStore:
             if used > deadline:
                 return
             del self._entries[oldest_key]
-
-
-def open_store(settings: Settings) -> HistoryStore:
-    """Redis when REDIS_URL is set, else this process's bounded store."""
-    if settings.redis_url:
-        from gateway.redis_store import RedisStore
-
-        return RedisStore(settings.redis_url, settings.continuation_idle_seconds)
-    return InProcessStore(
-        ContinuationStore(settings.continuation_max_entries, settings.continuation_idle_seconds)
-    )

@@ -30,9 +30,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from gateway.continuation import Claim, Key
+from gateway.stores.continuation import Claim, Key
 from protocols.errors import ErrorKind, GenerationError
-from protocols.generation import History
+from protocols.events import History
 
 log = logging.getLogger(__name__)
 PREFIX = "llm-gateway:"

@@ -1,7 +1,7 @@
 """Which engine replica a prompt should reach: its continuation key, where its blocks are.
 
 `BatchRunner` sets `AFFINITY` in each prompt's own task to its continuation key, so the engine
-replicas (gateway/replicas.py) route every continuation of a key to the replica whose prefix
+replicas (gateway/engine/replicas.py) route every continuation of a key to the replica whose prefix
 cache holds it. Unset (no key), any replica will do. The in-process engine ignores it.
 """
 

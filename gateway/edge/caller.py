@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from gateway.limits import NO_LIMITS, Limits
+from gateway.edge.limits import NO_LIMITS, Limits
 
 
 @dataclass

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from gateway.cpu_defaults import cpu_flags, reported_flags
-from gateway.engine import Engine
+from gateway.engine.adapter import Engine
+from gateway.engine.cpu_defaults import cpu_flags, reported_flags
 from protocols.errors import ErrorKind, GenerationError
 
 log = logging.getLogger(__name__)

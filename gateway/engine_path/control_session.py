@@ -18,8 +18,9 @@ from typing import Literal
 
 import msgspec
 
-from gateway.config import served_model_name
-from gateway.state import Gateway
+from gateway.config.settings import Settings, served_model_name
+from gateway.engine_path.generation import GenerationService
+from gateway.stores.feedback import FeedbackStore
 from protocols.control import (
     CANCELLED,
     LOGPROB_ALTERNATIVES,
@@ -42,17 +43,8 @@ from protocols.control import (
     error_message,
 )
 from protocols.errors import GenerationError, invalid
-from protocols.generation import (
-    Delta,
-    Failed,
-    Finished,
-    GenerationRequest,
-    History,
-    Initialized,
-    Queued,
-    SamplingOptions,
-    token_array,
-)
+from protocols.events import Delta, Failed, Finished, History, Initialized, Queued, token_array
+from protocols.generation import GenerationRequest, SamplingOptions
 from protocols.holdback import Holdback
 from protocols.names import Protocol
 
@@ -91,15 +83,19 @@ class _Generation:
 class ControlSession:
     def __init__(
         self,
-        gateway: Gateway,
+        settings: Settings,
+        service: GenerationService,
+        feedback: FeedbackStore,
         send: Callable[[ServerMessage], None],
         protocol: Protocol = Protocol.CONTROL,
     ) -> None:
-        self.gateway = gateway
+        self.settings = settings
+        self.service = service
+        self.feedback = feedback
         self.protocol = protocol
         self.send = send
         self.state: State = "new"
-        self.model = served_model_name(gateway.settings.engine)
+        self.model = served_model_name(settings.engine)
         self._config: Config | None = None
         self._options: SamplingOptions | None = None
         self._gen: _Generation | None = None
@@ -156,7 +152,7 @@ class ControlSession:
                 f"Model {config.model!r} is not served here; this server serves {self.model!r}",
                 "$.model",
             )
-        options = apply_parameters(self.gateway.settings.generation, config.parameters)
+        options = apply_parameters(self.settings.generation, config.parameters)
         if config.options.include_logprobs:
             options = msgspec.structs.replace(options, logprobs=LOGPROB_ALTERNATIVES)
         self._config, self._options = config, options
@@ -217,7 +213,7 @@ class ControlSession:
         request_id = self._current_id()
         if request_id is None:
             raise invalid("There is no generation to give feedback on yet")
-        await self.gateway.feedback.add(
+        await self.feedback.add(
             request_id, self.model, feedback.rating, feedback.text, feedback.position
         )
         self.send(Status("feedback_recorded", 100.0, f"feedback on {request_id} saved", 0.0))
@@ -253,7 +249,7 @@ class ControlSession:
         if gen.prompt_length and gen.completion_tokens >= gen.options.max_new_tokens:
             self._complete(gen, gen.finish_reason or "length")
             return
-        events = self.gateway.service.generate(self._request(gen), self.protocol)
+        events = self.service.generate(self._request(gen), self.protocol)
         async with aclosing(events):
             async for event in events:
                 match event:
@@ -276,7 +272,7 @@ class ControlSession:
         self._complete(gen, gen.finish_reason or "length")
 
     def _max_model_len(self) -> int:
-        engine = self.gateway.holder.engine
+        engine = self.service.holder.engine
         return engine.max_model_len if engine is not None else 0
 
     def _on_delta(self, gen: _Generation, delta: Delta) -> None:
@@ -331,7 +327,7 @@ class ControlSession:
         self.send(error_message(error, gen.announced_id))
 
     async def _expire_pause(self, gen: _Generation) -> None:
-        await asyncio.sleep(self.gateway.settings.pause_timeout_seconds)
+        await asyncio.sleep(self.settings.pause_timeout_seconds)
         if self._gen is gen and self.state == "paused":
             self.state = "done"
             expired = invalid("Paused for longer than the pause timeout; the generation ended")

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from protocols.errors import ErrorKind
-from protocols.generation import Event, Failed
+from protocols.events import Event, Failed
 
 SHUTTING_DOWN = "The server is shutting down; retry on another instance"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.routes.http_errors import status_of
+from gateway.edge.http_errors import status_of
 from protocols import control, lmi, openai_answers, rest_generate, tgi
 from protocols.errors import GenerationError, named
 

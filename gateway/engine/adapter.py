@@ -1,4 +1,4 @@
-"""The engine adapter: the gateway's only way to vLLM (gateway/bulk_scheduler.py runs inside
+"""The engine adapter: the gateway's only way to vLLM (gateway/engine/bulk_scheduler.py runs inside
 vLLM's engine process, loaded by it).
 
 It builds `AsyncLLM`, translates `SamplingOptions` into vLLM's parameters, and streams
@@ -29,19 +29,20 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats
 
-from gateway.beams import beam_search
-from gateway.bulk_scheduler import BulkCapScheduler, engine_config
-from gateway.config import EngineSettings
-from gateway.cpu_defaults import (
+from gateway.config.settings import EngineSettings
+from gateway.engine.beams import beam_search
+from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
+from gateway.engine.cpu_defaults import (
     cpu_flags,
     engine_environment,
     reported_flags,
     resolve_bulk_cap,
     resolve_dtype,
 )
-from gateway.metrics import StreamMeter
+from gateway.engine.meter import Meter
 from protocols.errors import ErrorKind, GenerationError, invalid
-from protocols.generation import Delta, SamplingOptions, TokenInfo, TopToken
+from protocols.events import Delta, TokenInfo, TopToken
+from protocols.generation import SamplingOptions
 from protocols.holdback import described
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def _translated(error: Exception) -> Exception:
     if isinstance(error, VLLMValidationError):
         return _refusal(error)
     if isinstance(error, EngineDeadError):
-        # The gateway builds another engine (gateway/engine_holder.py): the same request may
+        # The gateway builds another engine (gateway/engine/holder.py): the same request may
         # succeed if sent again. vLLM's own message points at a log the client cannot see.
         message = "The engine stopped while generating; retry once /health answers 200"
         return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
@@ -245,7 +246,8 @@ class Engine:
     async def start(cls, settings: EngineSettings, model: str) -> Engine:
         """Build the engine in a worker thread, so the event loop keeps serving meanwhile.
 
-        On the CPU backend the dtype and thread settings follow the CPU (gateway/cpu_defaults.py).
+        On the CPU backend the dtype and thread settings follow the CPU
+        (gateway/engine/cpu_defaults.py).
         """
         device = device_type()
         flags = cpu_flags()
@@ -386,7 +388,7 @@ class Engine:
         self,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None = None,
+        meter: Meter | None = None,
         priority: int = 0,
     ) -> AsyncGenerator[EngineStep, None]:
         """The steps of one sequence (options.n must be 1), as the engine produces them.
@@ -419,7 +421,7 @@ class Engine:
         self,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None = None,
+        meter: Meter | None = None,
         priority: int = 0,
     ) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
@@ -441,7 +443,7 @@ class Engine:
 
     @asynccontextmanager
     async def _tracked(
-        self, request_id: str, prompt_tokens: int, meter: StreamMeter | None
+        self, request_id: str, prompt_tokens: int, meter: Meter | None
     ) -> AsyncIterator[None]:
         """Meter one engine request, and abort it however its consumer stops listening."""
         if meter is not None:
@@ -471,10 +473,10 @@ class Engine:
         self,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None = None,
+        meter: Meter | None = None,
         priority: int = 0,
     ) -> list[EngineStep]:
-        """Beam search as transformers does it (gateway/beams.py), run to the end: the best
+        """Beam search as transformers does it (gateway/engine/beams.py), run to the end: the best
         `options.n` beams, best first, each step's beams one engine request each, each token
         with the log-probability the model gave it (no alternatives).
         """

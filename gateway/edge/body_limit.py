@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.refusals import error_response
+from gateway.edge.refusals import error_response
 from protocols.errors import invalid
 
 PAYLOAD_TOO_LARGE = 413

@@ -2,12 +2,12 @@
 over N engines on a Ray cluster.
 
 Each replica (`EngineReplica`, a Serve deployment) builds the engine the gateway would build
-(`gateway.app.default_loader`) and serves `Engine.stream` / `complete` / `beam_search` (their
-keyword arguments pass through). The gateway holds a `ReplicaEngine`: an `Engine` whose
+(`gateway.engine.loader.local_loader`) and serves `Engine.stream` / `complete` / `beam_search`
+(their keyword arguments pass through). The gateway holds a `ReplicaEngine`: an `Engine` whose
 tokenizer is the replicas' own (sent once) and whose engine calls go through a
 `DeploymentHandle` routed by Ray's `ConsistentHashRouter` on the prompt's continuation key
-(gateway/affinity.py), so every continuation of a key reaches the replica whose prefix cache
-holds its blocks; a prompt with no key goes to any replica. Steps come back over gRPC, as in
+(gateway/engine/affinity.py), so every continuation of a key reaches the replica whose prefix
+cache holds its blocks; a prompt with no key goes to any replica. Steps come back over gRPC, as in
 Serve's throughput-optimized mode (`_direct`). Closing a stream cancels the
 remote call, which aborts the engine request in the replica. A replica that dies ends each of
 its running requests with one `engine_unavailable` error (nothing is retried: a stream may
@@ -33,10 +33,11 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from gateway.affinity import AFFINITY
-from gateway.config import Settings
-from gateway.engine import Engine, EngineStep, SchedulerView
-from gateway.metrics import StreamMeter
+from gateway.config.settings import Settings
+from gateway.engine.adapter import Engine, EngineStep, SchedulerView
+from gateway.engine.affinity import AFFINITY
+from gateway.engine.loader import local_loader
+from gateway.engine.meter import Meter
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
 
@@ -80,8 +81,7 @@ class EngineReplica:
     """One engine in one Ray actor, on its share of a small machine's cores."""
 
     async def __init__(self, settings: Settings) -> None:  # type: ignore[misc]  # Serve awaits it
-        from gateway.app import default_loader
-        from gateway.cpu_defaults import engine_environment
+        from gateway.engine.cpu_defaults import engine_environment
 
         context = serve.get_replica_context()
         cores = engine_environment({}).get("VLLM_CPU_OMP_THREADS_BIND", "").split(",")
@@ -90,7 +90,7 @@ class EngineReplica:
             # Ray sets OMP_NUM_THREADS to the actor's num_cpus (1); the engine's threads are
             # as many as its cores, and vLLM sizes its CPU attention by torch's thread count.
             os.environ["OMP_NUM_THREADS"] = str(len(share.split(",")))
-        self.engine = await default_loader(msgspec.structs.replace(settings, engine_replicas=0))()
+        self.engine = await local_loader(settings)()
         self.tag = serve.get_replica_context().replica_tag
         self._served: OrderedDict[str, int] = OrderedDict()
 
@@ -202,7 +202,7 @@ class ReplicaEngine(Engine):
 
     @asynccontextmanager
     async def _remote(
-        self, prompt_tokens: int, meter: StreamMeter | None, cancel: Callable[[], None]
+        self, prompt_tokens: int, meter: Meter | None, cancel: Callable[[], None]
     ) -> AsyncIterator[None]:
         """Meter one remote engine request; cancel it however its consumer stops listening."""
         self._running += 1
@@ -229,7 +229,7 @@ class ReplicaEngine(Engine):
         self,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None = None,
+        meter: Meter | None = None,
         *args: Any,
         **kwargs: Any,
     ) -> AsyncGenerator[EngineStep, None]:
@@ -248,7 +248,7 @@ class ReplicaEngine(Engine):
         method: str,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None,
+        meter: Meter | None,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> list[EngineStep]:
@@ -266,7 +266,7 @@ class ReplicaEngine(Engine):
         self,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None = None,
+        meter: Meter | None = None,
         *args: Any,
         **kwargs: Any,
     ) -> list[EngineStep]:
@@ -276,7 +276,7 @@ class ReplicaEngine(Engine):
         self,
         token_ids: list[int],
         options: SamplingOptions,
-        meter: StreamMeter | None = None,
+        meter: Meter | None = None,
         *args: Any,
         **kwargs: Any,
     ) -> list[EngineStep]:
@@ -367,9 +367,9 @@ def _direct(handle: Any) -> Any:
 
 
 def build(args: dict[str, str]) -> Any:
-    """The replicas by import path (`gateway.replicas:build`), for a RayService's
+    """The replicas by import path (`gateway.engine.replicas:build`), for a RayService's
     serveConfigV2: `args` are settings by their variable names, as in `.env`."""
-    from gateway.config import load_settings
+    from gateway.config.loading import load_settings
 
     return deployment(load_settings(args, dotenv_path=None))
 

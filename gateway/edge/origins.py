@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.refusals import CLOSE_POLICY_VIOLATION, close_websocket, error_response
+from gateway.edge.refusals import CLOSE_POLICY_VIOLATION, close_websocket, error_response
 from protocols.errors import ErrorKind, GenerationError
 
 FORBIDDEN = 403

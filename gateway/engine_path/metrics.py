@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
 from prometheus_client import Counter as PromCounter
 
-from gateway.priorities import MAX_PRIORITY
+from gateway.config.priorities import MAX_PRIORITY
 
 if TYPE_CHECKING:
-    from gateway.admission import Admission
-    from gateway.engine import SchedulerView
+    from gateway.engine.adapter import SchedulerView
+    from gateway.engine_path.admission import Admission
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from gateway.config.settings import ConfigError, EngineSettings, Settings
 
 log = logging.getLogger("gateway.config")
 
@@ -41,12 +44,15 @@ def _gib(value: str) -> str:
 
 
 def _degree(value: str) -> str:
-    """LMI's `max`: every GPU the machine has (one on a CPU)."""
+    """LMI's `max`: every GPU this process may use (one on a CPU), as CUDA counts them: those
+    CUDA_VISIBLE_DEVICES names, else those NVIDIA's driver lists."""
     if value.lower() != "max":
         return value
-    import torch
-
-    return str(max(1, torch.cuda.device_count()))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return str(max(1, len([d for d in visible.split(",") if d.strip()])))
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return str(max(1, len(list(gpus.iterdir())) if gpus.is_dir() else 1))
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,6 @@ Chosen = tuple[Given, str]  # a name as the user gave it, and its value as the s
 
 def resolve_aliases(values: Mapping[str, str]) -> dict[str, str]:
     """`values` with every setting left unset filled from its LMI or TGI names."""
-    from gateway.config import ConfigError
 
     out = dict(values)
     model_dir = Path(values[MODEL_DIR]) if values.get(MODEL_DIR) else None
@@ -163,7 +168,6 @@ def resolve_aliases(values: Mapping[str, str]) -> dict[str, str]:
 
 
 def _converted(alias: Alias, item: Given) -> str:
-    from gateway.config import ConfigError
 
     try:
         value = alias.convert(item.value)
@@ -176,8 +180,6 @@ def _converted(alias: Alias, item: Given) -> str:
 def _check(setting: str, value: str, item: Given) -> None:
     """The value as its setting would take it; an error names the user's own name for it."""
     import msgspec
-
-    from gateway.config import ConfigError, EngineSettings, Settings
 
     kind: type[msgspec.Struct] = Settings
     if setting in (_MAX_INPUT, _MAX_IN_FLIGHT):
@@ -244,7 +246,6 @@ def _is_address(host: str) -> bool:
 
 
 def _is_own(name: str) -> bool:
-    from gateway.config import EngineSettings, Settings
 
     field = name.lower()
     if not name.isupper() or field in ("engine", "generation"):  # those two are groups
@@ -267,7 +268,6 @@ def _input_bound(
     out: dict[str, str], origin: dict[str, str], given: tuple[Given, str] | None
 ) -> None:
     """TGI's MAX_INPUT_TOKENS: the gateway takes prompts up to MAX_MODEL_LEN - 1 tokens."""
-    from gateway.config import ConfigError
 
     if given is None:
         return
@@ -292,7 +292,6 @@ def _in_flight(
     out: dict[str, str], origin: dict[str, str], given: tuple[Given, str] | None
 ) -> None:
     """MAX_CONCURRENT_REQUESTS (TGI, LMI): the gateway's running plus waiting requests."""
-    from gateway.config import ConfigError, Settings
 
     if given is None:
         return

@@ -1,0 +1,16 @@
+"""The history store the settings ask for: Redis with REDIS_URL, else this process's own."""
+
+from __future__ import annotations
+
+from gateway.config.settings import Settings
+from gateway.stores.continuation import ContinuationStore, HistoryStore, InProcessStore
+from gateway.stores.redis_store import RedisStore
+
+
+def open_store(settings: Settings) -> HistoryStore:
+    """Redis when REDIS_URL is set, else this process's bounded store."""
+    if settings.redis_url:
+        return RedisStore(settings.redis_url, settings.continuation_idle_seconds)
+    return InProcessStore(
+        ContinuationStore(settings.continuation_max_entries, settings.continuation_idle_seconds)
+    )
