@@ -31,6 +31,9 @@ from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
 from serving import LoopThread, RunningServer
 
+# Starts its own servers and engines: not in `make test-fast`.
+pytestmark = pytest.mark.engine
+
 if TYPE_CHECKING:  # it imports vllm: not needed to collect the pure tests
     from gateway.engine.adapter import Engine
 

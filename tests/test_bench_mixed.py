@@ -13,6 +13,9 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 
+# Starts its own servers and engines: not in `make test-fast`.
+pytestmark = pytest.mark.engine
+
 
 def test_the_quick_mixed_scenario_measures_every_target_in_both_regimes(tmp_path: Path) -> None:
     from gateway_bench.mixed import parse, run_mixed

@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 pytest.importorskip("ray", reason="the ray extra is not installed")
-pytestmark = pytest.mark.timeout(1800)  # three Ray clusters and four gateways start
+# Starts three Ray clusters and four gateways: not in `make test-fast`.
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.engine]
 
 
 def test_the_quick_replicas_scenario_measures_every_target(tmp_path: Path) -> None:

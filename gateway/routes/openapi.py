@@ -60,7 +60,7 @@ class Op(NamedTuple):
 
 
 OPENAI_ERRORS = (400, 401, 404, 409, 413, 422, 429, 500, 503)
-GATEWAY_ERRORS = (401, 409, 413, 422, 429, 500, 503)  # routes/http_errors.py
+GATEWAY_ERRORS = (401, 409, 413, 422, 429, 500, 503)  # edge/http_errors.py
 # A tuple is a choice: `anyOf` in an answer, `oneOf` in a body (msgspec cannot express a
 # union of untagged Structs).
 LMI_ANSWER = (lmi.Answer, list[lmi.Answer], openai_answers.Answer)  # `messages`: a chat
