@@ -64,7 +64,10 @@ class _Common(msgspec.Struct, kw_only=True):
     priority: Priority | None = None  # a class at or behind the route's (docs/PRIORITIES.md)
 
 
-class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+class TextPart(msgspec.Struct):
+    # A field, not msgspec's tag: a lone tagged Struct decodes without its tag, and OpenAI's
+    # schema requires `type`.
+    type: Literal["text"]
     text: str
 
 
