@@ -127,7 +127,9 @@ def described(pieces: Sequence[Delta], text: str, retokenize: Retokenize) -> Del
     kept: list[Delta] = []
     covered = 0
     for piece in pieces:
-        if covered + len(piece.text) > len(text) or (covered == len(text) and piece.token_ids):
+        if covered == len(text):
+            break
+        if covered + len(piece.text) > len(text):
             kept.extend(_whole_tokens(piece, len(text) - covered))
             break
         kept.append(piece)

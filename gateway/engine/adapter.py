@@ -305,9 +305,7 @@ class Engine:
         the text but keeps every token id (the stop string's, and one that runs past it)."""
         if not isinstance(step.stop_reason, str):
             return step
-        pieces = step.tokens or [
-            TokenInfo(i, self._piece(i, options), float("nan")) for i in step.token_ids
-        ]
+        pieces = self._spelled(step, options)
         if "".join(t.text for t in pieces).startswith(step.text):
             parts = [Delta(0, t.text, [t.token_id], [t]) for t in pieces]
             out = described(parts, step.text, self.retokenize)
@@ -321,11 +319,17 @@ class Engine:
             generated=len(step.token_ids),
         )
 
+    def _spelled(self, step: EngineStep, options: SamplingOptions) -> list[TokenInfo]:
+        """Each of the step's tokens with its own text (the engine's, where it gave tokens)."""
+        return step.tokens or [
+            TokenInfo(i, self._piece(i, options), float("nan")) for i in step.token_ids
+        ]
+
     def _beyond_stop(self, step: EngineStep, options: SamplingOptions) -> str:
         """The text of a last step's tokens past the stop string that ended it (vLLM cuts it)."""
         if not isinstance(step.stop_reason, str):
             return ""
-        whole = "".join(self._piece(i, options) for i in step.token_ids)
+        whole = "".join(t.text for t in self._spelled(step, options))
         return whole[len(step.text) :] if whole.startswith(step.text) else ""
 
     def _piece(self, token_id: int, options: SamplingOptions) -> str:

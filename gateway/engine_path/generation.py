@@ -15,7 +15,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -178,10 +178,7 @@ async def _history(engine: Engine, request: GenerationRequest) -> History:
                 "input prompt.",
                 request.prompt_field,
             )
-        if len(prompt) > _TOKENIZE_INLINE_CHARS:
-            ids = await asyncio.to_thread(engine.encode, prompt)
-        else:
-            ids = engine.encode(prompt)
+        ids = await tokenized(prompt, engine.encode)
         if request.truncate is not None:
             ids = ids[-request.truncate :]
         history = History(token_array(ids), prompt)
@@ -195,6 +192,13 @@ async def _history(engine: Engine, request: GenerationRequest) -> History:
             request.prompt_field,
         )
     return history
+
+
+async def tokenized(text: str, encode: Callable[[str], list[int]]) -> list[int]:
+    """`encode(text)`, in a worker thread when the text is long, so the event loop serves on."""
+    if len(text) > _TOKENIZE_INLINE_CHARS:
+        return await asyncio.to_thread(encode, text)
+    return encode(text)
 
 
 def _longest_token(engine: Engine) -> int:

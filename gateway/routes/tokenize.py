@@ -3,13 +3,14 @@ template. The shapes are protocols/tokenize.py; errors are OpenAI's error object
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config.settings import served_model_name
+from gateway.engine_path.generation import tokenized
 from gateway.routes.prepared import JSON
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
@@ -22,10 +23,6 @@ from protocols.tokenize import (
     decode_tokenize,
     encode,
 )
-
-# Tokenizing costs about a microsecond a character: past this, in a worker thread (as
-# gateway/engine_path/generation.py does), so the event loop keeps serving meanwhile.
-_TOKENIZE_INLINE_CHARS = 4096
 
 
 async def tokenize(request: Request) -> Response:
@@ -43,12 +40,8 @@ async def tokenize(request: Request) -> Response:
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
             )
-        text = text or ""
-
-        def encoded() -> list[int]:
-            return list(engine.tokenizer.encode(text, add_special_tokens=body.special_tokens))
-
-        ids = await asyncio.to_thread(encoded) if len(text) > _TOKENIZE_INLINE_CHARS else encoded()
+        encode_text = partial(engine.tokenizer.encode, add_special_tokens=body.special_tokens)
+        ids = list(await tokenized(text or "", encode_text))
     except GenerationError as e:
         return _error(e)
     strings = list(engine.tokenizer.convert_ids_to_tokens(ids)) if body.return_token_strs else None
