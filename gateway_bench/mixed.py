@@ -2,7 +2,8 @@
 
 For each regime (saturation: every batch client inside the engine; overload: twice as many
 batch clients as the engine runs at once) and each target (vLLM's OpenAI server, the gateway
-with FCFS, the gateway with priorities), one server is started and measured:
+with FCFS, the gateway with priorities), one server is started and measured (or the server
+a caller of `run_mixed` hands in):
 
 1. idle: interactive requests one after another, alone: the idle TTFT;
 2. load: `batch_clients` clients send batch requests back to back; once the engine is full,
@@ -21,7 +22,8 @@ import asyncio
 import random
 import shlex
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -39,6 +41,8 @@ from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request
 
 Client = Callable[[Worker, Request], Awaitable[Record]]
+# A target's server for a regime, ready to measure: (target name, regime) -> its endpoint.
+StartTarget = Callable[[str, str], AbstractAsyncContextManager[targets.Endpoint]]
 _WORDS = ("river", "stone", "light", "music", "garden", "winter", "market", "story", "harbor")
 
 
@@ -218,14 +222,15 @@ def _engine(options: MixedOptions, dtype: str) -> EngineSettings:
     return msgspec.convert({**chosen, "SEED": options.seed}, EngineSettings)  # upper: its names
 
 
-async def _run_target(
+@asynccontextmanager
+async def started_target(
     name: str, regime: str, options: MixedOptions, model: str, out: Path
-) -> TargetResult:
+) -> AsyncIterator[targets.Endpoint]:
+    """The target `name` started for `regime` (its own server and engine), stopped after."""
     target = TARGETS[name]
     defaults = machine.cpu_defaults(options.dtype)
     settings = _engine(options, defaults.dtype)
     overload = regime == "overload"
-    running_limit = options.overload_running if overload else options.batch_clients
     port = targets.free_port()
     log = out / f"{name}-{regime}.log"
     served = served_model_name(settings)
@@ -242,18 +247,27 @@ async def _run_target(
         if overload:
             env["MAX_RUNNING_REQUESTS"] = str(options.overload_running)
     print(f"mixed: {name}, {regime}: starting on port {port}", file=sys.stderr)
+    async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
+        yield endpoint
+
+
+async def _run_target(
+    name: str, regime: str, options: MixedOptions, endpoint: targets.Endpoint
+) -> TargetResult:
+    target = TARGETS[name]
+    running_limit = options.overload_running if regime == "overload" else options.batch_clients
     timeout = aiohttp.ClientTimeout(total=None)
     connector = aiohttp.TCPConnector(limit=0)
-    async with (
-        targets.server(command, env, port, log, options.start_timeout, served) as endpoint,
-        aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
-    ):
-        model_name = served if target.is_vllm else ""
-        context = Context(session, endpoint.url, model=model_name)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        context = Context(session, endpoint.url, model=endpoint.model if target.is_vllm else "")
         return await _measure(target, context, options, running_limit)
 
 
-async def run_mixed(options: MixedOptions, command: str) -> tuple[MixedReport, Path]:
+async def run_mixed(
+    options: MixedOptions, command: str, start: StartTarget | None = None
+) -> tuple[MixedReport, Path]:
+    """Every regime's targets, each measured on the server `start(name, regime)` gives; by
+    default `started_target`, a server and engine of its own set for the regime."""
     out = Path(options.out)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     model = options.model or await asyncio.to_thread(default_model)
@@ -261,7 +275,13 @@ async def run_mixed(options: MixedOptions, command: str) -> tuple[MixedReport, P
     host = await asyncio.to_thread(machine.describe, options.dtype)
     regimes = []
     for regime in options.regimes:
-        results = [await _run_target(name, regime, options, model, out) for name in options.targets]
+        results = []
+        for name in options.targets:
+            running = (
+                start(name, regime) if start else started_target(name, regime, options, model, out)
+            )
+            async with running as endpoint:
+                results.append(await _run_target(name, regime, options, endpoint))
         regimes.append(RegimeResult(regime, results))
     report = MixedReport(command=command, machine=host, options=options, regimes=regimes)
     await asyncio.to_thread(write_report, report, out)

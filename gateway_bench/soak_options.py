@@ -67,12 +67,12 @@ class SoakOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 QUICK_SOAK = SoakOptions(
-    requests=200,
+    requests=100,
     concurrency=16,
     limited_clients=2,
     limited_interval_s=0.5,
     warmup=22,
-    rss_window=50,
+    rss_window=25,
     enforce_eager=True,
     quick=True,
 )

@@ -16,7 +16,14 @@ import pytest
 
 from clients import wait_for, wait_ready
 from gateway.engine.grpc_client import use_poller_client
-from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from serving import (
+    LoopThread,
+    RunningServer,
+    gateway_settings,
+    shared_loader,
+    start_server,
+    vllm_openai_server,
+)
 
 if TYPE_CHECKING:
     from gateway.engine.adapter import Engine
@@ -63,6 +70,13 @@ def server(loop_thread: LoopThread, engine: Engine) -> Iterator[RunningServer]:
     wait_ready(running.http)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(loop_thread: LoopThread) -> Iterator[str]:
+    """vLLM's own OpenAI server at the test engine's settings (its URL): one for the session."""
+    with vllm_openai_server(loop_thread) as url:
+        yield url
 
 
 @pytest.fixture

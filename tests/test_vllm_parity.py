@@ -8,24 +8,17 @@ The tasks are local (tests/lm_eval_tasks/, JSON lines): nothing is downloaded.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from serving import LoopThread, RunningServer, vllm_openai_server
+from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
 TASKS = Path(__file__).parent / "lm_eval_tasks"
 PARIS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def vllm_server(loop_thread: LoopThread) -> Iterator[str]:
-    with vllm_openai_server(loop_thread) as url:
-        yield url
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> Any:
@@ -76,7 +69,7 @@ def _evaluate(model: str, url: str, task: str, **model_args: Any) -> dict[str, A
         model=model,
         model_args={"model": MODEL, "base_url": url, **model_args},
         tasks=[task],
-        task_manager=TaskManager(include_path=str(TASKS)),
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),  # ours alone
         apply_chat_template=model == "local-chat-completions",
         log_samples=False,
     )
