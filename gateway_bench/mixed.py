@@ -1,19 +1,22 @@
-"""`llm-gateway bench --scenario mixed`: a person's chat under a saturating batch load.
+"""`llm-gateway bench --scenario mixed`: a person's chats under a saturating batch load.
 
 For each regime (saturation: every batch client inside the engine; overload: twice as many
 batch clients as the engine runs at once) and each target (vLLM's OpenAI server, the gateway
 with FCFS, the gateway with priorities), one server is started and measured (or the server
 a caller of `run_mixed` hands in):
 
-1. idle: interactive requests one after another, alone: the idle TTFT;
-2. load: `batch_clients` clients send batch requests back to back; once the engine is full,
-   an interactive request starts every `chat_interval_s` (each on its own), and the batch
-   tokens that arrive meanwhile give the batch tok/s.
+1. idle: chats one after another, alone (the idle TTFT), then, with the burst shape, one
+   burst of `burst_size` chats at once (the burst's own idle reference);
+2. per chat shape (mixed_shapes.py: steady, sporadic, burst), in turn: `batch_clients`
+   clients send batch requests back to back; once the engine is full the shape's chats run,
+   and the batch tokens that arrive meanwhile give the batch tok/s; then the batch clients
+   stop (each after its current request), the engine drains, and its preemption count since
+   before the load, divided by the chats, gives the preemptions per chat.
 
-Interactive requests are what a chat UI sends: WS `/generate` on the gateway, streamed
-`/v1/chat/completions` on vLLM's server; batch requests are `/invocations` (jsonlines) on the
-gateway and streamed `/v1/completions` on vLLM's server. Figures go to `report.json`,
-`report.md` and `ttft.png` under `--out`; docs/BENCHMARKS.md explains them.
+Chats are what a chat UI sends: WS `/generate` on the gateway, streamed `/v1/chat/completions`
+on vLLM's server; batch requests are `/invocations` (jsonlines) on the gateway and streamed
+`/v1/completions` on vLLM's server. Figures go to `report.json`, `report.md` and `ttft.png`
+under `--out`; docs/BENCHMARKS.md explains them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
@@ -34,9 +37,17 @@ import msgspec
 from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
 from gateway_bench.clients import chat_completions, control_ws, invocations, vllm_completions
+from gateway_bench.engine_counts import drained
 from gateway_bench.metrics import Record
-from gateway_bench.mixed_report import MixedReport, RegimeResult, TargetResult, write_report
-from gateway_bench.scenario_options import parse_options
+from gateway_bench.mixed_options import MixedOptions, parse
+from gateway_bench.mixed_report import (
+    MixedReport,
+    RegimeResult,
+    ShapeResult,
+    TargetResult,
+    write_report,
+)
+from gateway_bench.mixed_shapes import SHAPES, Chat, burst
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request
 
@@ -44,41 +55,6 @@ Client = Callable[[Worker, Request], Awaitable[Record]]
 # A target's server for a regime, ready to measure: (target name, regime) -> its endpoint.
 StartTarget = Callable[[str, str], AbstractAsyncContextManager[targets.Endpoint]]
 _WORDS = ("river", "stone", "light", "music", "garden", "winter", "market", "story", "harbor")
-
-
-class MixedOptions(msgspec.Struct, kw_only=True):
-    batch_clients: int = 64
-    batch_tokens: int = 128
-    chat_tokens: int = 64
-    chat_interval_s: float = 0.5
-    chat_requests: int = 40
-    idle_requests: int = 8
-    prompt_words: int = 64
-    overload_running: int = 32  # the engine's running limit in the overload regime
-    bulk_max_running: str = "auto"  # the priority gateway's BULK_MAX_RUNNING
-    regimes: list[str] = msgspec.field(default_factory=lambda: ["saturation", "overload"])
-    targets: list[str] = msgspec.field(
-        default_factory=lambda: ["vllm-server", "gateway-fcfs", "gateway-priority"]
-    )
-    model: str = ""
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    start_timeout: float = 900.0
-    seed: int = 0
-    out: str = "docs/bench/mixed"
-
-
-QUICK = {
-    "batch_clients": 4,
-    "batch_tokens": 16,
-    "chat_tokens": 8,
-    "chat_interval_s": 0.2,
-    "chat_requests": 3,
-    "idle_requests": 2,
-    "prompt_words": 16,
-    "overload_running": 2,
-    "enforce_eager": True,
-}
 
 
 @dataclass(frozen=True)
@@ -94,17 +70,6 @@ TARGETS = {
     "gateway-fcfs": Target("gateway-fcfs", control_ws, invocations, False),
     "gateway-priority": Target("gateway-priority", control_ws, invocations, False),
 }
-
-
-def parse(argv: Sequence[str]) -> MixedOptions:
-    options = parse_options("mixed", MixedOptions, QUICK, argv)
-    unknown = set(options.targets) - set(TARGETS) | set(options.regimes) - {
-        "saturation",
-        "overload",
-    }
-    if unknown:
-        raise SystemExit(f"unknown target or regime: {', '.join(sorted(unknown))}")
-    return options
 
 
 def _prompt(rng: random.Random, words: int, tag: str) -> str:
@@ -125,87 +90,130 @@ class Requests:
         return Request(f"{kind}-{self._n}", prompt, tokens, self._options.prompt_words)
 
 
-async def _interactive(target: Target, context: Context, request: Request) -> Record:
-    worker = Worker(context)  # a person: a connection of their own
-    try:
-        return await target.interactive(worker, request)
-    finally:
-        await worker.close()
+@dataclass
+class Bench:
+    """What a target's measurement shares: its clients, its server and its prompts."""
+
+    target: Target
+    context: Context
+    options: MixedOptions
+    requests: Requests
+    running_limit: int
+
+    async def chat(self, tokens: int) -> Record:
+        worker = Worker(self.context)  # a person: a connection of their own
+        try:
+            return await self.target.interactive(worker, self.requests.make("chat", tokens))
+        finally:
+            await worker.close()
+
+
+def batch_tokens(options: MixedOptions, rng: random.Random) -> int:
+    """A batch request's max_tokens: `batch_tokens` give or take `batch_tokens_spread`."""
+    spread = round(options.batch_tokens * options.batch_tokens_spread)
+    return max(1, options.batch_tokens + rng.randint(-spread, spread))
+
+
+@dataclass
+class BatchLoad:
+    """`batch_clients` clients sending batch requests back to back until `stop`; `full` is
+    set once as many batch requests have answered as the engine runs at once."""
+
+    bench: Bench
+    shape: str
+    records: list[Record] = field(default_factory=list)
+    failed: int = 0
+    full: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def client(self, index: int) -> None:
+        bench = self.bench
+        rng = random.Random(f"{bench.options.seed}-{self.shape}-batch-{index}")
+        worker = Worker(bench.context)
+        try:
+            while not self.stop.is_set():
+                request = bench.requests.make("batch", batch_tokens(bench.options, rng))
+                try:
+                    record = await bench.target.batch(worker, request)
+                except Exception as e:
+                    self.failed += 1
+                    print(f"mixed: a batch request failed: {e}", file=sys.stderr)
+                    await worker.close()
+                    continue
+                self.records.append(record)
+                if len(self.records) >= min(bench.options.batch_clients, bench.running_limit):
+                    self.full.set()
+        finally:
+            await worker.close()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[BatchLoad]:
+        clients = [
+            asyncio.create_task(self.client(i)) for i in range(self.bench.options.batch_clients)
+        ]
+        try:
+            yield self
+        finally:
+            self.stop.set()  # each batch client ends after its current request: its tokens count
+            if sys.exc_info()[0] is not None:
+                for task in clients:
+                    task.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+
+    def tok_s(self, start: float, end: float) -> float:
+        return sum(_tokens_within(r, start, end) for r in self.records) / (end - start)
 
 
 def _ttft(record: Record) -> float | None:
     return None if record.first is None else record.first - record.sent
 
 
-async def _measure(
-    target: Target, context: Context, options: MixedOptions, running_limit: int
-) -> TargetResult:
-    requests = Requests(options, target.name)
-    idle: list[float] = []
-    for _ in range(options.idle_requests):
-        record = await _interactive(target, context, requests.make("chat", options.chat_tokens))
-        if (ttft := _ttft(record)) is not None:
-            idle.append(ttft)
+def _ttfts(records: list[Record]) -> list[float]:
+    return [t for r in records if (t := _ttft(r)) is not None]
 
-    batch_records: list[Record] = []
-    batch_failed = 0
-    started = asyncio.Event()
-    first_tokens = 0
-    stop = asyncio.Event()
-    full = min(options.batch_clients, running_limit)
 
-    async def batch_client() -> None:
-        nonlocal first_tokens, batch_failed
-        worker = Worker(context)
-        try:
-            while not stop.is_set():
-                request = requests.make("batch", options.batch_tokens)
-                try:
-                    record = await target.batch(worker, request)
-                except Exception as e:
-                    batch_failed += 1
-                    print(f"mixed: a batch request failed: {e}", file=sys.stderr)
-                    await worker.close()
-                    continue
-                batch_records.append(record)
-                if not started.is_set():
-                    first_tokens += 1
-                    if first_tokens >= full:
-                        started.set()
-        finally:
-            await worker.close()
+async def _preemptions(bench: Bench) -> int | None:
+    """The engine's preemption count once it has drained (a preemption counts when the
+    preempted request resumes); None if it does not drain or does not say."""
+    context = bench.context
+    counts = await drained(context.session, context.base_url, bench.options.drain_timeout_s)
+    if counts is None:
+        print(f"mixed: {bench.target.name}: the engine did not drain", file=sys.stderr)
+    return None if counts is None else counts.preemptions
 
-    clients = [asyncio.create_task(batch_client()) for _ in range(options.batch_clients)]
-    try:
-        await started.wait()  # each running slot has served a whole batch request
-        window_start = perf_counter()
-        chats: list[asyncio.Task[Record]] = []
-        for _ in range(options.chat_requests):
-            request = requests.make("chat", options.chat_tokens)
-            chats.append(asyncio.create_task(_interactive(target, context, request)))
-            await asyncio.sleep(options.chat_interval_s)
-        loaded = await asyncio.gather(*chats)
-        window_end = perf_counter()
-    finally:
-        stop.set()  # each batch client ends after its current request: its tokens count
-        if sys.exc_info()[0] is not None:
-            for task in clients:
-                task.cancel()
-        await asyncio.gather(*clients, return_exceptions=True)
-    series = [
-        (round(r.sent - window_start, 3), round(t, 4))
-        for r in loaded
-        if (t := _ttft(r)) is not None
-    ]
-    tokens = sum(_tokens_within(r, window_start, window_end) for r in batch_records)
-    return TargetResult.of(
-        target.name,
-        idle_ttft=idle,
-        loaded_ttft=[t for _, t in series],
+
+async def _shape(bench: Bench, shape: str) -> ShapeResult:
+    before = await _preemptions(bench)
+    chat: Chat = bench.chat
+    async with BatchLoad(bench, shape).running() as load:
+        await load.full.wait()  # each running slot has served a whole batch request
+        start = perf_counter()
+        chats = await SHAPES[shape](
+            chat, bench.options, random.Random(f"{bench.options.seed}-{shape}")
+        )
+        end = perf_counter()
+    after = await _preemptions(bench)
+    took = perf_counter() - start
+    print(f"mixed: {bench.target.name}, {shape}: {len(chats)} chats, {took:.1f} s", file=sys.stderr)
+    series = [(round(r.sent - start, 3), round(t, 4)) for r in chats if (t := _ttft(r)) is not None]
+    return ShapeResult.of(
+        shape,
         series=series,
-        batch_tok_s=tokens / (window_end - window_start),
-        interactive_failed=sum(1 for r in loaded if r.first is None),
-        batch_failed=batch_failed,
+        chats=len(chats),
+        batch_tok_s=load.tok_s(start, end),
+        preemptions=None if before is None or after is None else after - before,
+        interactive_failed=sum(1 for r in chats if r.first is None),
+        batch_failed=load.failed,
+    )
+
+
+async def _measure(bench: Bench) -> TargetResult:
+    options = bench.options
+    idle = [await bench.chat(options.short_chat_tokens) for _ in range(options.idle_requests)]
+    idle_burst = await burst(bench.chat, options) if "burst" in options.shapes else []
+    shapes = [await _shape(bench, shape) for shape in options.shapes]
+    return TargetResult.of(
+        bench.target.name, idle=_ttfts(idle), idle_burst=_ttfts(idle_burst), shapes=shapes
     )
 
 
@@ -260,7 +268,9 @@ async def _run_target(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         context = Context(session, endpoint.url, model=endpoint.model if target.is_vllm else "")
-        return await _measure(target, context, options, running_limit)
+        return await _measure(
+            Bench(target, context, options, Requests(options, name), running_limit)
+        )
 
 
 async def run_mixed(

@@ -1,52 +1,90 @@
-"""The mixed scenario's figures: per regime and target, and the ratios between targets."""
+"""The mixed scenario's figures: per regime, target and chat shape, the ratios between
+targets, and issue 30's goals."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from gateway_bench.metrics import percentile
+from gateway_bench.mixed_options import MixedOptions
 from gateway_bench.results import Machine
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
-class TargetResult(msgspec.Struct, kw_only=True):
-    target: str
-    idle_ttft_p50_ms: float | None
+# Issue 30's goals, judged for the priority gateway at saturation, per shape.
+TO_IDLE_P50 = 2.0  # chat TTFT p50 / the idle reference (the idle burst's for burst)
+TO_VLLM_P50 = 0.5  # chat TTFT p50 / vLLM's server's
+TO_IDLE_P99 = 5.0  # chat TTFT p99 / the idle reference's p50
+BATCH_KEPT = {"sporadic": 0.9, "steady": 0.75}  # batch tok/s / the FCFS gateway's
+PREEMPTIONS_PER_CHAT = 4.0
+
+
+class ShapeResult(msgspec.Struct, kw_only=True):
+    shape: str
+    chats: int
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     batch_tok_s: float
+    preemptions: int | None  # the engine's, from before the batch load to its drain
+    preemptions_per_chat: float | None
     interactive_failed: int
-    batch_failed: int = 0
+    batch_failed: int
     series: list[tuple[float, float]]  # (seconds into the load, TTFT in seconds)
 
     @classmethod
     def of(
         cls,
-        target: str,
+        shape: str,
         *,
-        idle_ttft: list[float],
-        loaded_ttft: list[float],
         series: list[tuple[float, float]],
+        chats: int,
         batch_tok_s: float,
+        preemptions: int | None,
         interactive_failed: int,
         batch_failed: int,
-    ) -> TargetResult:
+    ) -> ShapeResult:
+        ttft = [t for _, t in series]
         return cls(
-            target=target,
-            idle_ttft_p50_ms=_ms(percentile(idle_ttft, 50)),
-            ttft_p50_ms=_ms(percentile(loaded_ttft, 50)),
-            ttft_p99_ms=_ms(percentile(loaded_ttft, 99)),
+            shape=shape,
+            chats=chats,
+            ttft_p50_ms=_ms(percentile(ttft, 50)),
+            ttft_p99_ms=_ms(percentile(ttft, 99)),
             batch_tok_s=round(batch_tok_s, 1),
+            preemptions=preemptions,
+            preemptions_per_chat=_ratio(preemptions, chats),
             interactive_failed=interactive_failed,
             batch_failed=batch_failed,
             series=series,
         )
 
-    @property
-    def to_idle(self) -> float | None:
-        return _ratio(self.ttft_p50_ms, self.idle_ttft_p50_ms)
+
+class TargetResult(msgspec.Struct, kw_only=True):
+    target: str
+    idle_ttft_p50_ms: float | None  # one chat alone on the idle engine
+    idle_burst_p50_ms: float | None  # a burst on the idle engine (None: no burst shape)
+    shapes: list[ShapeResult]
+
+    @classmethod
+    def of(
+        cls, target: str, *, idle: list[float], idle_burst: list[float], shapes: list[ShapeResult]
+    ) -> TargetResult:
+        return cls(
+            target=target,
+            idle_ttft_p50_ms=_ms(percentile(idle, 50)),
+            idle_burst_p50_ms=_ms(percentile(idle_burst, 50)),
+            shapes=shapes,
+        )
+
+    def shape(self, name: str) -> ShapeResult | None:
+        return next((s for s in self.shapes if s.shape == name), None)
+
+    def idle_for(self, shape: str) -> float | None:
+        """The idle reference of a shape's chats: the idle burst's p50 for bursts."""
+        return self.idle_burst_p50_ms if shape == "burst" else self.idle_ttft_p50_ms
 
 
 class RegimeResult(msgspec.Struct):
@@ -56,12 +94,20 @@ class RegimeResult(msgspec.Struct):
     def get(self, name: str) -> TargetResult | None:
         return next((t for t in self.targets if t.target == name), None)
 
+    def shape(self, target: str, shape: str) -> ShapeResult | None:
+        found = self.get(target)
+        return None if found is None else found.shape(shape)
+
 
 class MixedReport(msgspec.Struct, kw_only=True):
     command: str
     machine: Machine
-    options: Any  # MixedOptions (a Struct of its own module: kept loose to avoid a cycle)
+    options: MixedOptions
     regimes: list[RegimeResult]
+
+    @property
+    def shapes(self) -> list[str]:
+        return list(self.options.shapes)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -72,60 +118,117 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 2)
 
 
+def _p50(shape: ShapeResult | None) -> float | None:
+    return None if shape is None else shape.ttft_p50_ms
+
+
+def _tok_s(shape: ShapeResult | None) -> float | None:
+    return None if shape is None else shape.batch_tok_s
+
+
 def _fmt(value: float | None, suffix: str = "") -> str:
     return "-" if value is None else f"{value:g}{suffix}"
 
 
-def goals(regime: RegimeResult) -> list[tuple[str, bool | None]]:
-    """Issue 15's goals for this regime; None where a figure is missing."""
-    priority, fcfs, vllm = (
-        regime.get(n) for n in ("gateway-priority", "gateway-fcfs", "vllm-server")
-    )
-    if priority is None:
+def _at_most(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value <= limit
+
+
+def goals(regime: RegimeResult, shape: str) -> list[tuple[str, bool | None]]:
+    """Issue 30's goals for the priority gateway's `shape` chats; None where a figure is
+    missing. Judged at saturation (the caller's choice)."""
+    target = regime.get("gateway-priority")
+    mine = None if target is None else target.shape(shape)
+    if target is None or mine is None:
         return []
-    checks: list[tuple[str, bool | None]] = []
-    to_idle = priority.to_idle
-    checks.append(("interactive TTFT p50 <= 2x idle", None if to_idle is None else to_idle <= 2))
-    if vllm is not None:
-        to_vllm = _ratio(priority.ttft_p50_ms, vllm.ttft_p50_ms)
-        verdict = None if to_vllm is None else to_vllm <= 0.3
-        checks.append(("interactive TTFT p50 <= 0.3x vLLM's server", verdict))
-    if fcfs is not None and fcfs.batch_tok_s:
-        kept = priority.batch_tok_s / fcfs.batch_tok_s
-        checks.append(("batch tok/s >= 0.95x the FCFS gateway", kept >= 0.95))
+    idle = "the idle burst" if shape == "burst" else "idle"
+    reference = target.idle_for(shape)
+    vllm = regime.shape("vllm-server", shape)
+    checks = [
+        (
+            f"chat TTFT p50 <= {TO_IDLE_P50:g}x {idle}",
+            _at_most(_ratio(mine.ttft_p50_ms, reference), TO_IDLE_P50),
+        ),
+        (
+            f"chat TTFT p50 <= {TO_VLLM_P50:g}x vLLM's server",
+            _at_most(_ratio(mine.ttft_p50_ms, _p50(vllm)), TO_VLLM_P50),
+        ),
+        (
+            f"chat TTFT p99 <= {TO_IDLE_P99:g}x {idle}",
+            _at_most(_ratio(mine.ttft_p99_ms, reference), TO_IDLE_P99),
+        ),
+    ]
+    if (kept := BATCH_KEPT.get(shape)) is not None:
+        fcfs = regime.shape("gateway-fcfs", shape)
+        to_fcfs = _ratio(mine.batch_tok_s, _tok_s(fcfs))
+        checks.append((f"batch tok/s >= {kept:g}x the FCFS gateway", _min(to_fcfs, kept)))
+    checks.append(
+        (
+            f"preemptions per chat <= {PREEMPTIONS_PER_CHAT:g}",
+            _at_most(mine.preemptions_per_chat, PREEMPTIONS_PER_CHAT),
+        )
+    )
     return checks
 
 
+def _min(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value >= limit
+
+
+_HEADER = [
+    "| shape | target | chats | idle ref. p50 | TTFT p50 | TTFT p99 | p50 / idle | p50 / vLLM's"
+    " | p99 / idle | batch tok/s | batch / FCFS gateway | preemptions / chat"
+    " | failed (chat, batch) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _row(regime: RegimeResult, target: TargetResult, s: ShapeResult) -> str:
+    vllm, fcfs = regime.shape("vllm-server", s.shape), regime.shape("gateway-fcfs", s.shape)
+    idle = target.idle_for(s.shape)
+    cells = [
+        s.shape,
+        target.target,
+        str(s.chats),
+        _fmt(idle, " ms"),
+        _fmt(s.ttft_p50_ms, " ms"),
+        _fmt(s.ttft_p99_ms, " ms"),
+        _fmt(_ratio(s.ttft_p50_ms, idle), "x"),
+        _fmt(_ratio(s.ttft_p50_ms, _p50(vllm)), "x"),
+        _fmt(_ratio(s.ttft_p99_ms, idle), "x"),
+        f"{s.batch_tok_s:g}",
+        _fmt(_ratio(s.batch_tok_s, _tok_s(fcfs)), "x"),
+        _fmt(s.preemptions_per_chat),
+        f"{s.interactive_failed}, {s.batch_failed}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _goal_lines(regime: RegimeResult, shapes: list[str]) -> list[str]:
+    lines = ["Issue 30's goals, the priority gateway:", ""]
+    for shape in shapes:
+        for name, met in goals(regime, shape):
+            verdict = "not measured" if met is None else ("met" if met else "**not met**")
+            lines.append(f"- {shape}: {name}: {verdict}")
+    return [*lines, ""]
+
+
 def markdown(report: MixedReport) -> str:
-    lines = [
-        f"# {report.command}",
-        "",
-        report.machine.summary,
+    lines = [f"# {report.command}", "", report.machine.summary, ""]
+    lines += [
+        "Idle ref.: a chat alone on the idle engine (for burst: the same burst on the idle",
+        "engine). p99 of a few dozen chats is about their maximum.",
         "",
     ]
     for regime in report.regimes:
-        fcfs, vllm = regime.get("gateway-fcfs"), regime.get("vllm-server")
-        lines += [
-            f"## {regime.regime}",
-            "",
-            "| target | idle TTFT p50 | TTFT p50 | TTFT p99 | p50 / idle | p50 / vLLM's"
-            " | batch tok/s | batch / FCFS gateway | failed (chat, batch) |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for t in regime.targets:
-            to_vllm = _ratio(t.ttft_p50_ms, vllm.ttft_p50_ms) if vllm else None
-            to_fcfs = _ratio(t.batch_tok_s, fcfs.batch_tok_s) if fcfs else None
-            lines.append(
-                f"| {t.target} | {_fmt(t.idle_ttft_p50_ms, ' ms')} | {_fmt(t.ttft_p50_ms, ' ms')}"
-                f" | {_fmt(t.ttft_p99_ms, ' ms')} | {_fmt(t.to_idle, 'x')} | {_fmt(to_vllm, 'x')}"
-                f" | {t.batch_tok_s:g} | {_fmt(to_fcfs, 'x')}"
-                f" | {t.interactive_failed}, {t.batch_failed} |"
-            )
+        lines += [f"## {regime.regime}", "", *_HEADER]
+        for shape in report.shapes:
+            for target in regime.targets:
+                if (s := target.shape(shape)) is not None:
+                    lines.append(_row(regime, target, s))
         lines.append("")
-        for name, met in goals(regime):
-            verdict = "not measured" if met is None else ("met" if met else "**not met**")
-            lines.append(f"- {name}: {verdict}")
-        lines.append("")
+        if regime.regime == "saturation":
+            lines += _goal_lines(regime, report.shapes)
     return "\n".join(lines)
 
 
@@ -141,19 +244,30 @@ def draw(report: MixedReport, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    regimes = report.regimes
-    figure, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 4), squeeze=False)
-    for axis, regime in zip(axes[0], regimes, strict=True):
-        for t in regime.targets:
-            if t.series:
-                xs, ys = zip(*t.series, strict=True)
-                axis.plot(xs, [y * 1000 for y in ys], marker=".", label=t.target)
-        axis.set_title(f"interactive TTFT under batch load: {regime.regime}")
-        axis.set_xlabel("seconds into the load")
-        axis.set_ylabel("TTFT (ms)")
-        axis.set_yscale("log")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
+    regimes, shapes = report.regimes, report.shapes
+    figure, axes = plt.subplots(
+        len(regimes), len(shapes), figsize=(5 * len(shapes), 3.5 * len(regimes)), squeeze=False
+    )
+    for row, regime in zip(axes, regimes, strict=True):
+        for axis, shape in zip(row, shapes, strict=True):
+            _plot(axis, regime, shape)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _plot(axis: Axes, regime: RegimeResult, shape: str) -> None:
+    plotted = False
+    for target in regime.targets:
+        s = target.shape(shape)
+        if s is not None and s.series:
+            xs, ys = zip(*s.series, strict=True)
+            axis.plot(xs, [y * 1000 for y in ys], marker=".", label=target.target)
+            plotted = True
+    axis.set_title(f"chat TTFT, {shape} chats: {regime.regime}")
+    axis.set_xlabel("seconds into the load")
+    axis.set_ylabel("TTFT (ms)")
+    axis.grid(True, which="both", alpha=0.3)
+    if plotted:
+        axis.set_yscale("log")
+        axis.legend()

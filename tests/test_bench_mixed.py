@@ -1,17 +1,19 @@
-"""`llm-gateway bench --scenario mixed --quick`: every target and regime measured, end to end.
+"""`llm-gateway bench --scenario mixed --quick`: every target, regime and chat shape measured,
+end to end; and the report's figures and goals on hand-made results.
 
-The bench's own code path (its clients, the measure, the report) on the session's servers:
-vLLM's own server, and two gateways on the shared engine, one with SCHEDULING_POLICY=fcfs (its
-requests all of one class; the engine's scheduler stays the session's) and one with priorities.
-Starting a server and an engine per target and regime, as the command does, would cost six
-engine starts and check nothing more than that each part ran and reported: what this asserts,
-never a speed figure (docs/BENCHMARKS.md has those).
+The bench's own code path (its clients, the shapes, the drain, the report) on the session's
+servers: vLLM's own server, and two gateways on the shared engine, one with
+SCHEDULING_POLICY=fcfs (its requests all of one class; the engine's scheduler stays the
+session's) and one with priorities. Starting a server and an engine per target and regime, as
+the command does, would cost six engine starts and check nothing more than that each part ran
+and reported: what this asserts, never a speed figure (docs/BENCHMARKS.md has those).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,16 +21,22 @@ from pathlib import Path
 import pytest
 
 from gateway.config.settings import served_model_name
+from gateway_bench.engine_counts import parse_counts
+from gateway_bench.mixed_options import SHAPES, MixedOptions, parse
+from gateway_bench.mixed_report import RegimeResult, ShapeResult, TargetResult, goals
+from gateway_bench.mixed_shapes import SHAPES as SCHEDULES
+from gateway_bench.mixed_shapes import planned_chats, sporadic_gap
 from gateway_bench.targets import Endpoint
 from serving import RunningServer, gateway_settings
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 
 
-def test_the_quick_mixed_scenario_measures_every_target_in_both_regimes(
+@pytest.mark.timeout(1800)  # the session's vLLM server may start here; 18 shapes follow
+def test_the_quick_mixed_scenario_measures_every_target_regime_and_shape(
     tmp_path: Path, vllm_server: str, make_server: Callable[..., RunningServer]
 ) -> None:
-    from gateway_bench.mixed import parse, run_mixed
+    from gateway_bench.mixed import run_mixed
     from gateway_bench.mixed_report import markdown
 
     options = parse(["--scenario", "mixed", "--quick", "--out", str(tmp_path)])
@@ -53,10 +61,179 @@ def test_the_quick_mixed_scenario_measures_every_target_in_both_regimes(
         names = [t.target for t in regime.targets]
         assert names == ["vllm-server", "gateway-fcfs", "gateway-priority"]
         for target in regime.targets:
-            assert (target.interactive_failed, target.batch_failed) == (0, 0)
-            assert len(target.series) == options.chat_requests
-            assert target.idle_ttft_p50_ms is not None and target.batch_tok_s > 0
+            assert target.idle_ttft_p50_ms is not None and target.idle_burst_p50_ms is not None
+            assert [s.shape for s in target.shapes] == ["steady", "sporadic", "burst"]
+            for s in target.shapes:
+                assert (s.interactive_failed, s.batch_failed) == (0, 0), (target.target, s.shape)
+                assert s.chats == len(s.series) == planned_chats(s.shape, options)
+                assert s.batch_tok_s > 0 and s.preemptions_per_chat is not None
     saved = json.loads((out / "report.json").read_text())
     assert saved["command"].endswith("--quick")
     assert (out / "ttft.png").stat().st_size > 0
-    assert "## overload" in markdown(report)
+    text = markdown(report)
+    assert "## saturation" in text and "## overload" in text
+    assert "Issue 30's goals" in text
+    assert (out / "report.md").read_text() == text + "\n"
+
+
+def test_every_shape_has_a_schedule_and_the_options_name_only_known_ones() -> None:
+    assert tuple(SCHEDULES) == SHAPES
+    assert parse(["--shapes", "burst", "steady"]).shapes == ["burst", "steady"]
+    with pytest.raises(SystemExit):
+        parse(["--shapes", "tidal"])
+
+
+def test_sporadic_gaps_are_seeded_and_never_below_the_floor() -> None:
+    options = MixedOptions(sporadic_gap_mean_s=1.5, sporadic_gap_min_s=0.25)
+    gaps = [sporadic_gap(options, random.Random("0-sporadic")) for _ in range(3)]
+    again = [sporadic_gap(options, random.Random("0-sporadic")) for _ in range(3)]
+    assert gaps == again
+    many = [sporadic_gap(options, random.Random(n)) for n in range(500)]
+    assert min(many) == 0.25 and 1.0 < sum(many) / len(many) < 2.2
+
+
+def test_the_batch_tokens_spread_around_their_mean() -> None:
+    from gateway_bench.mixed import batch_tokens
+
+    options = MixedOptions(batch_tokens=128, batch_tokens_spread=0.5)
+    rng = random.Random(0)
+    drawn = [batch_tokens(options, rng) for _ in range(2000)]
+    assert min(drawn) >= 64 and max(drawn) <= 192 and len(set(drawn)) > 50
+    assert 120 < sum(drawn) / len(drawn) < 136
+    assert batch_tokens(MixedOptions(batch_tokens_spread=0.0), rng) == 128
+
+
+def test_engine_counts_read_the_gateway_and_vllms_names() -> None:
+    gateway = (
+        "# TYPE gateway_engine_preemptions gauge\ngateway_engine_preemptions 7.0\n"
+        "# TYPE gateway_engine_running gauge\ngateway_engine_running 0.0\n"
+        "# TYPE gateway_engine_waiting gauge\ngateway_engine_waiting 0.0\n"
+    )
+    counts = parse_counts(gateway)
+    assert (counts.preemptions, counts.running, counts.idle) == (7, 0, True)
+    labels = 'engine="0",model_name="m"'
+    vllm = (
+        "# TYPE vllm:num_preemptions counter\n"
+        f"vllm:num_preemptions_total{{{labels}}} 3.0\n"
+        f"vllm:num_preemptions_created{{{labels}}} 1.7e9\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{labels}}} 2.0\n"
+    )
+    counts = parse_counts(vllm)
+    assert (counts.preemptions, counts.running, counts.waiting, counts.idle) == (3, 2, None, False)
+    assert parse_counts("").running is None
+
+
+def _shape(shape: str, p50: float, p99: float, tok_s: float, preemptions: int) -> ShapeResult:
+    return ShapeResult(
+        shape=shape,
+        chats=10,
+        ttft_p50_ms=p50,
+        ttft_p99_ms=p99,
+        batch_tok_s=tok_s,
+        preemptions=preemptions,
+        preemptions_per_chat=preemptions / 10,
+        interactive_failed=0,
+        batch_failed=0,
+        series=[],
+    )
+
+
+def _target(name: str, idle: float, idle_burst: float, *shapes: ShapeResult) -> TargetResult:
+    return TargetResult(
+        target=name, idle_ttft_p50_ms=idle, idle_burst_p50_ms=idle_burst, shapes=list(shapes)
+    )
+
+
+def _regime() -> RegimeResult:
+    return RegimeResult(
+        "saturation",
+        [
+            _target(
+                "vllm-server",
+                100,
+                400,
+                _shape("steady", 400, 2000, 280, 0),
+                _shape("sporadic", 300, 900, 300, 0),
+                _shape("burst", 900, 1500, 290, 0),
+            ),
+            _target(
+                "gateway-fcfs",
+                100,
+                400,
+                _shape("steady", 350, 2000, 300, 0),
+                _shape("sporadic", 300, 900, 320, 0),
+                _shape("burst", 900, 1500, 310, 0),
+            ),
+            _target(
+                "gateway-priority",
+                100,
+                400,
+                _shape("steady", 190, 600, 230, 30),  # batch 0.77x: met at 0.75x
+                _shape("sporadic", 150, 499, 280, 50),  # batch 0.875x: not met at 0.9x
+                _shape("burst", 700, 1500, 100, 10),  # 1.75x the idle burst, 0.78x vLLM's
+            ),
+        ],
+    )
+
+
+def test_issue_30s_goals_judge_the_priority_gateway_per_shape() -> None:
+    regime = _regime()
+    steady = dict(goals(regime, "steady"))
+    assert steady == {
+        "chat TTFT p50 <= 2x idle": True,
+        "chat TTFT p50 <= 0.5x vLLM's server": True,
+        "chat TTFT p99 <= 5x idle": False,
+        "batch tok/s >= 0.75x the FCFS gateway": True,
+        "preemptions per chat <= 4": True,
+    }
+    sporadic = dict(goals(regime, "sporadic"))
+    assert sporadic["batch tok/s >= 0.9x the FCFS gateway"] is False
+    assert sporadic["chat TTFT p99 <= 5x idle"] is True
+    assert sporadic["preemptions per chat <= 4"] is False
+    burst = dict(goals(regime, "burst"))
+    assert burst["chat TTFT p50 <= 2x the idle burst"] is True
+    assert burst["chat TTFT p50 <= 0.5x vLLM's server"] is False
+    assert not any(name.startswith("batch") for name in burst)  # the issue sets none for bursts
+
+
+def test_goals_missing_a_figure_are_not_measured() -> None:
+    regime = _regime()
+    regime.targets = [t for t in regime.targets if t.target == "gateway-priority"]
+    verdicts = dict(goals(regime, "steady"))
+    assert verdicts["chat TTFT p50 <= 0.5x vLLM's server"] is None
+    assert verdicts["batch tok/s >= 0.75x the FCFS gateway"] is None
+    assert goals(RegimeResult("saturation", []), "steady") == []
+
+
+def test_the_report_has_a_table_per_regime_and_goals_at_saturation(tmp_path: Path) -> None:
+    from gateway_bench.mixed_report import MixedReport, markdown, write_report
+    from gateway_bench.results import CpuDefaults, Machine
+
+    defaults = CpuDefaults(
+        device="cpu", requested_dtype="auto", dtype="bfloat16", dtype_reason="-", environment={}
+    )
+    host = Machine(
+        cpu="test",
+        cpu_flags={},
+        logical_cores=2,
+        memory_gib=1.0,
+        system="-",
+        python="-",
+        packages={},
+        load_start=0.0,
+        defaults=defaults,
+    )
+    overload = RegimeResult("overload", _regime().targets)
+    report = MixedReport(
+        command="c", machine=host, options=MixedOptions(), regimes=[_regime(), overload]
+    )
+    text = markdown(report)
+    assert text.count("| shape | target |") == 2 and text.count("Issue 30's goals") == 1
+    assert "| burst | gateway-priority | 10 | 400 ms | 700 ms | 1500 ms | 1.75x | 0.78x |" in text
+    assert "- sporadic: batch tok/s >= 0.9x the FCFS gateway: **not met**" in text
+    write_report(report, tmp_path)
+    assert (
+        json.loads((tmp_path / "report.json").read_text())["regimes"][0]["regime"] == "saturation"
+    )
+    assert (tmp_path / "ttft.png").stat().st_size > 0
