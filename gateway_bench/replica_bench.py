@@ -50,6 +50,10 @@ from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+# `ray start --block` on SIGTERM first drains its node, for up to 30 s: the gateway is gone by
+# then, and Ray's processes, ended with it (one process group), leave the drain waiting out
+# its limit for an answer. 0: no drain, Ray's own immediate teardown.
+RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache: a hit
 
 
@@ -148,7 +152,7 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
     try:
         process = await asyncio.create_subprocess_exec(
             *args,
-            env={**os.environ, **RAY_ENV},
+            env={**os.environ, **RAY_ENV, **RAY_START_ENV},
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
