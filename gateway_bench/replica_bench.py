@@ -1,7 +1,12 @@
 """`llm-gateway bench --scenario replicas`: what engine replicas on Ray Serve cost and buy.
 
 Each target is a gateway started for it (its own local Ray cluster, `ray start --head` on
-loopback, where it has replicas), measured, and stopped:
+loopback, where it has replicas), measured, and stopped. With `--ray-address HOST:PORT` the
+targets with replicas run on that cluster instead (one started once, as the tests do): each
+target's gateway then starts Ray Serve there and deploys the replicas it asks for, as on a
+cluster of its own. The bench refuses a cluster where Serve already runs an application (the
+gateway would attach to it, whatever its replicas and routing) or with fewer CPUs than the
+target has replicas, and shuts Serve down after each target, replicas included.
 
 1. throughput: the in-process engine, then ENGINE_REPLICAS=1 (the same engine on the same
    cores, reached through a Ray actor), `repeats` times, each ratio within its pair (the
@@ -22,6 +27,7 @@ loopback, where it has replicas), measured, and stopped:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
@@ -33,6 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -50,6 +57,10 @@ from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+# `ray start --block` on SIGTERM first drains its node, for up to 30 s: the gateway is gone by
+# then, and Ray's processes, ended with it (one process group), leave the drain waiting out
+# its limit for an answer. 0: no drain, Ray's own immediate teardown.
+RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache: a hit
 
 
@@ -68,6 +79,7 @@ class ReplicaOptions(msgspec.Struct, kw_only=True):
     dtype: str = "auto"
     enforce_eager: bool = True  # the issue's setting: replicas in eager mode
     start_timeout: float = 900.0
+    ray_address: str = ""  # an existing cluster for the replicas; "" = one of its own per target
     seed: int = 0
     out: str = "docs/bench/replicas"
 
@@ -148,7 +160,7 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
     try:
         process = await asyncio.create_subprocess_exec(
             *args,
-            env={**os.environ, **RAY_ENV},
+            env={**os.environ, **RAY_ENV, **RAY_START_ENV},
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
@@ -168,6 +180,60 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
         await asyncio.to_thread(shutil.rmtree, temp, True)
 
 
+@asynccontextmanager
+async def _serve_of_its_own(address: str, replicas: int) -> AsyncIterator[str]:
+    """An existing cluster for one target: no Serve application on it before (the target's
+    gateway deploys its own), Serve shut down after (its replicas with it), as the end of a
+    cluster of its own would. Ray joined from this process (the first time only)."""
+    await asyncio.to_thread(_serve_absent, address, replicas)
+    try:
+        yield address
+    finally:
+        await asyncio.to_thread(_serve_shutdown)
+
+
+def _serve_absent(address: str, replicas: int) -> None:
+    for name, value in RAY_ENV.items():  # as the gateways get them; read when Ray is imported
+        os.environ.setdefault(name, value)
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():  # as the gateway joins (gateway/engine/replicas.py)
+        ray.init(
+            address=address,
+            namespace="llm-gateway",
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+    cpus = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+    if cpus < replicas:
+        raise RuntimeError(f"the Ray cluster at {address} has {cpus} CPUs, {replicas} wanted")
+    running = sorted(serve.status().applications)
+    if running:
+        raise RuntimeError(
+            f"Ray Serve already runs {', '.join(running)} at {address}: a gateway would attach "
+            "to it, not deploy the replicas its target asks for"
+        )
+
+
+def _deployed(replicas: int) -> None:
+    """The one application on the cluster is the target's, with the replicas it asked for."""
+    from ray import serve
+
+    apps = serve.status().applications
+    # Each deployment's replicas by state: keys are state names (str, or Serve's str enum)
+    states: list[Any] = [d.replica_states for a in apps.values() for d in a.deployments.values()]
+    if len(apps) != 1 or states != [{"RUNNING": replicas}]:
+        raise RuntimeError(f"{replicas} replicas asked for, Ray Serve runs {states} in {apps}")
+
+
+def _serve_shutdown() -> None:
+    from ray import serve
+
+    serve.shutdown()  # type: ignore[no-untyped-call]
+
+
 async def _listening(port: int) -> bool:
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -179,8 +245,15 @@ async def _listening(port: int) -> bool:
 
 @asynccontextmanager
 async def _gateway(
-    name: str, options: ReplicaOptions, extra: dict[str, str], out: Path
+    name: str, options: ReplicaOptions, extra: dict[str, str], out: Path, running: str = ""
 ) -> AsyncIterator[Context]:
+    """The target's gateway, started; or the one `running` at that URL (measured, not stopped)."""
+    timeout = aiohttp.ClientTimeout(total=None)
+    if running:
+        print(f"replicas: {name}: the gateway running at {running}", file=sys.stderr)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            yield Context(session, running)
+        return
     defaults = machine.cpu_defaults(options.dtype)
     chosen = {"MODEL": options.model, "DTYPE": defaults.dtype, "SEED": options.seed}
     settings = msgspec.convert({**chosen, "ENFORCE_EAGER": options.enforce_eager}, EngineSettings)
@@ -189,23 +262,32 @@ async def _gateway(
     log = out / f"{name}.log"
     replicas = int(extra.get("ENGINE_REPLICAS", "0"))
     print(f"replicas: {name}: starting on port {port}", file=sys.stderr)
-    timeout = aiohttp.ClientTimeout(total=None)
     async with AsyncExitStack() as stack:
         session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
         if replicas:
-            cluster = _ray_cluster(max(replicas, 2), out / f"{name}-ray.log")
+            if options.ray_address:
+                cluster = _serve_of_its_own(options.ray_address, replicas)
+            else:
+                cluster = _ray_cluster(max(replicas, 2), out / f"{name}-ray.log")
             env |= RAY_ENV | {"RAY_ADDRESS": await stack.enter_async_context(cluster)}
         command, served = targets.gateway_command(port), served_model_name(settings)
         endpoint = await stack.enter_async_context(
             targets.server(command, env, port, log, options.start_timeout, served)
         )
+        if replicas and options.ray_address:
+            await asyncio.to_thread(_deployed, replicas)
         yield Context(session, endpoint.url)
 
 
 async def _throughput(
-    name: str, options: ReplicaOptions, workload: Workload, extra: dict[str, str], out: Path
+    name: str,
+    options: ReplicaOptions,
+    workload: Workload,
+    extra: dict[str, str],
+    out: Path,
+    running: str = "",
 ) -> Throughput:
-    async with _gateway(name, options, extra, out) as context:
+    async with _gateway(name, options, extra, out, running) as context:
         warm = workload.requests(name, "warm-up", options.concurrency, options.output_tokens)
         requests = workload.requests(
             name, "measure", options.concurrency * options.rounds, options.output_tokens
@@ -353,7 +435,12 @@ def markdown(report: ReplicaReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def run_replicas(options: ReplicaOptions, command: str) -> ReplicaReport:
+async def run_replicas(
+    options: ReplicaOptions, command: str, in_process_url: str = ""
+) -> ReplicaReport:
+    """The report of `options`' parts. `in_process_url`: a gateway with its engine in-process
+    already running there (the tests' own server, on their settings), measured as the
+    in-process target instead of one started; the targets with replicas are always started."""
     from gateway_bench.benchmark import _tokenizer
 
     out = Path(options.out)
@@ -371,8 +458,11 @@ async def run_replicas(options: ReplicaOptions, command: str) -> ReplicaReport:
     throughput: list[Throughput] = []
     if "throughput" in options.parts:
         for _ in range(options.repeats):
-            for name, extra in (("in-process", {}), ("one-replica", {"ENGINE_REPLICAS": "1"})):
-                throughput.append(await _throughput(name, options, workload, extra, out))
+            for name, extra, url in (
+                ("in-process", {}, in_process_url),
+                ("one-replica", {"ENGINE_REPLICAS": "1"}, ""),
+            ):
+                throughput.append(await _throughput(name, options, workload, extra, out, url))
     continuation = []
     if "continuation" in options.parts:
         for routing in ("affinity", "load"):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from ray_cluster import ray_address  # noqa: F401  # the session's Ray cluster: a fixture
 
 from clients import wait_for, wait_ready
 from gateway.engine.grpc_client import use_poller_client

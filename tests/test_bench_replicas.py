@@ -1,7 +1,9 @@
-"""`llm-gateway bench --scenario replicas --quick`: each target started, measured and stopped.
+"""`llm-gateway bench --scenario replicas --quick`: each target measured.
 
-The in-process engine and one Ray replica (throughput), then two replicas routed by
-continuation key and by load (continuation), each on a Ray cluster of its own on loopback.
+The in-process engine (the session's own server: an engine in-process, on the tests'
+settings) and one Ray replica (throughput), then two replicas routed by continuation key and
+by load (continuation): each replica target a gateway of its own, started and stopped, its
+replicas deployed on the session's Ray cluster (`--ray-address`), Serve shut down after it.
 It asserts that each part ran and reported, never a speed figure (docs/BENCHMARKS.md has
 those); with one repetition even the cache-hit share under load routing is chance.
 """
@@ -14,17 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from serving import RunningServer
+
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 pytest.importorskip("ray", reason="the ray extra is not installed")
-# Starts three Ray clusters and four gateways: not in `make test-fast`.
+# Starts three gateways and their replicas: not in `make test-fast`.
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.engine]
 
 
-def test_the_quick_replicas_scenario_measures_every_target(tmp_path: Path) -> None:
+def test_the_quick_replicas_scenario_measures_every_target(
+    tmp_path: Path, server: RunningServer, ray_address: str
+) -> None:
     from gateway_bench.replica_bench import markdown, parse, run_replicas
 
-    options = parse(["--scenario", "replicas", "--quick", "--out", str(tmp_path)])
-    report = asyncio.run(run_replicas(options, "llm-gateway bench --scenario replicas --quick"))
+    argv = ["--scenario", "replicas", "--quick", "--out", str(tmp_path)]
+    options = parse([*argv, "--ray-address", ray_address])
+    command = "llm-gateway bench --scenario replicas --quick"
+    report = asyncio.run(run_replicas(options, command, in_process_url=server.http))
     assert [t.target for t in report.throughput] == ["in-process", "one-replica"]
     assert all(t.failed == 0 and t.tok_s > 0 for t in report.throughput)
     assert all(t.ttft_p50_ms is not None and t.ttft_p50_ms > 0 for t in report.throughput)

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import psutil
 import pytest
+from ray_cluster import shutdown_serve
 from redis_server import RedisServer, running_redis
 
 from clients import (
@@ -36,40 +32,10 @@ from clients import (
     payload,
     wait_for,
 )
-from serving import LoopThread, RunningServer, free_port, gateway_settings, start_server
+from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
-REPLICAS = 2
-# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER and RAY_AUTH_MODE: set in conftest.py, before vLLM
-# imports Ray; `ray start` inherits them.
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    """`ray start --head --block` on loopback in a process group of its own, ended by its id."""
-    port = free_port()
-    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a limit
-    ray = Path(sys.executable).parent / "ray"
-    args = [str(ray), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}"]
-    args += ["--node-ip-address=127.0.0.1", f"--num-cpus={REPLICAS}", "--include-dashboard=false"]
-    args += ["--disable-usage-stats"]
-    process = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: process.poll() is not None or _listening(port))
-        assert process.poll() is None, "ray start exited"
-        yield f"127.0.0.1:{port}"
-    finally:
-        import ray as ray_api
-
-        ray_api.shutdown()
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait()
-        shutil.rmtree(temp, ignore_errors=True)
+REPLICAS = 2  # on the session's Ray cluster (tests/ray_cluster.py: `ray_address`)
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +55,22 @@ def replicas(
     server = start_server(loop_thread, settings, default_loader(settings))
     wait_for(lambda: health(server)["status"] in ("ready", "failed"))
     assert health(server) == {"status": "ready"}
+    assert replica_states() == [{"RUNNING": REPLICAS}]  # its own deployment, not one left there
     yield server
     server.stop()
+    shutdown_serve()  # with RAY_ADDRESS the gateway leaves its replicas on the cluster
 
 
 def health(server: RunningServer) -> dict[str, str]:
     return dict(httpx.get(server.http + "/health", timeout=None).json())
+
+
+def replica_states() -> list[Any]:
+    """Each Serve deployment's replicas by state ({"RUNNING": 2}), over every application."""
+    from ray import serve
+
+    apps = serve.status().applications.values()
+    return [d.replica_states for a in apps for d in a.deployments.values()]
 
 
 def routed(key: str, method: str) -> Any:
@@ -164,10 +140,14 @@ def test_every_protocol_reaches_the_replicas(replicas: RunningServer) -> None:
 def test_each_key_stays_on_one_replica(replicas: RunningServer) -> None:
     prompt = CHAT.format("Count to three.")
     ids = [f"k{i}-{uuid.uuid4()}" for i in range(100)]
-    for _ in range(2):  # a first prompt, then its continuation
-        for rid in ids:
-            answer = batch(replicas, [(rid, prompt)], generation_config=greedy(1))
-            assert answer.status_code == 200, answer.text
+
+    def send(rid: str) -> httpx.Response:
+        return batch(replicas, [(rid, prompt)], generation_config=greedy(1))
+
+    with ThreadPoolExecutor(max_workers=16) as pool:  # the keys at once: batched by the engines
+        for _ in range(2):  # every key's first prompt, then every continuation
+            for answer in pool.map(send, ids):
+                assert answer.status_code == 200, answer.text
     placed = [routed(key_of(rid), "served") for rid in ids]
     assert [count for _, count, _ in placed] == [2] * 100  # both on the replica the ring names
     assert len({replica for replica, _, _ in placed}) == REPLICAS

@@ -1,0 +1,66 @@
+"""One local Ray cluster for the session, shared by the tests that run engine replicas
+(tests/test_replicas.py, tests/test_bench_replicas.py): `ray start` once, not per module or
+per target. Each user leaves it as it found it: Ray Serve shut down, replicas with it.
+
+Importing this file imports no Ray (conftest.py imports it for `make test-fast` too).
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER and RAY_AUTH_MODE: set in conftest.py, before vLLM imports
+Ray; `ray start` inherits them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clients import wait_for
+from serving import free_port
+
+RAY_CPUS = 2  # the replicas' tests deploy 2 replicas of one CPU each; the bench, 1 or 2
+# `ray start --block` on SIGTERM would first drain its node for up to 30 s, waiting on Ray's
+# processes ended with it: none (gateway_bench/replica_bench.py: RAY_START_ENV).
+RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """`ray start --head --block` on loopback in a process group of its own, ended by its id."""
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a limit
+    ray = Path(sys.executable).parent / "ray"
+    args = [str(ray), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}"]
+    args += ["--node-ip-address=127.0.0.1", f"--num-cpus={RAY_CPUS}", "--include-dashboard=false"]
+    args += ["--disable-usage-stats"]
+    env = {**os.environ, **RAY_START_ENV}
+    process = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: process.poll() is not None or _listening(port))
+        assert process.poll() is None, "ray start exited"
+        yield f"127.0.0.1:{port}"
+    finally:
+        import ray as ray_api
+
+        ray_api.shutdown()  # this process's connection, if it joined (a gateway, the bench)
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def shutdown_serve() -> None:
+    """Ray Serve off the session's cluster (this process joined it), its replicas with it."""
+    from ray import serve
+
+    serve.shutdown()  # type: ignore[no-untyped-call]
