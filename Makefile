@@ -20,10 +20,11 @@ run: install
 test: install browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The pure tests only (protocols, config, admission, store, default model): no engine is
-# started and none needs vLLM; tests/conftest.py marks every test that uses the engine.
+# The pure tests only (protocols, config, admission, store...): no engine is started, none
+# needs vLLM (tests/conftest.py marks every test that uses the engine), and the default model
+# is not converted afresh (the `conversion` tests: `make test` runs them).
 test-fast: install
-	$(PY) -m pytest -q -m "not engine" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not engine and not conversion" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check gateway protocols gateway_bench tests

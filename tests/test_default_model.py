@@ -63,6 +63,7 @@ def test_missing_directory_is_not_complete(tmp_path: Path) -> None:
     assert not is_complete(tmp_path)
 
 
+@pytest.mark.conversion
 def test_conversion_produces_complete_bf16_model(prepared: Prepared) -> None:
     from safetensors import safe_open
 
@@ -90,6 +91,7 @@ def test_conversion_produces_complete_bf16_model(prepared: Prepared) -> None:
     assert dtypes == {"BF16"}
 
 
+@pytest.mark.conversion
 def test_tokenizer_round_trips_and_has_chat_template(
     prepared: Prepared, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,6 +115,7 @@ def test_tokenizer_round_trips_and_has_chat_template(
     assert prompt.endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.conversion
 def test_second_call_reuses_copy_without_importing_torch(prepared: Prepared) -> None:
     manifest = prepared.model_dir / MANIFEST
     before = manifest.stat().st_mtime_ns
@@ -147,6 +150,7 @@ def test_second_call_reuses_copy_without_importing_torch(prepared: Prepared) -> 
     assert manifest.stat().st_mtime_ns == before
 
 
+@pytest.mark.conversion
 def test_broken_copy_is_detected_and_rebuilt(prepared: Prepared, tmp_path: Path) -> None:
     model_dir = prepared.model_dir
     assert is_complete(model_dir)
