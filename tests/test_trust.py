@@ -1,0 +1,141 @@
+"""Issue 31, "Trust, round two": an attacker's findings against a gateway with keys and limits,
+each through a real client on the real engine (docs/SECURITY.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from control_client import receive
+
+from clients import CHAT, connect
+from gateway.edge.api_keys import parse_keys
+from serving import RunningServer
+
+PROMPT = CHAT.format("Hi")
+HUGE = 2**64  # past what the engine carries (an int64)
+
+
+def _openai(route: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    if route == "/v1/chat/completions":
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, **fields}
+    else:
+        body = {"prompt": "Hi", "max_tokens": 1, **fields}
+    return route, body
+
+
+def _generation_config(route: str, **config: Any) -> tuple[str, dict[str, Any]]:
+    config = {"max_new_tokens": 1, **config}
+    if route == "/api/generate-one":
+        body = {"request_id": "n", "prompt": PROMPT, "stream_response": False}
+        return route, {**body, "generation_config": config}
+    body = {"prompts": [{"request_id": "n", "prompt": PROMPT}]}
+    return route, {**body, "generation_config": config}
+
+
+def _http_refusal(server: RunningServer, route: str, body: dict[str, Any]) -> tuple[int, str]:
+    """The status and the whole answer's text of one POST."""
+    answer = httpx.post(server.http + route, json=body, timeout=None)
+    return answer.status_code, answer.text
+
+
+def _field_of_http(server: RunningServer, route: str, body: dict[str, Any]) -> str | None:
+    status, text = _http_refusal(server, route, body)
+    assert 400 <= status < 500, (route, body, status, text)
+    answer = json.loads(text)
+    if isinstance(answer, list):  # /api/generate-batch: each prompt's answer
+        answer = answer[0]
+    if "error" in answer and isinstance(answer["error"], dict):  # OpenAI's error object
+        return str(answer["error"]["param"])
+    field = answer.get("field")
+    return None if field is None else str(field)
+
+
+def _error_of_ws(server: RunningServer, config: dict[str, Any]) -> str:
+    """The ERROR of `/ws`: its message names the field (`- at `$...``); it has no `field`."""
+    body = {"prompts": [{"request_id": "w", "prompt": PROMPT}], "stream_response": False}
+    with connect(server.ws + "/ws") as ws:
+        ws.send(json.dumps({**body, "generation_config": {"max_new_tokens": 1, **config}}))
+        while True:
+            frame = json.loads(ws.recv())
+            ended = [e for e in frame if e["type"] in ("COMPLETE", "ERROR")]
+            if ended:
+                assert ended[0]["type"] == "ERROR", ended
+                return str(ended[0]["error"])
+
+
+def _field_of_ws_events(server: RunningServer, parameters: dict[str, Any]) -> str | None:
+    start = {"type": "START", "id": "e", "data": PROMPT, "parameters": parameters}
+    with connect(server.ws + "/ws/events") as ws:
+        ws.send(json.dumps([start]))
+        while True:
+            frame = json.loads(ws.recv())
+            ended = [e for e in frame if e["type"] in ("COMPLETE", "ERROR")]
+            if ended:
+                assert ended[0]["type"] == "ERROR", ended
+                return str(ended[0].get("field"))
+
+
+def _field_of_control(server: RunningServer, parameters: dict[str, Any]) -> str | None:
+    with connect(server.ws + "/generate") as ws:
+        message = {"type": "config", "prompt": PROMPT, "parameters": parameters}
+        ws.send(json.dumps(message))
+        while True:
+            answer = receive(ws)
+            if answer["type"] in ("error", "completion"):
+                assert answer["type"] == "error", answer
+                return str(answer.get("field"))
+
+
+# --- (f) key ownership by the whole SHA-256 of the key ----------------------------------------
+
+
+def colliding_keys() -> tuple[str, str]:
+    """Two keys whose SHA-256 share their first 32 bits (a birthday search: ~2^16 keys)."""
+    seen: dict[str, str] = {}
+    for i in itertools.count():
+        key = f"sk-collide-{i}"
+        prefix = hashlib.sha256(key.encode()).hexdigest()[:8]
+        if prefix in seen:
+            return seen[prefix], key
+        seen[prefix] = key
+    raise AssertionError("unreachable")
+
+
+def test_keys_whose_short_hashes_collide_share_neither_histories_nor_limits(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    first, second = colliding_keys()
+    guarded = make_server(API_KEYS=f"{first},{second}", LIMIT_REQUESTS_PER_MINUTE="1")
+
+    def generate(key: str, prompt: str) -> httpx.Response:
+        body = {
+            "prompts": [{"request_id": "shared-id", "prompt": prompt}],
+            "only_new_tokens": False,
+            "generation_config": {"do_sample": False, "max_new_tokens": 2, "ignore_eos": True},
+        }
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.post(
+            guarded.http + "/api/generate-batch", json=body, headers=headers, timeout=None
+        )
+
+    secret = "My password is swordfish."
+    mine = generate(first, secret)
+    assert mine.status_code == 200 and mine.json()[0]["prompt"] == secret, mine.text
+    # The other key has a minute of its own, and a history of its own under the same id.
+    theirs = generate(second, "Hello")
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()[0]["prompt"] == "Hello"
+    assert generate(first, "again").status_code == 429  # the first key's minute is used
+
+
+def test_colliding_labels_name_two_keys_that_own_apart() -> None:
+    first, second = colliding_keys()
+    keys = parse_keys(f"{first},{second}")
+    assert keys[first].label == keys[second].label  # a label names; it never owns
+    assert keys[first].owner != keys[second].owner
+    assert keys[first].owner == hashlib.sha256(first.encode()).hexdigest()
