@@ -91,6 +91,31 @@ def _field_of_control(server: RunningServer, parameters: dict[str, Any]) -> str 
                 return str(answer.get("field"))
 
 
+# --- (e) the same-origin check does not trust Host (DNS rebinding) ----------------------------
+
+
+def test_a_rebound_page_is_not_the_gateways_own(server: RunningServer) -> None:
+    rebound = f"evil.example.net:{server.port}"  # a name the attacker pointed at 127.0.0.1
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    answer = httpx.post(
+        server.http + "/v1/chat/completions",
+        json=chat,
+        headers={"Origin": f"http://{rebound}", "Host": rebound},
+        timeout=None,
+    )
+    assert answer.status_code == 403, answer.text
+    # The gateway's own pages, on the loopback names it answers on, still pass.
+    for own in (f"http://127.0.0.1:{server.port}", f"http://localhost:{server.port}"):
+        answer = httpx.post(
+            server.http + "/v1/chat/completions", json=chat, headers={"Origin": own}, timeout=None
+        )
+        assert answer.status_code == 200, (own, answer.text)
+    # Another port of the same machine is another origin.
+    other = {"Origin": f"http://127.0.0.1:{server.port + 1}"}
+    answer = httpx.post(server.http + "/v1/chat/completions", json=chat, headers=other)
+    assert answer.status_code == 403
+
+
 # --- (f) key ownership by the whole SHA-256 of the key ----------------------------------------
 
 
