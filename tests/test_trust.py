@@ -10,10 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from control_client import receive
 
 from clients import CHAT, connect
+from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
+from gateway.edge.auth import open_paths_of
 from serving import RunningServer
 
 PROMPT = CHAT.format("Hi")
@@ -89,6 +92,30 @@ def _field_of_control(server: RunningServer, parameters: dict[str, Any]) -> str 
             if answer["type"] in ("error", "completion"):
                 assert answer["type"] == "error", answer
                 return str(answer.get("field"))
+
+
+# --- (d) /metrics behind a key when keys are on -----------------------------------------------
+
+KEY = "sk-metrics-0123456789"
+
+
+def test_metrics_need_a_key_when_keys_are_on_unless_public(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    guarded = make_server(API_KEYS=KEY)
+    assert httpx.get(guarded.http + "/metrics").status_code == 401
+    keyed = httpx.get(guarded.http + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert keyed.status_code == 200 and "gateway_" in keyed.text
+    assert httpx.get(guarded.http + "/health").status_code == 200  # still open
+    public = make_server(API_KEYS=KEY, METRICS_PUBLIC="true")
+    assert httpx.get(public.http + "/metrics").status_code == 200
+
+
+def test_metrics_open_by_metrics_public_alone() -> None:
+    assert "/metrics" not in open_paths_of("/health,/ui/*", metrics_public=False)
+    assert "/metrics" in open_paths_of("/health,/ui/*", metrics_public=True)
+    with pytest.raises(ConfigError, match="METRICS_PUBLIC"):
+        open_paths_of("/health,/metrics", metrics_public=False)
 
 
 # --- (e) the same-origin check does not trust Host (DNS rebinding) ----------------------------

@@ -76,7 +76,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # API keys (docs/SECURITY.md): none set, the gateway is open.
     api_keys: str = ""  # comma-separated; `key:name` names a key
     api_keys_file: str = ""  # one key per line, `key:name`; re-read on SIGHUP
-    auth_open_paths: str = "/health,/ping,/metrics,/ui,/ui/*"  # need no key
+    auth_open_paths: str = "/health,/ping,/ui,/ui/*"  # need no key
+    metrics_public: bool = False  # true: /metrics needs no key either (a private scraper)
     # Per-key limits (per connection with keys off); 0: no limit. The keys file overrides them.
     limit_concurrent_requests: Annotated[int, Meta(ge=0)] = 0
     limit_requests_per_minute: Annotated[int, Meta(ge=0)] = 0
