@@ -3,7 +3,8 @@
 Every message is a msgspec Struct tagged by `type`. Client messages decode as JSON, lose the
 transformers GenerationConfig fields their `parameters` do not honour
 (protocols/transformers_fields.py), then convert to `ClientMessage`; a bad message's error
-names its JSON path. Unknown fields are ignored, except in `parameters`.
+names its JSON path. Unknown fields are ignored, except in `parameters` (and beside the
+prompt of a `/v1/generate` body, where the parameters are too).
 """
 
 from __future__ import annotations
@@ -270,11 +271,15 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-class RestRequest(Parameters, forbid_unknown_fields=False, kw_only=True):
+class RestRequest(Parameters, forbid_unknown_fields=True, kw_only=True):
     """The spec's REST body: the config's parameters flat beside the prompt (or nested in
     `parameters`, as in a WebSocket `config`; a flat one wins over the same nested one).
-    Unknown fields beside the prompt are ignored, as in a WebSocket message."""
+    The parameters being flat, an unknown field beside the prompt is refused as one in
+    `parameters` is (transformers' GenerationConfig names are ignored and logged); `type`
+    lets a WebSocket `config` be posted as it is. `options` ignores unknown fields, as a
+    WebSocket message's do."""
 
+    type: Literal["config"] | UnsetType = UNSET
     prompt: str | UnsetType = UNSET
     messages: Messages | UnsetType = UNSET
     model: str | None = None

@@ -94,6 +94,22 @@ def _field_of_control(server: RunningServer, parameters: dict[str, Any]) -> str 
                 return str(answer.get("field"))
 
 
+# --- (b) one rule for unknown fields: refused, naming them ------------------------------------
+
+
+def test_v1_generate_refuses_an_unknown_field_naming_it(server: RunningServer) -> None:
+    misspelt = {"prompt": PROMPT, "max_tokenz": 1}
+    assert _field_of_http(server, "/v1/generate", misspelt) == "$.max_tokenz"
+    nested = {"prompt": PROMPT, "parameters": {"max_tokenz": 1}}
+    assert _field_of_http(server, "/v1/generate", nested) == "$.parameters.max_tokenz"
+    # transformers' GenerationConfig names stay accepted (and ignored), and a WebSocket config
+    # posted as it is still works.
+    posted = {"type": "config", "prompt": PROMPT, "max_tokens": 1, "typical_p": 0.5}
+    answer = httpx.post(server.http + "/v1/generate", json=posted, timeout=None)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 1
+
+
 # --- (d) /metrics behind a key when keys are on -----------------------------------------------
 
 KEY = "sk-metrics-0123456789"
