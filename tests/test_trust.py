@@ -17,6 +17,8 @@ from clients import CHAT, connect
 from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
 from gateway.edge.auth import open_paths_of
+from protocols.control import decode_client
+from protocols.errors import GenerationError
 from serving import RunningServer
 
 PROMPT = CHAT.format("Hi")
@@ -94,6 +96,63 @@ def _field_of_control(server: RunningServer, parameters: dict[str, Any]) -> str 
                 return str(answer.get("field"))
 
 
+# --- (a) every number range-checked in every protocol's codec, never a 500 --------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "field"),
+    [
+        (*_openai("/v1/chat/completions", seed=HUGE), "seed"),
+        (*_openai("/v1/completions", seed=HUGE), "seed"),
+        (*_openai("/v1/completions", seed=-HUGE), "seed"),
+        (*_generation_config("/api/generate-one", seed=HUGE), "$.generation_config.seed"),
+        (*_generation_config("/api/generate-batch", seed=HUGE), "$.generation_config.seed"),
+        ("/v1/generate", {"prompt": PROMPT, "max_tokens": 1, "seed": HUGE}, "$.seed"),
+        (
+            *_generation_config(
+                "/api/generate-one", num_beams=2, length_penalty=1e308, max_new_tokens=3
+            ),
+            "$.generation_config.length_penalty",
+        ),
+        (
+            *_generation_config("/api/generate-one", max_new_tokens=HUGE, min_tokens=HUGE),
+            "$.generation_config.max_new_tokens",
+        ),
+        (*_openai("/v1/completions", n=HUGE), "n"),
+        (*_openai("/v1/completions", max_tokens=HUGE, min_tokens=HUGE), "max_tokens"),
+        ("/v1/generate", {"prompt": PROMPT, "max_tokens": HUGE}, "$.max_tokens"),
+    ],
+)
+def test_a_number_out_of_range_is_a_4xx_naming_its_field_on_http(
+    server: RunningServer, route: str, body: dict[str, Any], field: str
+) -> None:
+    assert _field_of_http(server, route, body) == field
+
+
+def test_a_number_out_of_range_is_an_error_event_naming_its_field_on_websockets(
+    server: RunningServer,
+) -> None:
+    assert "`$.generation_config.seed`" in _error_of_ws(server, {"seed": HUGE})
+    assert _field_of_ws_events(server, {"seed": HUGE}) == "$[0].parameters.seed"
+    assert _field_of_control(server, {"seed": HUGE}) == "$.parameters.seed"
+    assert _field_of_control(server, {"max_tokens": HUGE}) == "$.parameters.max_tokens"
+
+
+def test_lmi_and_tgi_refuse_an_unbounded_length_penalty_or_seed(server: RunningServer) -> None:
+    lmi = {"inputs": "Hi", "parameters": {"num_beams": 2, "length_penalty": 1e308}}
+    status, text = _http_refusal(server, "/invocations", lmi)
+    assert 400 <= status < 500 and "length_penalty" in text, (status, text)
+    tgi = {"inputs": "Hi", "parameters": {"seed": HUGE, "max_new_tokens": 1}}
+    status, text = _http_refusal(server, "/generate", tgi)
+    assert 400 <= status < 500 and "seed" in text, (status, text)
+
+
+def test_a_feedback_position_past_what_the_store_holds_is_refused() -> None:
+    with pytest.raises(GenerationError) as refused:
+        decode_client(json.dumps({"type": "feedback", "rating": 1, "position": HUGE}))
+    assert refused.value.field == "$.position"
+
+
 # --- (b) one rule for unknown fields: refused, naming them ------------------------------------
 
 
@@ -108,6 +167,41 @@ def test_v1_generate_refuses_an_unknown_field_naming_it(server: RunningServer) -
     answer = httpx.post(server.http + "/v1/generate", json=posted, timeout=None)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["completion_tokens"] == 1
+
+
+# --- (c) stop lists bounded by MAX_STOP_SEQUENCES ---------------------------------------------
+
+STOPS = [f"stop-{i}" for i in range(17)]  # one past the default, 16
+
+
+def test_a_stop_list_past_max_stop_sequences_is_refused_naming_its_field(
+    server: RunningServer,
+) -> None:
+    one = _generation_config("/api/generate-one", stop=STOPS)
+    assert _field_of_http(server, *one) == "$.generation_config.stop"
+    batch = _generation_config("/api/generate-batch", stop=STOPS)
+    assert _field_of_http(server, *batch) == "$.generation_config.stop"
+    flat = {"prompt": PROMPT, "max_tokens": 1, "stop": STOPS}
+    assert _field_of_http(server, "/v1/generate", flat) == "$.stop"
+    lmi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, "stop_sequences": STOPS}}
+    status, text = _http_refusal(server, "/invocations", lmi)
+    assert 400 <= status < 500 and "stop_sequences" in text, (status, text)
+    assert "`$.generation_config.stop`" in _error_of_ws(server, {"stop": STOPS})
+    assert _field_of_ws_events(server, {"stop": STOPS}) == "$[0].parameters.stop"
+    assert _field_of_control(server, {"stop": STOPS}) == "$.parameters.stop"
+    # TGI keeps its own max_stop_sequences (4), and reports it.
+    tgi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, "stop": STOPS[:5]}}
+    assert _http_refusal(server, "/generate", tgi)[0] == 422
+    assert httpx.get(server.http + "/info").json()["max_stop_sequences"] == 4
+
+
+def test_max_stop_sequences_is_a_setting(make_server: Callable[..., RunningServer]) -> None:
+    tight = make_server(MAX_STOP_SEQUENCES="2")
+    refused = _generation_config("/api/generate-one", stop=STOPS[:3])
+    assert _field_of_http(tight, *refused) == "$.generation_config.stop"
+    route, body = _generation_config("/api/generate-one", stop=STOPS[:2])
+    answer = httpx.post(tight.http + route, json=body, timeout=None)
+    assert answer.status_code == 200, answer.text
 
 
 # --- (d) /metrics behind a key when keys are on -----------------------------------------------
