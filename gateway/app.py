@@ -14,7 +14,7 @@ from gateway.config.priorities import PriorityClasses
 from gateway.config.settings import Settings
 from gateway.drain import Drain, DrainMiddleware
 from gateway.edge.api_keys import KeyRing
-from gateway.edge.auth import ApiKeyMiddleware
+from gateway.edge.auth import ApiKeyMiddleware, open_paths_of
 from gateway.edge.body_limit import BodyLimitMiddleware
 from gateway.edge.limits import Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
@@ -108,7 +108,7 @@ def create_app(
     ring = KeyRing(settings.api_keys, settings.api_keys_file, limits)
     if settings.api_keys_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, lambda _signum, _frame: ring.reload())
-    open_paths = frozenset(p.strip() for p in settings.auth_open_paths.split(",") if p.strip())
+    open_paths = open_paths_of(settings.auth_open_paths, metrics_public=settings.metrics_public)
     middleware = [  # the first is the outermost
         Middleware(OriginMiddleware, allowed=parse_origins(settings.allowed_origins)),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),

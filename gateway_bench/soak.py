@@ -122,11 +122,16 @@ async def run_soak(
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
     bar = tqdm(total=len(specs), unit="req", disable=not options.progress, dynamic_ncols=True)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    # /metrics needs a key on a keyed gateway (METRICS_PUBLIC unset): the main key's.
+    scraping = {"Authorization": f"Bearer {keys[0]}"}
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        aiohttp.ClientSession(timeout=timeout, headers=scraping) as scraper,
+    ):
         soak = Soak(options, session, base_url, keys, on_done=partial(bar.update, 1))
         await soak.warm_up(warmup)
-        before = await settled(session, base_url, _SETTLE_LIMIT_S)
-        metrics = MetricsWatch(session, base_url, options.scrape_interval_s)
+        before = await settled(scraper, base_url, _SETTLE_LIMIT_S)
+        metrics = MetricsWatch(scraper, base_url, options.scrape_interval_s)
         rss = RssWatch(pid, lambda: soak.done, options.rss_interval_s) if pid else None
         stop = asyncio.Event()
         watchers = [asyncio.create_task(metrics.run(stop))]
@@ -136,7 +141,7 @@ async def run_soak(
             await soak.run(specs)
             last_end = perf_counter()
             measured_s = last_end - soak.began
-            after = await settled(session, base_url, _SETTLE_LIMIT_S)
+            after = await settled(scraper, base_url, _SETTLE_LIMIT_S)
             settle_s = perf_counter() - last_end
             await asyncio.sleep(options.grace_s + options.scrape_interval_s)  # the tail, scraped
         finally:

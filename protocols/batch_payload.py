@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
-from protocols.generation import PromptItem, SamplingOptions
+from protocols.generation import MAX_STOP_SEQUENCES, PromptItem, SamplingOptions
 from protocols.generation_config import (
     GenerationConfig,
     resolve_options,
@@ -84,7 +84,11 @@ def decode_prompts(doc: dict[str, Any]) -> tuple[list[PromptItem], list[int], li
 
 
 def decode_batch(
-    raw: bytes | str, defaults: SamplingOptions, *, streaming_allowed: bool = True
+    raw: bytes | str,
+    defaults: SamplingOptions,
+    *,
+    streaming_allowed: bool = True,
+    max_stop: int = MAX_STOP_SEQUENCES,
 ) -> BatchRequest:
     """Decode a batch payload; raises GenerationError only when no prompt can be named."""
     doc = decode_json_object(raw)
@@ -94,7 +98,9 @@ def decode_batch(
     try:
         settings = msgspec.convert(settings_doc, PayloadSettings)
         stream = settings.stream_response and streaming_allowed
-        options = resolve_options(settings.generation_config, defaults, streaming=stream)
+        options = resolve_options(
+            settings.generation_config, defaults, streaming=stream, max_stop=max_stop
+        )
     except (msgspec.ValidationError, GenerationError) as e:
         error = validation_error(e) if isinstance(e, msgspec.ValidationError) else e
         pairs = zip(items, positions, strict=True)

@@ -3,7 +3,8 @@
 Every message is a msgspec Struct tagged by `type`. Client messages decode as JSON, lose the
 transformers GenerationConfig fields their `parameters` do not honour
 (protocols/transformers_fields.py), then convert to `ClientMessage`; a bad message's error
-names its JSON path. Unknown fields are ignored, except in `parameters`.
+names its JSON path. Unknown fields are ignored, except in `parameters` (and beside the
+prompt of a `/v1/generate` body, where the parameters are too).
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from msgspec import UNSET, Meta, UnsetType
 
 from protocols.errors import ErrorKind, GenerationError, invalid, refuse, validation_error
 from protocols.generation import (
+    MAX_STOP_SEQUENCES,
+    MAX_TOKENS,
     MaxNewTokens,
     RepetitionPenalty,
     SamplingOptions,
+    Seed,
     Temperature,
     TopK,
     TopP,
+    check_stop_count,
 )
 from protocols.json_body import MALFORMED, malformed
 from protocols.transformers_fields import strip_ignored, without_ignored
@@ -36,7 +41,7 @@ class Parameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_k: TopK | UnsetType = UNSET
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
     stop: list[str] | UnsetType = UNSET
-    seed: int | UnsetType | None = UNSET
+    seed: Seed | UnsetType | None = UNSET
     ignore_eos: bool | UnsetType = UNSET
 
 
@@ -89,7 +94,7 @@ class Control(_ClientMessage, tag="control"):
 class Feedback(_ClientMessage, tag="feedback"):
     rating: Rating
     text: str | None = None
-    position: Annotated[int, Meta(ge=0)] | None = None
+    position: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] | None = None
 
 
 ClientMessage = Config | Control | Feedback
@@ -249,8 +254,11 @@ def error_message(
     )
 
 
-def apply_parameters(options: SamplingOptions, parameters: Parameters) -> SamplingOptions:
-    """`parameters` over `options`: only the fields that are given change."""
+def apply_parameters(
+    options: SamplingOptions, parameters: Parameters, max_stop: int = MAX_STOP_SEQUENCES
+) -> SamplingOptions:
+    """`parameters` over `options`: only the fields that are given change; at most
+    `max_stop` stop strings (MAX_STOP_SEQUENCES)."""
     given: dict[str, object] = {}
     if parameters.max_tokens is not UNSET:
         given["max_new_tokens"] = parameters.max_tokens
@@ -261,6 +269,7 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
     if parameters.stop is not UNSET:
         if any(s == "" for s in parameters.stop):
             raise refuse("stop", "Stop strings must not be empty")
+        check_stop_count(parameters.stop, max_stop, "$.parameters.stop")
         given["stop"] = tuple(parameters.stop)
     if "temperature" in given:
         given["do_sample"] = given["temperature"] != 0
@@ -270,11 +279,15 @@ def apply_parameters(options: SamplingOptions, parameters: Parameters) -> Sampli
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
-class RestRequest(Parameters, forbid_unknown_fields=False, kw_only=True):
+class RestRequest(Parameters, forbid_unknown_fields=True, kw_only=True):
     """The spec's REST body: the config's parameters flat beside the prompt (or nested in
     `parameters`, as in a WebSocket `config`; a flat one wins over the same nested one).
-    Unknown fields beside the prompt are ignored, as in a WebSocket message."""
+    The parameters being flat, an unknown field beside the prompt is refused as one in
+    `parameters` is (transformers' GenerationConfig names are ignored and logged); `type`
+    lets a WebSocket `config` be posted as it is. `options` ignores unknown fields, as a
+    WebSocket message's do."""
 
+    type: Literal["config"] | UnsetType = UNSET
     prompt: str | UnsetType = UNSET
     messages: Messages | UnsetType = UNSET
     model: str | None = None
@@ -292,7 +305,7 @@ class RestResponse(msgspec.Struct, omit_defaults=True):
     timing: CompletionTiming | UnsetType = UNSET
 
 
-def rest_config(raw: bytes) -> Config:
+def rest_config(raw: bytes, max_stop: int = MAX_STOP_SEQUENCES) -> Config:
     try:
         doc: Any = _JSON.decode(raw)
         if isinstance(doc, dict):
@@ -303,6 +316,9 @@ def rest_config(raw: bytes) -> Config:
         raise validation_error(e) from e
     except MALFORMED as e:
         raise malformed(e) from e
+    for stop, field in ((body.stop, "$.stop"), (body.parameters.stop, "$.parameters.stop")):
+        if stop is not UNSET:
+            check_stop_count(stop, max_stop, field)
     given = {name: getattr(body, name) for name in Parameters.__struct_fields__}
     nested = msgspec.structs.asdict(body.parameters)
     parameters = Parameters(**{k: v if v is not UNSET else nested[k] for k, v in given.items()})

@@ -6,28 +6,51 @@ gateway answers each with events (protocols/events.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
+from protocols.errors import invalid
 from protocols.events import History
 from protocols.holdback import Holdback
 
-# Constraints shared by the neutral options and every wire schema that sets them.
-MaxNewTokens = Annotated[int, Meta(ge=1)]
+# Constraints shared by the neutral options and every wire schema that sets them: every
+# number a client gives is bounded here, so none reaches the engine past what it can carry
+# (a 4xx naming the field, never a 500). JSON has no NaN or infinity, and msgspec refuses a
+# number past a double's range, so a float's bounds are its only check.
+MAX_TOKENS = 2**31 - 1  # more tokens than any context holds (a count past the room is cut to it)
+MAX_SEQUENCES = 128  # sequences or beams per prompt (OpenAI's bound on `n`)
+MAX_LENGTH_PENALTY = 10.0  # an exponent of a length: past it, a float overflows
+MAX_STOP_SEQUENCES = 16  # stop strings per request: MAX_STOP_SEQUENCES' default
+MaxNewTokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
+Truncate = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]  # the prompt's last tokens kept
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]  # vLLM's own bounds
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0)]
-NumBeams = Annotated[int, Meta(ge=1)]
-MinTokens = Annotated[int, Meta(ge=0)]
+NumBeams = Annotated[int, Meta(ge=1, le=MAX_SEQUENCES)]
+MinTokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-Count = Annotated[int, Meta(ge=1)]
+Count = Annotated[int, Meta(ge=1, le=MAX_SEQUENCES)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # an int64: what the engine carries
+LengthPenalty = Annotated[float, Meta(ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)]
+MAX_TOKEN_ID = 2**31 - 1  # History keeps token ids as 32-bit ints
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 Priority = Annotated[int, Meta(ge=0, le=9)]  # a class, lower first (gateway/config/priorities.py)
 LogprobCount = Annotated[int, Meta(ge=0, le=20)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
+
+
+def check_stop_count(stop: Sequence[str], limit: int, field: str) -> None:
+    """At most `limit` stop strings (the MAX_STOP_SEQUENCES setting, where the protocol has no
+    bound of its own), else a refusal naming `field`."""
+    if len(stop) > limit:
+        raise invalid(
+            f"At most {limit} stop strings are allowed, got {len(stop)} - at `{field}`", field
+        )
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,11 +63,11 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     top_k: TopK = 50
     repetition_penalty: RepetitionPenalty = 1.0
     num_beams: NumBeams = 1
-    length_penalty: float = 1.0
+    length_penalty: LengthPenalty = 1.0
     early_stopping: bool | Literal["never"] = (
         False  # transformers' meaning (gateway/engine/beams.py)
     )
-    seed: int | None = None
+    seed: Seed | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     min_tokens: MinTokens = 0
@@ -53,7 +76,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     n: Count = 1  # sequences to return (non-streaming)
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[TokenId, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
     json_schema: str | None = None  # the answer must be JSON valid against it (a JSON text)
     include_stop_str_in_output: bool = False

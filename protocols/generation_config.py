@@ -16,14 +16,18 @@ from msgspec import UNSET, UnsetType
 
 from protocols.errors import invalid
 from protocols.generation import (
+    MAX_STOP_SEQUENCES,
+    LengthPenalty,
     MaxNewTokens,
     MinTokens,
     NumBeams,
     RepetitionPenalty,
     SamplingOptions,
+    Seed,
     Temperature,
     TopK,
     TopP,
+    check_stop_count,
 )
 from protocols.transformers_fields import strip_ignored
 
@@ -40,9 +44,9 @@ class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     top_k: TopK | UnsetType = UNSET
     max_new_tokens: MaxNewTokens | UnsetType = UNSET
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
-    length_penalty: float | UnsetType = UNSET
+    length_penalty: LengthPenalty | UnsetType = UNSET
     early_stopping: bool | Literal["never"] | UnsetType = UNSET
-    seed: int | UnsetType | None = UNSET
+    seed: Seed | UnsetType | None = UNSET
     stop: list[str] | UnsetType = UNSET
     ignore_eos: bool | UnsetType = UNSET
     min_tokens: MinTokens | UnsetType = UNSET
@@ -59,8 +63,10 @@ def resolve_options(
     *,
     streaming: bool,
     path: str = "$.generation_config",
+    max_stop: int = MAX_STOP_SEQUENCES,
 ) -> SamplingOptions:
-    """Merge the given fields over the defaults and check what one field alone cannot."""
+    """Merge the given fields over the defaults and check what one field alone cannot; at most
+    `max_stop` stop strings (MAX_STOP_SEQUENCES)."""
     options = defaults
     if config is not None:
         given = {
@@ -69,6 +75,7 @@ def resolve_options(
             if getattr(config, name) is not UNSET
         }
         if "stop" in given:
+            check_stop_count(given["stop"], max_stop, f"{path}.stop")
             given["stop"] = tuple(given["stop"])
         options = msgspec.structs.replace(defaults, **given)
     check_options(options, streaming=streaming, path=path)

@@ -15,7 +15,9 @@ from msgspec import UNSET, Meta, UnsetType
 from protocols.errors import ErrorKind, GenerationError, refuse, validation_error
 from protocols.events import Finished, TokenInfo, TopToken, best_sequences, stop_cause, top_tokens
 from protocols.generation import (
+    MAX_STOP_SEQUENCES,
     Count,
+    LengthPenalty,
     LogprobCount,
     MaxNewTokens,
     MinP,
@@ -25,16 +27,19 @@ from protocols.generation import (
     Priority,
     RepetitionPenalty,
     SamplingOptions,
+    Seed,
     Temperature,
+    TokenId,
     TopK,
     TopP,
+    Truncate,
+    check_stop_count,
 )
 from protocols.json_body import MALFORMED, decode_json_object
 from protocols.sse import sse_event
 from protocols.transformers_fields import strip_ignored
 
 Output = Literal["json", "jsonlines", "sse"]
-Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # what the engine can carry
 MEDIA_TYPES: dict[Output, str] = {
     "json": "application/json",
     "jsonlines": "application/jsonlines",
@@ -65,16 +70,16 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     n: Count | None = None
     best_of: Count | None = None
     num_beams: NumBeams | None = None
-    length_penalty: float | None = None
+    length_penalty: LengthPenalty | None = None
     early_stopping: bool | None = None
-    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos_token: bool | None = None
     logprobs: LogprobCount | None = None
     prompt_logprobs: LogprobCount | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    truncate: Count | None = None
+    truncate: Truncate | None = None
     priority: Priority | None = None  # the gateway's: a class at or behind the route's
 
 
@@ -170,9 +175,15 @@ def output_form(stream: bool | None, formatter: str, tgi_compat: bool) -> Output
 
 
 def decode_lmi(
-    raw: bytes | str, *, formatter: str, tgi_compat: bool, max_new_tokens: int
+    raw: bytes | str,
+    *,
+    formatter: str,
+    tgi_compat: bool,
+    max_new_tokens: int,
+    max_stop: int = MAX_STOP_SEQUENCES,
 ) -> LmiRequest:
-    """Decode and check a payload; raises InvalidPayload naming the JSON path at fault."""
+    """Decode and check a payload; raises InvalidPayload naming the JSON path at fault. At
+    most `max_stop` stop sequences (MAX_STOP_SEQUENCES: LMI has no bound of its own)."""
     try:
         doc = decode_json_object(raw)
     except GenerationError as e:
@@ -197,6 +208,7 @@ def decode_lmi(
         details = p.details if p.details is not None else tgi_compat
         if dynamic and streaming and p.details:
             raise refuse("details", "details are not available when streaming a dynamic batch")
+        check_stop_count(p.stop_sequences or (), max_stop, "$.parameters.stop_sequences")
         options, returned = lmi_options(
             p, streaming=streaming, details=details, max_new_tokens=max_new_tokens
         )

@@ -14,6 +14,8 @@ from msgspec import Meta
 from protocols.errors import invalid, validation_error
 from protocols.events import History, token_array
 from protocols.generation import (
+    MAX_TOKEN_ID,
+    MAX_TOKENS,
     Count,
     GenerationRequest,
     LogprobCount,
@@ -24,6 +26,8 @@ from protocols.generation import (
     Priority,
     RepetitionPenalty,
     SamplingOptions,
+    Seed,
+    TokenId,
     TopK,
     TopP,
 )
@@ -31,7 +35,6 @@ from protocols.json_body import MALFORMED, malformed
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Stop = str | Annotated[list[str], Meta(max_length=16)]
-TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # History keeps them as 32-bit ints
 TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
 
 
@@ -48,7 +51,7 @@ class _Common(msgspec.Struct, kw_only=True):
     top_p: TopP | None = None
     n: Count = 1
     stop: Stop | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
@@ -91,7 +94,7 @@ class CompletionRequest(_Common, kw_only=True):
     it); `max_tokens` 0 with `echo` scores the prompt alone."""
 
     prompt: str | Annotated[list[str | TokenId | TokenIds], Meta(min_length=1)]
-    max_tokens: Annotated[int, Meta(ge=0)] | None = None
+    max_tokens: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] | None = None
     logprobs: LogprobCount | None = None
     echo: bool = False
 
@@ -287,9 +290,12 @@ def _options(body: _Common, limit: int, top_logprobs: int | None) -> SamplingOpt
 
 def _bias(bias: dict[str, float]) -> list[tuple[int, float]]:
     try:
-        return [(int(token), value) for token, value in bias.items()]
+        pairs = [(int(token), value) for token, value in bias.items()]
     except ValueError as e:
         raise invalid("logit_bias keys must be token ids", "logit_bias") from e
+    if any(not 0 <= token <= MAX_TOKEN_ID for token, _ in pairs):
+        raise invalid(f"logit_bias keys must be token ids, 0 to {MAX_TOKEN_ID}", "logit_bias")
+    return pairs
 
 
 def _call(body: _Common, prompts: list[GenerationRequest], top_logprobs: int | None) -> OpenAICall:

@@ -10,7 +10,7 @@ from msgspec import UNSET, UnsetType
 from protocols.batch_payload import BatchRequest, PayloadSettings, Rejected, decode_batch
 from protocols.errors import GenerationError, validation_error
 from protocols.events import Failed, Finished
-from protocols.generation import PromptItem, SamplingOptions
+from protocols.generation import MAX_STOP_SEQUENCES, PromptItem, SamplingOptions
 from protocols.generation_config import resolve_options, strip_generation_config
 from protocols.json_body import decode_json_object
 
@@ -47,7 +47,9 @@ class ErrorBody(msgspec.Struct, omit_defaults=True):
 _ENCODER = msgspec.json.Encoder()
 
 
-def decode_one(raw: bytes, defaults: SamplingOptions) -> OneRequest:
+def decode_one(
+    raw: bytes, defaults: SamplingOptions, max_stop: int = MAX_STOP_SEQUENCES
+) -> OneRequest:
     doc = decode_json_object(raw)
     strip_generation_config(doc, "generation_config", "generation_config")
     try:
@@ -55,14 +57,16 @@ def decode_one(raw: bytes, defaults: SamplingOptions) -> OneRequest:
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     options = resolve_options(
-        payload.generation_config, defaults, streaming=payload.stream_response
+        payload.generation_config, defaults, streaming=payload.stream_response, max_stop=max_stop
     )
     item = PromptItem(payload.request_id, payload.prompt)
     return OneRequest(item, options, payload.only_new_tokens, payload.stream_response)
 
 
-def decode_generate_batch(raw: bytes, defaults: SamplingOptions) -> BatchRequest:
-    return decode_batch(raw, defaults, streaming_allowed=False)
+def decode_generate_batch(
+    raw: bytes, defaults: SamplingOptions, max_stop: int = MAX_STOP_SEQUENCES
+) -> BatchRequest:
+    return decode_batch(raw, defaults, streaming_allowed=False, max_stop=max_stop)
 
 
 def encode_error(error: GenerationError) -> bytes:

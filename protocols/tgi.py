@@ -29,6 +29,7 @@ from protocols.generation import (
     Penalty,
     RepetitionPenalty,
     SamplingOptions,
+    Truncate,
 )
 from protocols.json_body import decode_json_object
 from protocols.sse import sse_event
@@ -51,7 +52,7 @@ class TgiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_new_tokens: MaxNewTokens | None = None
     return_full_text: bool | None = None
     stop: Annotated[list[NonEmpty], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
-    truncate: Count | None = None
+    truncate: Truncate | None = None
     watermark: bool | None = None
     details: bool | None = None
     decoder_input_details: bool | None = None

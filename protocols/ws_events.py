@@ -18,7 +18,7 @@ from msgspec import UNSET, UnsetType
 from protocols.errors import ErrorKind, GenerationError, invalid, validation_error
 from protocols.events import Delta, Failed, Finished, Queued
 from protocols.events import Event as Outcome
-from protocols.generation import GenerationRequest, SamplingOptions
+from protocols.generation import MAX_STOP_SEQUENCES, GenerationRequest, SamplingOptions
 from protocols.generation_config import (
     GenerationConfig,
     resolve_options,
@@ -89,7 +89,7 @@ class Refused(msgspec.Struct, frozen=True):
 
 
 def decode_starts(
-    raw: bytes | str, defaults: SamplingOptions
+    raw: bytes | str, defaults: SamplingOptions, max_stop: int = MAX_STOP_SEQUENCES
 ) -> tuple[list[Accepted], list[Refused]]:
     """The frame's STARTs, and an ERROR for each event that is not a valid START.
 
@@ -122,7 +122,11 @@ def decode_starts(
                 message = f"A START needs a prompt: `data` is empty - at `{path}.data`"
                 raise invalid(message, f"{path}.data")
             options = resolve_options(
-                start.parameters, defaults, streaming=True, path=f"{path}.parameters"
+                start.parameters,
+                defaults,
+                streaming=True,
+                path=f"{path}.parameters",
+                max_stop=max_stop,
             )
         except (msgspec.ValidationError, GenerationError) as e:
             error = validation_error(e, path) if isinstance(e, msgspec.ValidationError) else e

@@ -88,8 +88,9 @@ def test_every_http_protocol_refuses_a_missing_or_wrong_key_in_its_own_shape(
     assert rest.status_code == 401 and rest.json()["type"] == "unauthorized"
     control = post("/v1/generate", {"prompt": "Hi"})
     assert control.status_code == 401 and control.json()["error"] == "unauthorized"
-    for open_path in ("/health", "/ping", "/metrics", "/ui"):
+    for open_path in ("/health", "/ping", "/ui"):
         assert httpx.get(guarded.http + open_path).status_code == 200, open_path
+    assert httpx.get(guarded.http + "/metrics").status_code == 401  # METRICS_PUBLIC opens it
 
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(

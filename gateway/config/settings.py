@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from protocols.generation import SamplingOptions
+from protocols.generation import MAX_STOP_SEQUENCES, SamplingOptions, Seed
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
@@ -32,7 +32,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     tensor_parallel_size: Positive = 1
     pipeline_parallel_size: Positive = 1
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
-    seed: int = 0
+    seed: Seed = 0
     max_num_batched_tokens: Annotated[int, Meta(ge=0)] = 0  # tokens a step; 0: vLLM's own
     # "priority": requests carry their class (gateway/config/priorities.py); "fcfs": arrival order.
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
@@ -76,7 +76,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # API keys (docs/SECURITY.md): none set, the gateway is open.
     api_keys: str = ""  # comma-separated; `key:name` names a key
     api_keys_file: str = ""  # one key per line, `key:name`; re-read on SIGHUP
-    auth_open_paths: str = "/health,/ping,/metrics,/ui,/ui/*"  # need no key
+    auth_open_paths: str = "/health,/ping,/ui,/ui/*"  # need no key
+    metrics_public: bool = False  # true: /metrics needs no key either (a private scraper)
     # Per-key limits (per connection with keys off); 0: no limit. The keys file overrides them.
     limit_concurrent_requests: Annotated[int, Meta(ge=0)] = 0
     limit_requests_per_minute: Annotated[int, Meta(ge=0)] = 0
@@ -88,6 +89,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_body_bytes: Positive = 4 * 1024 * 1024
     max_ws_message_bytes: Positive = 4 * 1024 * 1024
     request_timeout_seconds: Annotated[float, Meta(ge=0)] = 600.0  # 0: no deadline
+    # Stop strings a request may give where its protocol has no bound of its own (TGI: 4,
+    # OpenAI: 16).
+    max_stop_sequences: Positive = MAX_STOP_SEQUENCES
     keep_alive_seconds: Positive = 5
     # Shutdown and recovery: SIGTERM lets running generations finish for DRAIN_SECONDS; an
     # engine that dies is rebuilt, at most ENGINE_MAX_RESTARTS times in the window.

@@ -29,15 +29,22 @@ log = logging.getLogger(__name__)
 SUBPROTOCOL_PREFIX = "bearer."
 
 
+def key_digest(key: str) -> str:
+    """Who a key is, for ownership and limits: its whole SHA-256, so two keys never share."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def key_label(key: str) -> str:
-    """What logs and metrics call a key that has no name: a short hash, never the key."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    """What logs and metrics call a key that has no name: a short hash, never the key. Short
+    (32 bits) keys collide: a label only names, it never owns."""
+    return "key-" + key_digest(key)[:8]
 
 
 @dataclass(frozen=True)
 class KeyEntry:
     name: str  # for logs: the given name, else the label
-    label: str  # a short hash of the key: unique, and safe to show
+    label: str  # a short hash of the key: safe to show, but not unique
+    owner: str  # the key's whole SHA-256: its histories, request ids and limits
     limits: Limits
 
 
@@ -55,7 +62,7 @@ def parse_keys(
         if key:
             label = key_label(key)
             limits = _overridden(defaults, overrides, name or label)
-            keys[key] = KeyEntry(name or label, label, limits)
+            keys[key] = KeyEntry(name or label, label, key_digest(key), limits)
     return keys
 
 

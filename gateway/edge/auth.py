@@ -13,6 +13,7 @@ import math
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import SUBPROTOCOL_PREFIX, KeyRing, presented_key, subprotocol_key
 from gateway.edge.caller import CALLER, Caller
 from gateway.edge.limits import Limits
@@ -24,6 +25,22 @@ REFUSED = GenerationError(
     "A valid API key is required: send it as `Authorization: Bearer <key>` or `X-Api-Key`",
     "authorization",
 )
+
+
+METRICS_PATH = "/metrics"
+
+
+def open_paths_of(text: str, *, metrics_public: bool) -> frozenset[str]:
+    """AUTH_OPEN_PATHS's paths, and `/metrics` when METRICS_PUBLIC is set: `/metrics` is
+    opened by that setting alone, so an AUTH_OPEN_PATHS that names it (the default before
+    METRICS_PUBLIC) stops start-up rather than leave it open unnoticed."""
+    paths = frozenset(p.strip() for p in text.split(",") if p.strip())
+    if METRICS_PATH in paths:
+        raise ConfigError(
+            f"AUTH_OPEN_PATHS: {METRICS_PATH} is opened by METRICS_PUBLIC=true alone; "
+            f"remove it from AUTH_OPEN_PATHS"
+        )
+    return paths | {METRICS_PATH} if metrics_public else paths
 
 
 def is_open(path: str, open_paths: frozenset[str]) -> bool:
@@ -63,7 +80,7 @@ class ApiKeyMiddleware:
                     await _refuse_websocket(scope, receive, send)
                 return
             scope.setdefault("state", {})["api_key"] = entry.name
-            caller = Caller(entry.label, entry.label, entry.limits)
+            caller = Caller(entry.owner, entry.owner, entry.limits)
             offered = subprotocol_key(scope) if kind == "websocket" else None
             if offered:
                 send = _echoing(send, offered)

@@ -15,8 +15,8 @@ from gateway.edge.limits import NO_LIMITS, Limits
 
 @dataclass
 class Caller:
-    id: str  # the key's hash label, or the connection's address
-    owner: str  # the namespace of request ids: the key's hash label, or "" without keys
+    id: str  # the key's SHA-256, or the connection's address
+    owner: str  # the namespace of request ids: the key's SHA-256, or "" without keys
     limits: Limits
     retry_after: float | None = None  # set when a prompt of this request was rate limited
 

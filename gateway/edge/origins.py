@@ -1,8 +1,11 @@
 """ALLOWED_ORIGINS: which web pages may call the gateway, from a browser, on any route.
 
-A request with no `Origin` (curl, SDKs, servers) and one from the gateway's own pages are
-always let through. A page of another origin is let through when ALLOWED_ORIGINS names it
-(or is `*`): its HTTP calls get CORS headers, and their preflight (`OPTIONS`) is answered here.
+A request with no `Origin` (curl, SDKs, servers) and one from the gateway's own pages opened
+on loopback are always let through. The request's `Host` is never trusted for that: a page
+of a name the attacker points at this address (DNS rebinding) sends its own name as the Host.
+A page of another origin, the gateway's own opened by any other name included, is let
+through when ALLOWED_ORIGINS names it (or is `*`): its HTTP calls get CORS headers, and their
+preflight (`OPTIONS`) is answered here.
 Any other page is refused: its WebSocket is closed with 1008, its HTTP call gets 403 in the
 protocol's error shape, before any route runs (a "simple" cross-origin POST needs no
 preflight, so refusing only the preflight would let it generate).
@@ -10,6 +13,7 @@ preflight, so refusing only the preflight would let it generate).
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -29,10 +33,30 @@ def parse_origins(text: str) -> frozenset[str]:
     return frozenset(o.strip().rstrip("/").lower() for o in text.split(",") if o.strip())
 
 
-def is_same_origin(origin: str, headers: Headers) -> bool:
-    """The page came from this server: its origin's host is the Host the request went to."""
-    host = headers.get("host")
-    return host is not None and urlsplit(origin).netloc.lower() == host.lower()
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def is_own_page(origin: str, scope: Scope) -> bool:
+    """The page is the gateway's own on loopback: the request came in on a loopback address,
+    and the origin is `http://` a loopback name (localhost, 127.0.0.1, [::1]) with the port it
+    came in on. Only this machine can open such a page, and only from this server; a page
+    opened by any other name is known by ALLOWED_ORIGINS alone, never by the Host header."""
+    server = scope.get("server")
+    if not server or server[1] is None or not _is_loopback(str(server[0])):
+        return False
+    parts = urlsplit(origin)
+    try:
+        port = parts.port or 80
+    except ValueError:  # not a port
+        return False
+    return parts.scheme == "http" and parts.hostname in _LOOPBACK_NAMES and port == server[1]
 
 
 class OriginMiddleware:
@@ -49,7 +73,7 @@ class OriginMiddleware:
             return
         headers = Headers(scope=scope)
         origin = headers.get("origin")
-        if origin is None or is_same_origin(origin, headers):
+        if origin is None or is_own_page(origin, scope):
             await self.app(scope, receive, send)
             return
         allowed = self._allows(origin)

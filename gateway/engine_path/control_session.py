@@ -152,7 +152,9 @@ class ControlSession:
                 f"Model {config.model!r} is not served here; this server serves {self.model!r}",
                 "$.model",
             )
-        options = apply_parameters(self.settings.generation, config.parameters)
+        options = apply_parameters(
+            self.settings.generation, config.parameters, self.settings.max_stop_sequences
+        )
         if config.options.include_logprobs:
             options = msgspec.structs.replace(options, logprobs=LOGPROB_ALTERNATIVES)
         self._config, self._options = config, options
@@ -190,7 +192,9 @@ class ControlSession:
         gen = self._generation(
             ("generating", "paused"), "`modify` needs a running or paused generation"
         )
-        options = apply_parameters(gen.options, control.parameters)
+        options = apply_parameters(
+            gen.options, control.parameters, self.settings.max_stop_sequences
+        )
         running = self.state == "generating"
         if running:
             await self._interrupt()

@@ -28,7 +28,11 @@ async def batch_events(websocket: WebSocket) -> None:
 
 async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
     try:
-        batch = refuse_repeated_ids(decode_batch(raw, gateway.settings.generation))
+        batch = refuse_repeated_ids(
+            decode_batch(
+                raw, gateway.settings.generation, max_stop=gateway.settings.max_stop_sequences
+            )
+        )
     except GenerationError as e:
         outbox.put_nowait(encode_frame([ErrorEvent(NO_ID, e.message)]))
         return

@@ -140,7 +140,7 @@ def _refusal(head: list[ServerMessage]) -> Response | None:
 async def v1_generate(request: Request) -> Response:
     gateway = gateway_of(request)
     try:
-        config = rest_config(await request.body())
+        config = rest_config(await request.body(), gateway.settings.max_stop_sequences)
     except GenerationError as e:
         return _error_response(error_message(e), e.kind)
     queue: asyncio.Queue[ServerMessage] = asyncio.Queue()

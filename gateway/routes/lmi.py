@@ -91,6 +91,7 @@ async def answer(
             formatter=formatter_of(accept, settings.option_output_formatter),
             tgi_compat=settings.option_tgi_compat,
             max_new_tokens=settings.lmi_max_new_tokens,
+            max_stop=settings.max_stop_sequences,
         )
     except InvalidPayload as e:
         if e.output is not None and not e.dynamic:  # a bad generation parameter value

@@ -57,7 +57,9 @@ def _refusal(head: list[Step]) -> Response | None:
 async def generate_one(request: Request) -> Response:
     gateway = gateway_of(request)
     try:
-        one = decode_one(await request.body(), gateway.settings.generation)
+        one = decode_one(
+            await request.body(), gateway.settings.generation, gateway.settings.max_stop_sequences
+        )
     except GenerationError as e:
         return error_response(e)
     steps = gateway.batches.run_prompts(
@@ -100,7 +102,9 @@ async def _stream_text(
 async def generate_batch(request: Request) -> Response:
     gateway = gateway_of(request)
     try:
-        batch = decode_generate_batch(await request.body(), gateway.settings.generation)
+        batch = decode_generate_batch(
+            await request.body(), gateway.settings.generation, gateway.settings.max_stop_sequences
+        )
     except GenerationError as e:
         return error_response(e)
     if not batch.items:

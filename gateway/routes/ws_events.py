@@ -27,7 +27,9 @@ async def ws_events(websocket: WebSocket) -> None:
 
 
 async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
-    accepted, refused = decode_starts(raw, gateway.settings.generation)
+    accepted, refused = decode_starts(
+        raw, gateway.settings.generation, gateway.settings.max_stop_sequences
+    )
     frames = FrameEvents(accepted, refused)
     for frame in frames.frames([]):
         outbox.put_nowait(encode_frame(frame))
