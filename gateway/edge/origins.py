@@ -1,7 +1,8 @@
 """ALLOWED_ORIGINS: which web pages may call the gateway, from a browser, on any route.
 
-A request with no `Origin` (curl, SDKs, servers) and one from the gateway's own pages opened
-on loopback are always let through. The request's `Host` is never trusted for that: a page
+A request with no `Origin` (curl, SDKs, servers) and one from a page on this machine's
+loopback names (the gateway's own, opened locally or through a port map) are always let
+through. The request's `Host` is never trusted for that: a page
 of a name the attacker points at this address (DNS rebinding) sends its own name as the Host.
 A page of another origin, the gateway's own opened by any other name included, is let
 through when ALLOWED_ORIGINS names it (or is `*`): its HTTP calls get CORS headers, and their
@@ -13,7 +14,6 @@ preflight, so refusing only the preflight would let it generate).
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -36,27 +36,13 @@ def parse_origins(text: str) -> frozenset[str]:
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
-def is_own_page(origin: str, scope: Scope) -> bool:
-    """The page is the gateway's own on loopback: the request came in on a loopback address,
-    and the origin is `http://` a loopback name (localhost, 127.0.0.1, [::1]) with the port it
-    came in on. Only this machine can open such a page, and only from this server; a page
-    opened by any other name is known by ALLOWED_ORIGINS alone, never by the Host header."""
-    server = scope.get("server")
-    if not server or server[1] is None or not _is_loopback(str(server[0])):
-        return False
+def is_own_page(origin: str) -> bool:
+    """A page on this machine's loopback names (http://localhost:PORT, 127.0.0.1, [::1]), any
+    port: the gateway's own opened locally, through a port map (`docker run -p`) or a tunnel
+    (`ssh -L`, `kubectl port-forward`). A rebound page keeps its own name in its Origin, so only
+    a page this machine serves can send one of these; any other is known by ALLOWED_ORIGINS."""
     parts = urlsplit(origin)
-    try:
-        port = parts.port or 80
-    except ValueError:  # not a port
-        return False
-    return parts.scheme == "http" and parts.hostname in _LOOPBACK_NAMES and port == server[1]
+    return parts.scheme in ("http", "https") and parts.hostname in _LOOPBACK_NAMES
 
 
 class OriginMiddleware:
@@ -73,7 +59,7 @@ class OriginMiddleware:
             return
         headers = Headers(scope=scope)
         origin = headers.get("origin")
-        if origin is None or is_own_page(origin, scope):
+        if origin is None or is_own_page(origin):
             await self.app(scope, receive, send)
             return
         allowed = self._allows(origin)
