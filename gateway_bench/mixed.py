@@ -235,12 +235,23 @@ async def started_target(
     name: str, regime: str, options: MixedOptions, model: str, out: Path
 ) -> AsyncIterator[targets.Endpoint]:
     """The target `name` started for `regime` (its own server and engine), stopped after."""
+    port = targets.free_port()
+    command, env, served = target_command(name, regime, options, model, port)
+    print(f"mixed: {name}, {regime}: starting on port {port}", file=sys.stderr)
+    log = out / f"{name}-{regime}.log"
+    async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
+        yield endpoint
+
+
+def target_command(
+    name: str, regime: str, options: MixedOptions, model: str, port: int
+) -> tuple[list[str], dict[str, str], str]:
+    """The command line, environment and served model name of target `name` in `regime`: in
+    overload, its engine runs at most `overload_running` requests at once."""
     target = TARGETS[name]
     defaults = machine.cpu_defaults(options.dtype)
     settings = _engine(options, defaults.dtype)
     overload = regime == "overload"
-    port = targets.free_port()
-    log = out / f"{name}-{regime}.log"
     served = served_model_name(settings)
     if target.is_vllm:
         command = targets.vllm_server_command(settings, model, served, port, defaults.dtype)
@@ -254,9 +265,7 @@ async def started_target(
         env["BULK_MAX_RUNNING"] = options.bulk_max_running
         if overload:
             env["MAX_RUNNING_REQUESTS"] = str(options.overload_running)
-    print(f"mixed: {name}, {regime}: starting on port {port}", file=sys.stderr)
-    async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
-        yield endpoint
+    return command, env, served
 
 
 async def _run_target(
