@@ -79,6 +79,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[TokenId, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
     json_schema: str | None = None  # the answer must be JSON valid against it (a JSON text)
+    regex: str | None = None  # the answer must match it whole (never with json_schema)
     include_stop_str_in_output: bool = False
     logprobs: LogprobCount | None = None  # alternatives per generated token; 0: the chosen only
     prompt_logprobs: LogprobCount | None = None

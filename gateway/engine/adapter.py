@@ -125,7 +125,7 @@ def sampling_params(
         stop=list(options.stop) or None,
         stop_token_ids=list(options.stop_token_ids) or None,
         logit_bias=dict(options.logit_bias) or None,
-        structured_outputs=_structured(options.json_schema),
+        structured_outputs=_structured(options),
         include_stop_str_in_output=options.include_stop_str_in_output or keep_stop_strings,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
@@ -136,8 +136,12 @@ def sampling_params(
     )
 
 
-def _structured(json_schema: str | None) -> StructuredOutputsParams | None:
-    return None if json_schema is None else StructuredOutputsParams(json=json_schema)
+def _structured(options: SamplingOptions) -> StructuredOutputsParams | None:
+    if options.json_schema is not None:
+        return StructuredOutputsParams(json=options.json_schema)
+    if options.regex is not None:
+        return StructuredOutputsParams(regex=options.regex)
+    return None
 
 
 def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
