@@ -6,14 +6,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gateway_bench.scenario_options import parse_options
+from gateway_bench.scenario_options import TargetOptions, parse_options
 
 SHAPES = ("steady", "sporadic", "burst")
 REGIMES = ("saturation", "overload")
 TARGETS = ("vllm-server", "gateway-fcfs", "gateway-priority")
 
 
-class MixedOptions(msgspec.Struct, kw_only=True):
+class MixedOptions(TargetOptions, kw_only=True):
     # The batch load: clients that send batch requests back to back.
     batch_clients: int = 64
     batch_tokens: int = 128  # a batch request's mean max_tokens
@@ -44,11 +44,6 @@ class MixedOptions(msgspec.Struct, kw_only=True):
     drain_timeout_s: float = 300.0  # after a shape, the longest wait for the engine to empty
     regimes: list[str] = msgspec.field(default_factory=lambda: list(REGIMES))
     targets: list[str] = msgspec.field(default_factory=lambda: list(TARGETS))
-    model: str = ""
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    start_timeout: float = 900.0
-    seed: int = 0
     out: str = "docs/bench/mixed"
 
 

@@ -52,7 +52,7 @@ from gateway_bench.metrics import Record, summarize
 from gateway_bench.mixed import default_model
 from gateway_bench.report import number_cell
 from gateway_bench.results import Machine
-from gateway_bench.scenario_options import parse_options
+from gateway_bench.scenario_options import TargetOptions, parse_options
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 
@@ -64,7 +64,7 @@ RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache: a hit
 
 
-class ReplicaOptions(msgspec.Struct, kw_only=True):
+class ReplicaOptions(TargetOptions, kw_only=True):
     concurrency: int = 32
     rounds: int = 4
     repeats: int = 1  # throughput pairs (in-process, then one replica), one after the other
@@ -75,12 +75,8 @@ class ReplicaOptions(msgspec.Struct, kw_only=True):
     new_tokens: int = 16
     repetitions: int = 8
     parts: list[str] = msgspec.field(default_factory=lambda: ["throughput", "continuation"])
-    model: str = ""
-    dtype: str = "auto"
     enforce_eager: bool = True  # the issue's setting: replicas in eager mode
-    start_timeout: float = 900.0
     ray_address: str = ""  # an existing cluster for the replicas; "" = one of its own per target
-    seed: int = 0
     out: str = "docs/bench/replicas"
 
 
@@ -147,20 +143,27 @@ async def _prompt_tokens(session: aiohttp.ClientSession, url: str) -> _Prompts:
     return found
 
 
-@asynccontextmanager
-async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
-    """`ray start --head --block` on loopback, in a process group of its own, ended after."""
-    port = targets.free_port()
-    temp = tempfile.mkdtemp(prefix="rb-", dir="/tmp")  # short: Ray's socket paths have a limit
+def ray_start(port: int, temp: str, cpus: int) -> tuple[list[str], dict[str, str]]:
+    """`ray start --head --block` on loopback (`temp`: its directory, a short path: Ray's socket
+    paths have a limit), and its environment: the bench's clusters and the tests' one."""
     ray = Path(sys.executable).with_name("ray")
     args = [str(ray), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}"]
     args += ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--include-dashboard=false"]
     args += ["--disable-usage-stats"]
+    return args, {**os.environ, **RAY_ENV, **RAY_START_ENV}
+
+
+@asynccontextmanager
+async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
+    """`ray start --head --block` on loopback, in a process group of its own, ended after."""
+    port = targets.free_port()
+    temp = tempfile.mkdtemp(prefix="rb-", dir="/tmp")
+    args, env = ray_start(port, temp, cpus)
     out = await asyncio.to_thread(log.open, "ab")
     try:
         process = await asyncio.create_subprocess_exec(
             *args,
-            env={**os.environ, **RAY_ENV, **RAY_START_ENV},
+            env=env,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,

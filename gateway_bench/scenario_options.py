@@ -11,6 +11,18 @@ import msgspec
 T = TypeVar("T", bound=msgspec.Struct)
 
 
+class TargetOptions(msgspec.Struct, kw_only=True):
+    """What every scenario that starts its own servers asks of them (a scenario may redeclare a
+    field for its own default)."""
+
+    model: str = ""  # "" = the default model
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    start_timeout: float = 900.0
+    seed: int = 0
+    out: str = "docs/bench"
+
+
 def parse_options(scenario: str, cls: type[T], quick: Mapping[str, Any], argv: Sequence[str]) -> T:
     """`--field-name VALUE` per field of `cls` (`--flag/--no-flag` for booleans, one or more
     values for lists); `--quick` starts from `quick` instead of the defaults."""

@@ -14,10 +14,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +23,6 @@ from clients import wait_for
 from serving import free_port
 
 RAY_CPUS = 2  # the replicas' tests deploy 2 replicas of one CPU each; the bench, 1 or 2
-# `ray start --block` on SIGTERM would first drain its node for up to 30 s, waiting on Ray's
-# processes ended with it: none (gateway_bench/replica_bench.py: RAY_START_ENV).
-RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 def _listening(port: int) -> bool:
@@ -38,13 +33,11 @@ def _listening(port: int) -> bool:
 @pytest.fixture(scope="session")
 def ray_address() -> Iterator[str]:
     """`ray start --head --block` on loopback in a process group of its own, ended by its id."""
+    from gateway_bench.replica_bench import ray_start  # the bench's clusters are started so
+
     port = free_port()
-    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a limit
-    ray = Path(sys.executable).parent / "ray"
-    args = [str(ray), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}"]
-    args += ["--node-ip-address=127.0.0.1", f"--num-cpus={RAY_CPUS}", "--include-dashboard=false"]
-    args += ["--disable-usage-stats"]
-    env = {**os.environ, **RAY_START_ENV}
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    args, env = ray_start(port, temp, RAY_CPUS)
     process = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: process.poll() is not None or _listening(port))
