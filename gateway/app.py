@@ -27,6 +27,7 @@ from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
+from gateway.engine_path.sequences import SequenceBounds
 from gateway.routes import ROUTES
 from gateway.state import Gateway
 from gateway.stores.configured import open_store
@@ -82,7 +83,8 @@ def create_app(
         metrics.engine_requests.set_function(
             lambda: holder.engine.unfinished_requests() if holder.engine is not None else 0
         )
-        service = GenerationService(holder, admission, metrics, deadlines, classes)
+        bounds = SequenceBounds.of(settings)
+        service = GenerationService(holder, admission, metrics, deadlines, classes, bounds)
         feedback = FeedbackStore(feedback_path(settings))
         batches = BatchRunner(service, store)
         gateway = Gateway(settings, holder, service, batches, feedback, drain)

@@ -21,7 +21,9 @@ from protocols.holdback import Holdback
 # (a 4xx naming the field, never a 500). JSON has no NaN or infinity, and msgspec refuses a
 # number past a double's range, so a float's bounds are its only check.
 MAX_TOKENS = 2**31 - 1  # more tokens than any context holds (a count past the room is cut to it)
-MAX_SEQUENCES = 128  # sequences or beams per prompt (OpenAI's bound on `n`)
+# Sequences or beams per prompt (OpenAI's bound on `n`): the ceiling of the MAX_N, MAX_BEST_OF
+# and MAX_NUM_BEAMS settings, which the engine path holds each field to.
+MAX_SEQUENCES = 128
 MAX_LENGTH_PENALTY = 10.0  # an exponent of a length: past it, a float overflows
 MAX_STOP_SEQUENCES = 16  # stop strings per request: MAX_STOP_SEQUENCES' default
 MaxNewTokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
@@ -51,6 +53,35 @@ def check_stop_count(stop: Sequence[str], limit: int, field: str) -> None:
         raise invalid(
             f"At most {limit} stop strings are allowed, got {len(stop)} - at `{field}`", field
         )
+
+
+SequenceField = Literal["n", "best_of", "num_beams"]
+
+
+class SequencesAsked(msgspec.Struct, frozen=True):
+    """A count of engine sequences that a request's own field asked for: `name` says which
+    field it is (its bound: MAX_N, MAX_BEST_OF, MAX_NUM_BEAMS), `field` where the request gave
+    it, as its protocol spells the path (`$.n`, `$.parameters.best_of`)."""
+
+    name: SequenceField
+    count: int
+    field: str
+
+
+def sequences_asked(
+    path: str, *, n: int | None = None, best_of: int | None = None, num_beams: int | None = None
+) -> tuple[SequencesAsked, ...]:
+    """Each count given above 1, its field named under `path` (`$`, `$.parameters`)."""
+    given: tuple[tuple[SequenceField, int | None], ...] = (
+        ("n", n),
+        ("best_of", best_of),
+        ("num_beams", num_beams),
+    )
+    return tuple(
+        SequencesAsked(name, count, f"{path}.{name}")
+        for name, count in given
+        if count is not None and count > 1
+    )
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,7 +129,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     The prompt is `history` (continued, its `prompt` ignored), else `messages` rendered with the
     model's chat template, else `prompt`. `request_id`, when set, may not run twice at once.
     `stream`: report each step as a Delta; else only the end. `truncate` keeps the last
-    tokens of the prompt. `prompt_field` is where errors about the prompt point. `holdback`
+    tokens of the prompt. `prompt_field` is where errors about the prompt point. `asked`: the
+    sequence counts (`n`, `best_of`, `num_beams`) the request's fields gave, each where it gave
+    it, for the engine path to hold to their bounds and the caller's limit (empty: read from
+    `options`, named as its fields are). `holdback`
     carries held-back text from one engine request of a generation to the next. `priority` is
     the class the request asked for, where its protocol has a field for it.
     """
@@ -112,5 +146,6 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = True
     truncate: int | None = None
     prompt_field: str = "prompt"
+    asked: tuple[SequencesAsked, ...] = ()
     holdback: Holdback | None = None
     priority: int | None = None

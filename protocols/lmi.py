@@ -28,12 +28,14 @@ from protocols.generation import (
     RepetitionPenalty,
     SamplingOptions,
     Seed,
+    SequencesAsked,
     Temperature,
     TokenId,
     TopK,
     TopP,
     Truncate,
     check_stop_count,
+    sequences_asked,
 )
 from protocols.json_body import MALFORMED, decode_json_object
 from protocols.sse import sse_event
@@ -101,12 +103,14 @@ class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     """`options.n` sequences are generated per prompt (beams, or best_of); the best
-    `returned` are answered; `top_n` alternatives are reported per token."""
+    `returned` are answered; `top_n` alternatives are reported per token. `asked`: the
+    `n`, `best_of` and `num_beams` given, for their bounds."""
 
     inputs: list[str]
     dynamic: bool  # `inputs` was a list: the dynamic batch schema
     output: Output
     options: SamplingOptions
+    asked: tuple[SequencesAsked, ...] = ()
     returned: int = 1
     top_n: int = 0
     truncate: int | None = None
@@ -222,6 +226,7 @@ def decode_lmi(
         dynamic=dynamic,
         output=output,
         options=options,
+        asked=sequences_asked("$.parameters", n=p.n, best_of=p.best_of, num_beams=p.num_beams),
         returned=returned,
         top_n=(p.logprobs or 0) if (p.num_beams or 1) == 1 else 0,
         truncate=p.truncate,

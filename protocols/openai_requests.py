@@ -30,6 +30,7 @@ from protocols.generation import (
     TokenId,
     TopK,
     TopP,
+    sequences_asked,
 )
 from protocols.json_body import MALFORMED, malformed
 
@@ -300,11 +301,13 @@ def _bias(bias: dict[str, float]) -> list[tuple[int, float]]:
 
 def _call(body: _Common, prompts: list[GenerationRequest], top_logprobs: int | None) -> OpenAICall:
     """Streaming answers each choice from a request of its own (the engine streams one
-    sequence per request); otherwise one request per prompt generates all `n`."""
+    sequence per request); otherwise one request per prompt generates all `n`. Either way
+    each request names `n`, for its bound and the caller's limit."""
     per_prompt = body.n if body.stream else 1
+    asked = sequences_asked("$", n=body.n)
     requests = [
         msgspec.structs.replace(
-            p, index=i * per_prompt + j, stream=body.stream, priority=body.priority
+            p, index=i * per_prompt + j, stream=body.stream, priority=body.priority, asked=asked
         )
         for i, p in enumerate(prompts)
         for j in range(per_prompt)

@@ -76,8 +76,7 @@ def encode_error(error: GenerationError) -> bytes:
 
 def failure_of_one(failed: Failed) -> GenerationError:
     """A generate-one prompt's failure, its field rooted at the payload."""
-    field = None if failed.field is None else f"$.{failed.field}"
-    return GenerationError(failed.kind, failed.message, field)
+    return GenerationError(failed.kind, failed.message, _rooted(failed.field, "$"))
 
 
 def answer_of(
@@ -95,8 +94,17 @@ def answer_of(
 
 def _placed(failed: Failed, position: int) -> GenerationError:
     """A batch prompt's failure, its field rooted at the payload."""
-    field = None if failed.field is None else f"$.prompts[{position}].{failed.field}"
-    return GenerationError(failed.kind, failed.message, field)
+    return GenerationError(
+        failed.kind, failed.message, _rooted(failed.field, f"$.prompts[{position}]")
+    )
+
+
+def _rooted(field: str | None, entry: str) -> str | None:
+    """A field of the prompt's entry under `entry`; one of the payload (`$.generation_config...`)
+    as it is."""
+    if field is None or field.startswith("$"):
+        return field
+    return f"{entry}.{field}"
 
 
 def _error_answer(request_id: str | None, error: GenerationError) -> BatchAnswer:

@@ -29,13 +29,16 @@ from protocols.generation import (
     Penalty,
     RepetitionPenalty,
     SamplingOptions,
+    SequencesAsked,
     Truncate,
+    sequences_asked,
 )
 from protocols.json_body import decode_json_object
 from protocols.sse import sse_event
 from protocols.transformers_fields import strip_ignored
 
-# TGI's launcher defaults, enforced and reported by /info.
+# TGI's launcher defaults, enforced and reported by /info (MAX_BEST_OF is a setting, held on
+# the engine path: gateway/engine_path/sequences.py).
 MAX_BEST_OF = 2
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_N_TOKENS = 5
@@ -72,10 +75,11 @@ class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class TgiCall(msgspec.Struct, frozen=True, kw_only=True):
     """`options.n` is best_of: that many sequences, all answered, best first by mean
-    log-probability; `top_n` alternatives per token."""
+    log-probability (`asked` names it for its bound); `top_n` alternatives per token."""
 
     inputs: str
     options: SamplingOptions
+    asked: tuple[SequencesAsked, ...] = ()
     top_n: int = 0
     truncate: int | None = None
     stream: bool
@@ -109,8 +113,6 @@ def decode_tgi(
     if best_of > 1:
         if streaming:
             raise refuse("best_of", "`best_of` != 1 is not supported when streaming tokens")
-        if best_of > MAX_BEST_OF:
-            raise refuse("best_of", f"`best_of` must be > 0 and <= {MAX_BEST_OF}")
         if not sampling:
             raise refuse("best_of", "you must use sampling when `best_of` is > 1")
         if p.seed is not None:
@@ -142,6 +144,7 @@ def decode_tgi(
     return TgiCall(
         inputs=payload.inputs,
         options=options,
+        asked=sequences_asked("$.parameters", best_of=best_of),
         top_n=top_n,
         truncate=p.truncate,
         stream=streaming,
@@ -218,7 +221,7 @@ class Info(msgspec.Struct, kw_only=True):
     model_dtype: str | None = None  # as TGI writes it: torch.bfloat16, torch.float32
     model_pipeline_tag: str | None = "text-generation"
     max_concurrent_requests: int
-    max_best_of: int = MAX_BEST_OF
+    max_best_of: int = MAX_BEST_OF  # the MAX_BEST_OF setting
     max_stop_sequences: int = MAX_STOP_SEQUENCES
     max_input_tokens: int
     max_input_length: int  # the name before TGI 2.1, still read by older clients

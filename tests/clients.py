@@ -154,9 +154,10 @@ class LeavingClient:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def post(self, url: str, body: dict[str, Any]) -> None:
+    def post(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         """Sends the request; its answer is not awaited."""
-        sent = asyncio.run_coroutine_threadsafe(self._client.post(url, json=body), self._loop)
+        request = self._client.post(url, json=body, headers=headers)
+        sent = asyncio.run_coroutine_threadsafe(request, self._loop)
         self._sent.append(sent)
 
     def unanswered(self) -> int:

@@ -1,10 +1,12 @@
 """Per-key limits (docs/SECURITY.md): concurrency, prompts and tokens a minute, each refused
-with 429 and Retry-After (or the protocol's in-band error), never touching another key."""
+with 429 and Retry-After (or the protocol's in-band error), never touching another key. Every
+engine sequence counts: a request's `n`, `best_of` or `num_beams` sequences each hold one of
+its key's concurrent slots, and each one's tokens count toward its minute (issue 31)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -12,18 +14,24 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import ValidationError
 
-from clients import CHAT, UNENDING, connect, greedy, payload
+from clients import CHAT, UNENDING, connect, greedy, leaving_client, payload, wait_for
 from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
 from gateway.edge.limits import Limiter, Limits, RateLimited
+from gateway.engine_path.sequences import SequenceBounds, checked_sequences
+from protocols.errors import GenerationError
+from protocols.generation import GenerationRequest, SamplingOptions, sequences_asked
 from serving import RunningServer
 
-ONE_AT_A_TIME, TWO_A_MINUTE, FEW_TOKENS, FREE = (
+ONE_AT_A_TIME, TWO_A_MINUTE, FEW_TOKENS, FREE, TWO_AT_ONCE = (
     "sk-one-at-a-time-000",
     "sk-two-a-minute-0000",
     "sk-few-tokens-000000",
     "sk-free-000000000000",
+    "sk-two-at-once-00000",
 )
 FOREVER = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
 
@@ -81,7 +89,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("limits") / "keys.txt"
     path.write_text(
         f"{ONE_AT_A_TIME}:one concurrent=1\n{TWO_A_MINUTE}:two rpm=2\n"
-        f"{FEW_TOKENS}:few tpm=5\n{FREE}:free\n"
+        f"{FEW_TOKENS}:few tpm=5\n{FREE}:free\n{TWO_AT_ONCE}:pair concurrent=2\n"
     )
     return path
 
@@ -183,3 +191,145 @@ def test_without_keys_each_connection_has_the_default_limits(make_server: Any) -
         other.send(payload(("o1", "Hi"), generation_config=greedy(2)))
         while not any(e["type"] == "COMPLETE" for e in json.loads(other.recv())):
             pass
+
+
+# --- Every engine sequence counts (issue 31) ---------------------------------------------------
+
+BOUNDS = SequenceBounds(n=16, best_of=2, num_beams=10)
+
+
+def test_the_limiter_counts_a_prompts_sequences() -> None:
+    limiter, pair = Limiter(Clock()), Limits(concurrent=2)
+    limiter.acquire("k", pair, 2)
+    with pytest.raises(RateLimited, match="limit is 2"):
+        limiter.acquire("k", pair, 1)
+    limiter.release("k", pair, 0, 2)
+    limiter.acquire("k", pair, 1)
+    with pytest.raises(RateLimited):
+        limiter.acquire("k", pair, 2)  # one running, two asked for: three
+    limiter.acquire("k", pair, 1)
+
+
+def _request(n: int = 1, num_beams: int = 1) -> GenerationRequest:
+    return GenerationRequest(
+        options=SamplingOptions(n=n, num_beams=num_beams),
+        asked=sequences_asked("$.parameters", n=n, num_beams=num_beams),
+    )
+
+
+def test_a_requests_sequences_are_its_engine_sequences_bounded_by_field() -> None:
+    assert checked_sequences(_request(), BOUNDS, 0) == 1
+    assert checked_sequences(_request(n=4), BOUNDS, 0) == 4
+    assert checked_sequences(_request(num_beams=3, n=3), BOUNDS, 0) == 3  # the beams
+    with pytest.raises(GenerationError) as refused:
+        checked_sequences(_request(num_beams=11), BOUNDS, 0)
+    assert refused.value.field == "$.parameters.num_beams"
+    assert "MAX_NUM_BEAMS" in refused.value.message
+    with pytest.raises(GenerationError) as refused:
+        checked_sequences(_request(n=4), BOUNDS, 2)  # more than the key may ever run at once
+    assert refused.value.field == "$.parameters.n" and "limit of 2" in refused.value.message
+    # OpenAI streams each of `n` choices as a request of its own: `n` still names them all.
+    choice = GenerationRequest(options=SamplingOptions(), asked=sequences_asked("$", n=4))
+    assert checked_sequences(choice, BOUNDS, 4) == 1
+    with pytest.raises(GenerationError) as refused:
+        checked_sequences(choice, BOUNDS, 2)
+    assert refused.value.field == "$.n"
+    # A request that names none (a default of the server's) is named by its options' fields.
+    beams = GenerationRequest(options=SamplingOptions(num_beams=3))
+    with pytest.raises(GenerationError) as refused:
+        checked_sequences(beams, BOUNDS, 2)
+    assert refused.value.field == "$.num_beams"
+
+
+def test_a_request_asking_more_sequences_than_its_key_may_run_is_refused_naming_the_field(
+    make_server: Any, limited: Path
+) -> None:
+    server = make_server(API_KEYS_FILE=str(limited), MAX_BEST_OF="4")
+    api = openai.OpenAI(base_url=server.http + "/v1", api_key=TWO_AT_ONCE, max_retries=0)
+    model = api.models.list().data[0].id
+    for stream in (False, True):  # streamed, each choice is an engine request of its own
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.completions.create(model=model, prompt="Hi", max_tokens=1, n=3, stream=stream)
+        assert refused.value.param == "n" and "limit of 2" in refused.value.message
+    tgi = InferenceClient(base_url=server.http, token=TWO_AT_ONCE)
+    with pytest.raises(ValidationError, match=r"best_of.*limit of 2"):
+        tgi.text_generation(CHAT.format("Hi"), max_new_tokens=1, best_of=3, do_sample=True)
+    for parameters, field in (
+        ({"num_beams": 3}, "$.parameters.num_beams"),
+        ({"n": 2, "best_of": 3, "do_sample": True}, "$.parameters.best_of"),
+    ):
+        lmi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, **parameters}}
+        answer = httpx.post(
+            server.http + "/invocations", json=lmi, headers=bearer(TWO_AT_ONCE), timeout=None
+        )
+        assert answer.status_code == 424 and field in answer.text, answer.text
+    one = {
+        "request_id": "beams",
+        "prompt": CHAT.format("Hi"),
+        "stream_response": False,
+        "generation_config": greedy(1, num_beams=3),
+    }
+    answer = httpx.post(
+        server.http + "/api/generate-one", json=one, headers=bearer(TWO_AT_ONCE), timeout=None
+    )
+    assert answer.status_code == 422 and answer.json()["field"] == "$.generation_config.num_beams"
+    # As many as the key may run are served.
+    pair = api.completions.create(model=model, prompt="Hi", max_tokens=1, n=2)
+    assert len(pair.choices) == 2
+
+
+def test_a_keys_running_sequences_never_exceed_its_limit(
+    make_server: Any,
+    limited: Path,
+    engine_requests: Callable[[], int],
+    idle_engine: Callable[[], None],
+) -> None:
+    server = make_server(API_KEYS_FILE=str(limited))
+    idle_engine()
+    two = {"prompt": "Count.", "max_tokens": UNENDING, "ignore_eos": True, "n": 2}
+    with leaving_client() as client:
+        client.post(server.http + "/v1/completions", two, bearer(TWO_AT_ONCE))
+        wait_for(lambda: engine_requests() == 2)  # the engine runs n = 2 as two requests
+        third = httpx.post(
+            server.http + "/generate",
+            json={"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
+            headers=bearer(TWO_AT_ONCE),
+            timeout=None,
+        )
+        assert third.status_code == 429 and "limit is 2" in third.json()["error"], third.text
+        assert engine_requests() == 2 and client.unanswered() == 1
+        free = httpx.post(
+            server.http + "/generate",
+            json={"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
+            headers=bearer(FREE),
+            timeout=None,
+        )
+        assert free.status_code == 200, free.text  # another key's limits are its own
+        client.leave()
+    idle_engine()
+    again = httpx.post(
+        server.http + "/generate",
+        json={"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
+        headers=bearer(TWO_AT_ONCE),
+        timeout=None,
+    )
+    assert again.status_code == 200, again.text  # the sequences that left gave their slots back
+
+
+def test_tokens_a_minute_count_every_beam(make_server: Any, limited: Path) -> None:
+    server = make_server(API_KEYS_FILE=str(limited))
+    one = {
+        "request_id": "beams",
+        "prompt": CHAT.format("Hi"),
+        "stream_response": False,
+        # Three beams of two tokens: six tokens, past the key's five, though one is answered.
+        "generation_config": greedy(2, num_beams=3, ignore_eos=True),
+    }
+    first = httpx.post(
+        server.http + "/api/generate-one", json=one, headers=bearer(FEW_TOKENS), timeout=None
+    )
+    assert first.status_code == 200, first.text
+    over = httpx.post(
+        server.http + "/api/generate-one", json=one, headers=bearer(FEW_TOKENS), timeout=None
+    )
+    assert over.status_code == 429 and "5 tokens a minute" in over.text, over.text

@@ -171,7 +171,9 @@ def test_return_full_text_prefill_truncate_and_logprobs(server: RunningServer) -
     assert len(ranked["details"]["prefill"]) == len(tokens)
 
 
-def test_n_best_of_and_beam_search_return_best_of_sequences(server: RunningServer) -> None:
+def test_n_best_of_and_beam_search_return_best_of_sequences(
+    server: RunningServer, make_server: Callable[..., RunningServer]
+) -> None:
     three = details_of(server, PROMPT, max_new_tokens=5, do_sample=True, n=3, seed=1)
     others = three["details"]["best_of_sequences"]
     assert len(others) == 2
@@ -182,7 +184,9 @@ def test_n_best_of_and_beam_search_return_best_of_sequences(server: RunningServe
 
     best = total(three["details"]["tokens"])
     assert all(best >= total(o["tokens"]) for o in others)
-    best_of = details_of(server, PROMPT, max_new_tokens=5, do_sample=True, best_of=3, n=2)
+    # DJL's "best_of=4 and n=3": past TGI's max_best_of (2), MAX_BEST_OF's default.
+    wide = make_server(MAX_BEST_OF="3")
+    best_of = details_of(wide, PROMPT, max_new_tokens=5, do_sample=True, best_of=3, n=2)
     assert len(best_of["details"]["best_of_sequences"]) == 1
     beams = details_of(server, PROMPT, max_new_tokens=5, num_beams=3)
     assert len(beams["details"]["best_of_sequences"]) == 2

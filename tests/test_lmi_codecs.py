@@ -117,6 +117,11 @@ def test_sequences_returned_for_n_best_of_and_beams() -> None:
     assert plan(best_of=3) == (3, 3, False)  # n = 1: every best_of sequence is answered
     assert plan(num_beams=3) == (3, 3, True)
     assert plan(num_beams=3, n=2) == (3, 2, True)
+    asked = lmi({"inputs": PROMPT, "parameters": {"do_sample": True, "best_of": 4, "n": 2}}).asked
+    assert [(a.name, a.count, a.field) for a in asked] == [
+        ("n", 2, "$.parameters.n"),
+        ("best_of", 4, "$.parameters.best_of"),
+    ]
 
 
 def test_output_forms_follow_stream_formatter_and_tgi_mode() -> None:
@@ -303,12 +308,14 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
     assert call(top_k=3).options.do_sample
     sampled = call(best_of=2, do_sample=True, details=True)
     assert sampled.options.n == 2
+    # best_of names itself for MAX_BEST_OF, a setting held on the engine path.
+    [asked] = call(best_of=3, do_sample=True).asked
+    assert (asked.name, asked.count, asked.field) == ("best_of", 3, "$.parameters.best_of")
     assert call(decoder_input_details=True).details
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"temperature": 0}, "temperature"),
         ({"top_p": 1.0}, "top_p"),
         ({"best_of": 2}, "sampling"),
-        ({"best_of": 3, "do_sample": True}, "<= 2"),
         ({"best_of": 2, "do_sample": True, "seed": 1}, "seed"),
         ({"watermark": True}, "watermark"),
         ({"grammar": {"type": "regex", "value": "a"}}, "grammar"),

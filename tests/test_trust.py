@@ -9,11 +9,17 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import boto3  # type: ignore[import-untyped]
 import httpx
+import openai
 import pytest
+from botocore.config import Config  # type: ignore[import-untyped]
 from control_client import receive
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import ValidationError as HfValidationError
 
 from clients import CHAT, connect
+from gateway.config.loading import load_settings
 from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
 from gateway.edge.auth import open_paths_of
@@ -151,6 +157,90 @@ def test_a_feedback_position_past_what_the_store_holds_is_refused() -> None:
     with pytest.raises(GenerationError) as refused:
         decode_client(json.dumps({"type": "feedback", "rating": 1, "position": HUGE}))
     assert refused.value.field == "$.position"
+
+
+# --- (a') n, best_of and num_beams bounded by settings, refused in each protocol's shape ---------
+
+PAST_N, PAST_BEST_OF, PAST_BEAMS = 17, 3, 11  # one past each default: MAX_N 16, MAX_BEST_OF
+# 2 (TGI's max_best_of), MAX_NUM_BEAMS 10
+
+
+def _sagemaker(server: RunningServer) -> Any:
+    """boto3's `sagemaker-runtime` client on the server: no retries, no timeouts."""
+    return boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=server.http,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(retries={"max_attempts": 0}, connect_timeout=None, read_timeout=None),
+    )
+
+
+def test_sequences_past_their_bounds_are_refused_naming_the_field_in_each_protocol(
+    server: RunningServer,
+) -> None:
+    api = openai.OpenAI(base_url=server.http + "/v1", api_key="none", max_retries=0)
+    model = api.models.list().data[0].id
+    chat: list[Any] = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(model=model, messages=chat, max_tokens=1, n=PAST_N)
+    assert refused.value.param == "n" and "MAX_N" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(model=model, prompt="Hi", max_tokens=1, n=PAST_N, stream=True)
+    assert refused.value.param == "n"
+    tgi = InferenceClient(base_url=server.http)
+    with pytest.raises(HfValidationError, match=r"`best_of` must be > 0 and <= 2"):
+        tgi.text_generation(PROMPT, max_new_tokens=1, best_of=PAST_BEST_OF, do_sample=True)
+    for parameters, field in (
+        ({"n": PAST_N, "do_sample": True}, "$.parameters.n"),
+        ({"best_of": PAST_BEST_OF, "do_sample": True}, "$.parameters.best_of"),
+        ({"num_beams": PAST_BEAMS}, "$.parameters.num_beams"),
+    ):
+        lmi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, **parameters}}
+        status, text = _http_refusal(server, "/invocations", lmi)
+        assert status == 424 and field in text, (status, text)
+    runtime = _sagemaker(server)
+    beams = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, "num_beams": PAST_BEAMS}}
+    with pytest.raises(runtime.exceptions.ModelError) as caught:
+        runtime.invoke_endpoint(EndpointName="e", Body=json.dumps(beams))
+    assert caught.value.response["OriginalStatusCode"] == 424
+    assert "$.parameters.num_beams" in caught.value.response["OriginalMessage"]
+    config = {"num_beams": PAST_BEAMS, "max_new_tokens": 1}
+    one = _generation_config("/api/generate-one", **config)
+    assert _field_of_http(server, *one) == "$.generation_config.num_beams"
+    batch = _generation_config("/api/generate-batch", **config)
+    assert _field_of_http(server, *batch) == "$.generation_config.num_beams"
+    assert "`$.generation_config.num_beams`" in _error_of_ws(server, config)
+
+
+def test_the_sequence_bounds_are_settings(make_server: Callable[..., RunningServer]) -> None:
+    tight = make_server(MAX_N="2", MAX_BEST_OF="3", MAX_NUM_BEAMS="2")
+    api = openai.OpenAI(base_url=tight.http + "/v1", api_key="none", max_retries=0)
+    model = api.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(model=model, prompt="Hi", max_tokens=1, n=3)
+    assert refused.value.param == "n"
+    assert len(api.completions.create(model=model, prompt="Hi", max_tokens=1, n=2).choices) == 2
+    info = InferenceClient(base_url=tight.http, provider="hf-inference").get_endpoint_info()
+    assert info["max_best_of"] == 3  # where TGI's clients read the bound
+    best = InferenceClient(base_url=tight.http).text_generation(
+        PROMPT, max_new_tokens=1, best_of=3, do_sample=True, details=True
+    )
+    assert best.details is not None and len(best.details.best_of_sequences or []) == 2
+    refused_beams = _generation_config("/api/generate-one", num_beams=3, max_new_tokens=1)
+    assert _field_of_http(tight, *refused_beams) == "$.generation_config.num_beams"
+    route, body = _generation_config("/api/generate-one", num_beams=2, max_new_tokens=1)
+    answer = httpx.post(tight.http + route, json=body, timeout=None)
+    assert answer.status_code == 200, answer.text
+
+
+def test_sequence_bounds_are_checked_at_start_up() -> None:
+    with pytest.raises(ConfigError, match="MAX_N"):
+        load_settings({"MAX_N": "129"}, dotenv_path=None)  # MAX_SEQUENCES stays the ceiling
+    with pytest.raises(ConfigError, match=r"DEFAULT_NUM_BEAMS.*MAX_NUM_BEAMS"):
+        load_settings({"DEFAULT_NUM_BEAMS": "4", "MAX_NUM_BEAMS": "3"}, dotenv_path=None)
+    assert load_settings({"MAX_BEST_OF": "4"}, dotenv_path=None).max_best_of == 4  # TGI's name
 
 
 # --- (b) one rule for unknown fields: refused, naming them ------------------------------------

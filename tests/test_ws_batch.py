@@ -216,7 +216,9 @@ def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
     engine = server.gateway.holder.engine
     assert engine is not None
     options = SamplingOptions(max_new_tokens=6, do_sample=False, num_beams=3, length_penalty=0.5)
-    [direct] = server.loop.run(engine.beam_search(engine.encode(PROMPT), options))
+    # The engine answers every beam, best first; /ws sends the best.
+    direct, *others = server.loop.run(engine.beam_search(engine.encode(PROMPT), options))
+    assert len(others) == 2
     assert complete["type"] == "COMPLETE"
     assert complete["text"] == direct.text and direct.text
     assert complete["new_tokens_count"] == len(direct.token_ids)

@@ -41,6 +41,11 @@ def load_settings(
         name = GENERATION_PREFIX + (e.field or where).removeprefix("$.").upper()
         raise ConfigError(f"{name}: {message}") from e
     base = _convert(values, Settings, "", skip=("engine", "generation", "priority_classes"))
+    if generation.num_beams > base.max_num_beams:
+        raise ConfigError(
+            f"DEFAULT_NUM_BEAMS: {generation.num_beams} is past MAX_NUM_BEAMS "
+            f"({base.max_num_beams}): every request leaving num_beams out would be refused"
+        )
     try:
         classes = {p.value: n for p, n in parse_classes(values).items()}
     except ValueError as e:

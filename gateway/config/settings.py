@@ -8,11 +8,13 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from protocols.generation import MAX_STOP_SEQUENCES, SamplingOptions, Seed
+from protocols.generation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, SamplingOptions, Seed
+from protocols.tgi import MAX_BEST_OF
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
+SequenceBound = Annotated[int, Meta(ge=1, le=MAX_SEQUENCES)]
 GENERATION_PREFIX = "DEFAULT_"
 
 
@@ -92,6 +94,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # Stop strings a request may give where its protocol has no bound of its own (TGI: 4,
     # OpenAI: 16).
     max_stop_sequences: Positive = MAX_STOP_SEQUENCES
+    # Engine sequences one request may ask for, each field on every protocol (beyond it: the
+    # protocol's 4xx naming the field): `n`, `best_of` (TGI's max_best_of) and `num_beams`
+    # (past 10 beams see fewer candidates than transformers': vLLM gives 20 alternatives).
+    max_n: SequenceBound = 16
+    max_best_of: SequenceBound = MAX_BEST_OF
+    max_num_beams: SequenceBound = 10
     keep_alive_seconds: Positive = 5
     # Shutdown and recovery: SIGTERM lets running generations finish for DRAIN_SECONDS; an
     # engine that dies is rebuilt, at most ENGINE_MAX_RESTARTS times in the window.

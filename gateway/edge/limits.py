@@ -1,8 +1,11 @@
-"""Per-caller limits: concurrent generations, generations a minute, generated tokens a minute.
+"""Per-caller limits: concurrent sequences, prompts a minute, generated tokens a minute.
 
 A caller is an API key, or one connection when the gateway has no keys. Every limit is 0 for
-none. The minute is a sliding window. Going over refuses the new prompt with RATE_LIMITED and
-says when to retry; a caller's limits never touch another caller's prompts.
+none. The minute is a sliding window. Concurrency counts engine sequences: a prompt asking for
+`n`, `best_of` or `num_beams` of them holds that many (gateway/engine_path/sequences.py);
+a minute counts prompts, and every token each of their sequences generated. Going over refuses
+the new prompt with RATE_LIMITED and says when to retry; a caller's limits never touch another
+caller's prompts.
 """
 
 from __future__ import annotations
@@ -59,17 +62,19 @@ class Limiter:
         self._clock = clock
         self._usage: dict[str, _Usage] = {}
 
-    def acquire(self, caller: str, limits: Limits) -> None:
-        """Counts a new generation of `caller` in, or raises `RateLimited`: `release` follows."""
+    def acquire(self, caller: str, limits: Limits, sequences: int = 1) -> None:
+        """Counts a new prompt of `caller` in, running `sequences` at once, or raises
+        `RateLimited`: `release` follows, with the same `sequences`."""
         if limits == NO_LIMITS:
             return
         now = self._clock()
         usage = self._usage.setdefault(caller, _Usage())
         usage.forget_before(now - WINDOW_SECONDS)
-        if limits.concurrent and usage.running >= limits.concurrent:
+        if limits.concurrent and usage.running + sequences > limits.concurrent:
             raise RateLimited(
-                f"Too many generations at once: this key's limit is {limits.concurrent}; "
-                "retry when one ends",
+                f"Too many sequences at once: this key's limit is {limits.concurrent} (each of "
+                f"a prompt's n, best_of or num_beams sequences counts), {usage.running} running "
+                f"and {sequences} asked for; retry when one ends",
                 1.0,
             )
         if limits.per_minute and len(usage.started) >= limits.per_minute:
@@ -84,17 +89,19 @@ class Limiter:
                 if left < limits.tokens_per_minute:
                     break
             raise RateLimited(_per_minute(f"{limits.tokens_per_minute} tokens", wait), wait)
-        usage.running += 1
+        usage.running += sequences
         if limits.per_minute:
             usage.started.append(now)
         if len(self._usage) > _PRUNE_PAST:
             self._prune(now)
 
-    def release(self, caller: str, limits: Limits, generated_tokens: int) -> None:
+    def release(
+        self, caller: str, limits: Limits, generated_tokens: int, sequences: int = 1
+    ) -> None:
         if limits == NO_LIMITS:
             return
         usage = self._usage[caller]
-        usage.running -= 1
+        usage.running -= sequences
         if generated_tokens and limits.tokens_per_minute:
             usage.tokens.append((self._clock(), generated_tokens))
         if usage.idle:

@@ -484,15 +484,16 @@ class Engine:
         meter: Meter | None = None,
         priority: int = 0,
     ) -> list[EngineStep]:
-        """Beam search as transformers does it (gateway/engine/beams.py), run to the end: the best
-        `options.n` beams, best first, each step's beams one engine request each, each token
-        with the log-probability the model gave it (no alternatives).
+        """Beam search as transformers does it (gateway/engine/beams.py), run to the end: every
+        beam, best first (what it generated counts toward a caller's tokens, whichever beams
+        the protocol answers with), each step's beams one engine request each, each token with
+        the log-probability the model gave it (no alternatives).
         """
         room = self.max_model_len - len(token_ids)
         sample = options.do_sample and options.temperature > 0
         request_id = f"gw-beam-{next(self._ids)}"
         async with self._tracked(request_id, len(token_ids), meter):
-            found = await beam_search(
+            beams = await beam_search(
                 token_ids,
                 partial(self._next_tokens, request_id, priority),
                 num_beams=options.num_beams,
@@ -503,7 +504,6 @@ class Engine:
                 temperature=options.temperature if sample else None,
                 seed=options.seed,
             )
-        beams = found[: options.n]
         if meter is not None:
             meter.step(sum(len(b.token_ids) for b in beams), 0, True)
         return [

@@ -22,7 +22,7 @@ from gateway.engine_path.generation import GenerationService, _duplicate, _faile
 from gateway.stores.continuation import Claim, HistoryStore, Key
 from protocols.errors import GenerationError
 from protocols.events import TERMINAL, Delta, Event, Failed, Finished, History
-from protocols.generation import GenerationRequest, PromptItem, SamplingOptions
+from protocols.generation import GenerationRequest, PromptItem, SamplingOptions, sequences_asked
 from protocols.names import Protocol
 
 
@@ -39,7 +39,9 @@ class BatchRunner:
         stream: bool,
         protocol: Protocol,
     ) -> AsyncGenerator[list[Event], None]:
-        """A payload of the batch protocols: its request_ids, in order, are its key."""
+        """A payload of the batch protocols: its request_ids, in order, are its key; its
+        options are its `generation_config`'s."""
+        asked = sequences_asked("$.generation_config", num_beams=options.num_beams)
         requests = [
             GenerationRequest(
                 options=options,
@@ -47,6 +49,7 @@ class BatchRunner:
                 request_id=item.request_id,
                 index=i,
                 stream=stream,
+                asked=asked,
             )
             for i, item in enumerate(items)
         ]

@@ -1,7 +1,8 @@
 """The one engine path: every protocol's prompts go through `GenerationService.generate`.
 
 `generate` takes one `GenerationRequest` and yields its events. It applies, once for every
-protocol: the in-flight request_id check, the ready engine, tokenizing (off the event loop for
+protocol: the bounds on its sequences and the caller's limits (each sequence counts), the
+in-flight request_id check, the ready engine, tokenizing (off the event loop for
 long prompts) or chat rendering, truncation, the context check, continuation from a history,
 admission, metrics, the error mapping (every failure is a `Failed` event), and abort on
 cancel (closing the generator closes the engine stream, which aborts the engine request).
@@ -22,6 +23,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from gateway.config.priorities import PriorityClasses
+from gateway.config.settings import Settings
 from gateway.edge.caller import current_caller
 from gateway.edge.limits import Limiter, RateLimited
 from gateway.engine.adapter import Engine, EngineStep
@@ -29,6 +31,7 @@ from gateway.engine.holder import EngineHolder
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
+from gateway.engine_path.sequences import SequenceBounds, checked_sequences
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import (
     Delta,
@@ -59,8 +62,10 @@ class GenerationService:
         metrics: GatewayMetrics | None = None,
         deadlines: Deadlines | None = None,
         classes: PriorityClasses | None = None,
+        bounds: SequenceBounds | None = None,
     ) -> None:
         self.holder = holder
+        self.bounds = bounds or SequenceBounds.of(Settings())
         self.admission = admission
         self.metrics = metrics or GatewayMetrics()
         self.metrics.watch_admission(admission)
@@ -87,9 +92,11 @@ class GenerationService:
         ending = self.metrics.prompt_accepted(protocol)
         generated = 0
         try:
-            self.limiter.acquire(caller.id, caller.limits)
-        except RateLimited as e:
-            caller.retry_after = e.retry_after
+            sequences = checked_sequences(request, self.bounds, caller.limits.concurrent)
+            self.limiter.acquire(caller.id, caller.limits, sequences)
+        except GenerationError as e:
+            if isinstance(e, RateLimited):
+                caller.retry_after = e.retry_after
             ending.end(e.kind.value)
             yield _failed(request.index, e)
             return
@@ -110,7 +117,7 @@ class GenerationService:
                     yield event
         finally:
             ending.end("client_gone")  # when neither came: the consumer left first
-            self.limiter.release(caller.id, caller.limits, generated)
+            self.limiter.release(caller.id, caller.limits, generated, sequences)
 
     async def _events(
         self, request: GenerationRequest, protocol: Protocol, caller: str, owner: str

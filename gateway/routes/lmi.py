@@ -72,6 +72,7 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
             truncate=lmi.truncate,
             priority=lmi.priority,
             prompt_field=f"$.inputs[{i}]" if lmi.dynamic else "$.inputs",
+            asked=lmi.asked,
         )
         for i, prompt in enumerate(lmi.inputs)
     ]

@@ -72,6 +72,7 @@ async def _serve(
         stream=call.stream,
         truncate=call.truncate,
         prompt_field="$.inputs",
+        asked=call.asked,
     )
     events = gateway.service.generate(generation, Protocol.TGI)
     if not call.stream:
@@ -143,6 +144,7 @@ async def info(request: Request) -> Response:
         model_id=model_id,
         model_dtype=f"torch.{engine.dtype}" if engine is not None else None,
         max_concurrent_requests=settings.max_running_requests + settings.max_waiting_requests,
+        max_best_of=settings.max_best_of,
         max_input_tokens=total - 1,
         max_input_length=total - 1,
         max_total_tokens=total,
