@@ -3,7 +3,8 @@
 The bench starts its own gateway (as the sweep does) with a keys file holding a key without
 limits and one with `concurrent=2 rpm=30 tpm=5000`, warms every protocol up, then sends the
 plan (soak_run.py) while it scrapes `/metrics` and reads the gateway's memory (soak_watch.py).
-Once the last client is done it waits for the counters to settle and judges the run
+Once the last client is done it waits for the counters to settle, measures what the limited
+key's largest asks cost the other key (soak_amplification.py), and judges the run
 (soak_report.py). `run_soak` is the same run on a gateway that is already up (the test
 suite's, on its shared engine).
 """
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from gateway_bench import machine, targets
 from gateway_bench.event_loop import run_loop
 from gateway_bench.metrics import percentile
+from gateway_bench.soak_amplification import measure_amplification
 from gateway_bench.soak_calls import FINISHED, RATE_LIMITED
 from gateway_bench.soak_options import SoakOptions, parse
 from gateway_bench.soak_report import (
@@ -60,13 +62,19 @@ def _tokenizer(model: str) -> Any:
     return AutoTokenizer.from_pretrained(model)
 
 
-def keys_file(main_key: str, limited_key: str, limits: str) -> str:
-    """The API_KEYS_FILE text: the main key without limits, the limited one with `limits`."""
-    return f"{main_key}:soak-main\n{limited_key}:soak-limited {limits}\n"
+def keys_file(main_key: str, limited_key: str, options: SoakOptions, amplifier: str = "") -> str:
+    """The API_KEYS_FILE text: the main key without limits, the limited one with its limits,
+    and the amplifier with its own, if any."""
+    text = f"{main_key}:soak-main\n{limited_key}:soak-limited {options.limited_limits}\n"
+    return text + (f"{amplifier}:soak-amplifier {options.amplifier_limits}\n" if amplifier else "")
 
 
 def new_keys() -> tuple[str, str]:
-    return secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    return new_key(), new_key()
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(24)
 
 
 def _presences(soak: Soak, grace_s: float) -> list[Presence]:
@@ -109,8 +117,10 @@ async def run_soak(
     pid: int | None,
     tokenizer: Any,
     command: str = "",
+    amplifier: str = "",
 ) -> SoakReport:
-    """The soak against a running gateway whose keys file holds `keys` (main, limited)."""
+    """The soak against a running gateway whose keys file holds `keys` (main, limited), and
+    `amplifier` with the options' amplifier limits (none: the amplification is not measured)."""
     began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     host = await asyncio.to_thread(machine.describe, options.dtype)
     span = (options.prompt_tokens[0], options.prompt_tokens[1])
@@ -148,6 +158,19 @@ async def run_soak(
             stop.set()
             await asyncio.gather(*watchers)
             bar.close()
+        amplification = None
+        if options.amplification_chats and amplifier:
+            amplification = await measure_amplification(
+                session,
+                base_url,
+                (keys[0], amplifier),
+                limits=options.amplifier_limits,
+                chats=options.amplification_chats,
+                chat_tokens=options.output_tokens[0],
+                ask_tokens=options.amplification_ask_tokens,
+                askers=options.limited_clients,
+                prompt=workload.requests("soak", "amplification", 1)[0].prompt,
+            )
     host.load_end = machine.load()
     clients = count_clients(soak.outcomes)
     margin = margins(metrics.scrapes, _presences(soak, options.grace_s))
@@ -186,7 +209,8 @@ async def run_soak(
         server=server,
         settle_s=round(settle_s, 3),
         figures=figures,
-        goals=evaluate(clients, server, figures),
+        goals=evaluate(clients, server, figures, amplification, options.quick),
+        amplification=amplification,
     )
 
 
@@ -211,11 +235,12 @@ async def soak_benchmark(options: SoakOptions, command: str) -> tuple[SoakReport
             pid=options.gateway_pid,
             tokenizer=tokenizer,
             command=command,
+            amplifier=options.amplifier_key,
         )
         return report, out
-    keys = new_keys()
+    keys, amplifier = new_keys(), new_key()
     path = out / "api-keys"
-    path.write_text(keys_file(*keys, options.limited_limits))
+    path.write_text(keys_file(*keys, options, amplifier))
     path.chmod(0o600)
     env = {**targets.gateway_environment(options.engine_settings()), "API_KEYS_FILE": str(path)}
     port = targets.free_port()
@@ -231,6 +256,7 @@ async def soak_benchmark(options: SoakOptions, command: str) -> tuple[SoakReport
             pid=endpoint.pid,
             tokenizer=tokenizer,
             command=command,
+            amplifier=amplifier,
         )
     return report, out
 

@@ -30,6 +30,12 @@ class SoakOptions(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = 0
     # The limited key's limits, as written in the keys file
     limited_limits: str = "concurrent=2 rpm=30 tpm=5000"
+    # Amplification, after the plan: the main key's chats alone, then while a third key, whose
+    # one limit is its concurrency, asks for its most sequences (n, num_beams) of this many
+    # tokens each; 0 chats (or no amplifier key for a running gateway): not measured.
+    amplifier_limits: str = "concurrent=2"
+    amplification_chats: int = 20
+    amplification_ask_tokens: int = 64
     # What is measured
     grace_s: float = 1.0  # an engine request may outlive its client by this much
     scrape_interval_s: float = 0.25
@@ -40,6 +46,7 @@ class SoakOptions(msgspec.Struct, frozen=True, kw_only=True):
     gateway_pid: int | None = None  # its process, for the memory figure
     main_key: str = ""  # with --gateway-url: its keys (the limited one must have the limits)
     limited_key: str = ""
+    amplifier_key: str = ""  # with --gateway-url: a key with the amplifier's limits, if any
     model: str = ""  # empty: the gateway's embedded default model
     max_model_len: int = _DEFAULTS.max_model_len
     kv_cache_gib: float = _DEFAULTS.kv_cache_gib
@@ -73,6 +80,8 @@ QUICK_SOAK = SoakOptions(
     limited_interval_s=0.5,
     warmup=22,
     rss_window=25,
+    amplification_chats=3,
+    amplification_ask_tokens=16,
     enforce_eager=True,
     quick=True,
 )
@@ -113,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add = p.add_argument
     add("--scenario", choices=["soak"], help="soak (this); without it, the sweep benchmark")
-    add("--quick", action="store_true", help="200 requests at concurrency 16 (the test suite's)")
+    add("--quick", action="store_true", help="100 requests at concurrency 16 (the test suite's)")
     add("--requests", type=_positive, help="measured requests (default 10000)")
     add("--concurrency", type=_positive, help="clients at once (default 64)")
     add("--limited-clients", type=_positive, help="of those, the limited key's (default 4)")
@@ -127,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     add("--gateway-pid", type=int, help="the running gateway's pid, for its memory")
     add("--main-key", help="the running gateway's key without limits")
     add("--limited-key", help=f"its key with limits ({SoakOptions.limited_limits})")
+    add("--amplifier-key", help=f"its key with limits ({SoakOptions.amplifier_limits})")
+    add("--amplification-chats", type=int, help="chats per phase of the amplification (20)")
     add("--model", help="model directory or hub id (default: the embedded SmolLM2)")
     add("--max-model-len", type=_positive, help="default 2048")
     add("--kv-cache-gib", type=float, help="default 2")

@@ -9,12 +9,14 @@ import msgspec
 
 from gateway_bench.metrics import percentile
 from gateway_bench.results import Machine
+from gateway_bench.soak_amplification import Amplification
 from gateway_bench.soak_calls import BY_NAME, ERROR, FINISHED, RATE_LIMITED, REFUSED, Outcome
 from gateway_bench.soak_run import BASELINE, CONTENDED
 from gateway_bench.soak_watch import Counters, Scrape
 
 TTFT_RATIO_GOAL = 1.25  # the main key's TTFT p50 while the limited key sends, over without
 RSS_GOAL = 0.05
+AMPLIFICATION_GOAL = 2.0  # another key's TTFT p50 under the largest asks, over idle (issue 31)
 _MB = 1 << 20
 
 
@@ -76,6 +78,7 @@ class SoakReport(msgspec.Struct, kw_only=True):
     settle_s: float  # from the last client's end until accepted == terminal, engine idle
     figures: Figures
     goals: list[Goal]
+    amplification: Amplification | None = None
 
 
 def count_clients(outcomes: Sequence[Outcome]) -> Clients:
@@ -145,7 +148,13 @@ def describe_scrape(scrape: Scrape, began: float) -> str:
     return f"{scrape.engine_requests} engine requests at {scrape.sent - began:.1f} s"
 
 
-def evaluate(report_clients: Clients, server: Counters, figures: Figures) -> list[Goal]:
+def evaluate(
+    report_clients: Clients,
+    server: Counters,
+    figures: Figures,
+    amplification: Amplification | None = None,
+    quick: bool = False,
+) -> list[Goal]:
     c, f = report_clients, figures
     accepted_low = sum(c.terminals.get(k, 0) for k in (FINISHED, RATE_LIMITED, ERROR))
     accepted_high = accepted_low + c.terminals.get(REFUSED, 0) + c.left_prompts
@@ -197,6 +206,8 @@ def evaluate(report_clients: Clients, server: Counters, figures: Figures) -> lis
         _ttft_goal(f),
         _rss_goal(f),
     ]
+    if amplification is not None:
+        goals.append(amplification_goal(amplification, quick))
     return goals
 
 
@@ -219,6 +230,31 @@ def _ttft_goal(f: Figures) -> Goal:
         f"the other key's TTFT p50 at most {TTFT_RATIO_GOAL} x its own without the limited key"
     )
     return Goal("The other key unaffected", requirement, measured, passed)
+
+
+def amplification_goal(a: Amplification, quick: bool) -> Goal:
+    """Judged on a full run only: a quick run's few chats make its ratio chance."""
+    measured = (
+        f"the main key's TTFT p50 {a.contended_ttft_p50_ms} ms while the limited key asked for "
+        f"{a.sequences} sequences a request vs {a.idle_ttft_p50_ms} ms idle ({a.chats} chats "
+        f"each, {a.chat_failures} failed); ratio {a.ratio}; the limited key: {a.asks} largest "
+        f"asks, {a.asks_finished} finished, {a.asks_rate_limited} rate limited; "
+        f"{a.over_refused_naming_field} of {a.over_asks} asks of one sequence more refused "
+        f"naming the field; {a.server_errors} 5xx"
+    )
+    sound = (
+        a.server_errors == 0
+        and a.chat_failures == 0
+        and a.asks_finished > 0
+        and a.over_refused_naming_field == a.over_asks
+    )
+    passed = sound and (None if quick or a.ratio is None else a.ratio <= AMPLIFICATION_GOAL)
+    requirement = (
+        f"another key's TTFT p50 at most {AMPLIFICATION_GOAL:g} x its idle one while a key runs "
+        "at its limit with the largest n and num_beams it may ask; one more refused, naming "
+        "the field"
+    )
+    return Goal("No amplification by sequences", requirement, measured, passed)
 
 
 def _rss_goal(f: Figures) -> Goal:

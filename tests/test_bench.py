@@ -22,7 +22,7 @@ from gateway_bench.options import PROTOCOL_NAMES, QUICK, parse
 from gateway_bench.report import CHART, JSON, MARKDOWN
 from gateway_bench.results import BenchReport, StepResult, TargetResult
 from gateway_bench.soak import MARKDOWN as SOAK_MARKDOWN
-from gateway_bench.soak import keys_file, new_keys, run_soak, write
+from gateway_bench.soak import keys_file, new_key, new_keys, run_soak, write
 from gateway_bench.soak_calls import PROTOCOLS
 from gateway_bench.soak_options import QUICK_SOAK
 from gateway_bench.soak_options import parse as parse_soak
@@ -219,13 +219,18 @@ def test_quick_soak_ends_every_prompt_once(
     """`llm-gateway bench --scenario soak --quick` on a keyed server of the shared engine: no
     5xx, every prompt whose client stayed ends once at the clients, accepted = terminal in
     /metrics and the engine idle at the end (no speed, memory or timing figure)."""
-    keys = new_keys()
+    keys, amplifier = new_keys(), new_key()
     keys_path = tmp_path / "api-keys"
-    keys_path.write_text(keys_file(*keys, QUICK_SOAK.limited_limits))
+    keys_path.write_text(keys_file(*keys, QUICK_SOAK, amplifier))
     server = make_server(API_KEYS_FILE=str(keys_path))
     options = msgspec.structs.replace(QUICK_SOAK, out=str(tmp_path), progress=False)
     run = run_soak(
-        options, base_url=server.http, keys=keys, pid=os.getpid(), tokenizer=engine.tokenizer
+        options,
+        base_url=server.http,
+        keys=keys,
+        pid=os.getpid(),
+        tokenizer=engine.tokenizer,
+        amplifier=amplifier,
     )
     report = asyncio.run(run)  # the clients on a loop of their own; the server runs on its own
 
@@ -245,6 +250,13 @@ def test_quick_soak_ends_every_prompt_once(
         "One terminal per prompt, in /metrics",
     ):
         assert goals[name].passed, goals[name].measured
+    amplification = report.amplification
+    assert amplification is not None and amplification.sequences == 2
+    assert (amplification.server_errors, amplification.chat_failures) == (0, 0)
+    assert amplification.asks_finished > 0 and amplification.over_asks > 0
+    assert amplification.over_refused_naming_field == amplification.over_asks
+    assert amplification.idle_ttft_p50_ms and amplification.contended_ttft_p50_ms
+    assert goals["No amplification by sequences"].passed is None  # quick: a ratio of chance
     write(report, tmp_path)
     assert (tmp_path / SOAK_MARKDOWN).read_text().startswith("# llm-gateway bench --scenario soak")
 

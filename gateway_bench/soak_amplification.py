@@ -1,0 +1,173 @@
+"""The soak's amplification part (issue 31): another key's TTFT while one key asks for the most
+engine sequences it may.
+
+The main key first sends a short streamed chat (`/v1/completions`, `stream: true`) alone,
+`amplification_chats` times, one after the other: its idle TTFT. Then the amplifier key's
+clients (a key whose one limit is its concurrency) ask, back to back, for as many sequences as
+that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), the first of every
+four asks one more (which the gateway must refuse, naming the field), while the main key sends
+the same chats again. The ratio of the two medians is what one key's largest asks cost
+another (issue 31's goal: <= 2x).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway_bench.soak_calls import Client
+from gateway_bench.worker import sse_reads
+
+_RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
+
+
+class Amplification(msgspec.Struct, kw_only=True):
+    sequences: int  # what each of the limited key's largest asks requests (its concurrent limit)
+    idle_ttft_p50_ms: float | None
+    contended_ttft_p50_ms: float | None
+    chats: int  # the main key's chats measured in each phase
+    chat_failures: int
+    asks: int  # the limited key's requests at its largest ask
+    asks_finished: int
+    asks_rate_limited: int
+    over_asks: int  # requests asking one sequence more than the limit
+    over_refused_naming_field: int  # of those, a 4xx naming n / num_beams
+    server_errors: int  # any 5xx, either key
+
+    @property
+    def ratio(self) -> float | None:
+        if self.idle_ttft_p50_ms is None or self.contended_ttft_p50_ms is None:
+            return None
+        return round(self.contended_ttft_p50_ms / self.idle_ttft_p50_ms, 2)
+
+
+def concurrent_limit(limits: str) -> int:
+    """`concurrent=N` of a keys-file limits text; 1 when it sets none (a single sequence)."""
+    found = re.search(r"\bconcurrent=(\d+)", limits)
+    return max(1, int(found.group(1))) if found else 1
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.asks = self.finished = self.rate_limited = 0
+        self.over = self.over_named = self.server_errors = 0
+        self.running = asyncio.Event()  # a largest ask has finished: they are in the engine
+
+
+async def _chat_ttft(client: Client, prompt: str, tokens: int) -> float | None:
+    """The first streamed text's delay in ms; None when the chat did not stream text."""
+    body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
+    sent = perf_counter()
+    async with client.session.post(
+        client.base_url + "/v1/completions", data=msgspec.json.encode(body), headers=client.headers
+    ) as r:
+        if r.status != 200:
+            await r.read()
+            return None
+        async for payloads in sse_reads(r):
+            for data in payloads:
+                if data == b"[DONE]":
+                    return None
+                choices = msgspec.json.decode(data).get("choices") or [{}]
+                if choices[0].get("text"):
+                    return (perf_counter() - sent) * 1000
+    return None
+
+
+def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, dict[str, Any]]:
+    if beams:
+        parameters = {"num_beams": sequences, "max_new_tokens": tokens, "do_sample": False}
+        return "/invocations", {"inputs": prompt, "parameters": parameters}
+    return "/v1/completions", {
+        "prompt": prompt,
+        "n": sequences,
+        "max_tokens": tokens,
+        "temperature": 1.0,
+    }
+
+
+async def _asker(
+    client: Client, prompt: str, sequences: int, tokens: int, stop: asyncio.Event, tally: _Tally
+) -> None:
+    turn = 0
+    while not stop.is_set():
+        turn += 1
+        over = turn % 4 == 1  # the first ask of four is one sequence too many
+        path, body = _ask(prompt, sequences + over, tokens, beams=turn % 2 == 0)
+        async with client.session.post(
+            client.base_url + path, data=msgspec.json.encode(body), headers=client.headers
+        ) as r:
+            text = (await r.read()).decode(errors="replace")
+        if r.status >= 500:
+            tally.server_errors += 1
+        if over:
+            tally.over += 1
+            field = "num_beams" if path == "/invocations" else '"n"'
+            tally.over_named += r.status in (400, 422, 424, 429) and field in text
+            continue
+        tally.asks += 1
+        if r.status == 200:
+            tally.finished += 1
+            tally.running.set()
+        elif r.status == 429:
+            tally.rate_limited += 1
+            await asyncio.sleep(_RATE_LIMITED_PAUSE_S)
+
+
+async def _chats(client: Client, prompt: str, count: int, tokens: int) -> list[float | None]:
+    return [await _chat_ttft(client, prompt, tokens) for _ in range(count)]
+
+
+def _p50(values: list[float | None]) -> float | None:
+    seen = [v for v in values if v is not None]
+    return round(statistics.median(seen), 1) if seen else None
+
+
+async def measure_amplification(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    keys: tuple[str, str],
+    *,
+    limits: str,
+    chats: int,
+    chat_tokens: int,
+    ask_tokens: int,
+    askers: int,
+    prompt: str,
+) -> Amplification:
+    main = Client(session, base_url, keys[0], "main")
+    limited = Client(session, base_url, keys[1], "limited")
+    sequences = concurrent_limit(limits)
+    idle = await _chats(main, prompt, chats, chat_tokens)
+    stop, tally = asyncio.Event(), _Tally()
+    asking = [
+        asyncio.create_task(_asker(limited, prompt, sequences, ask_tokens, stop, tally))
+        for _ in range(askers)
+    ]
+    try:
+        running = asyncio.create_task(tally.running.wait())
+        await asyncio.wait({running, *asking}, return_when=asyncio.FIRST_COMPLETED)
+        running.cancel()
+        contended = await _chats(main, prompt, chats, chat_tokens)
+    finally:
+        stop.set()
+        await asyncio.gather(*asking)
+    return Amplification(
+        sequences=sequences,
+        idle_ttft_p50_ms=_p50(idle),
+        contended_ttft_p50_ms=_p50(contended),
+        chats=chats,
+        chat_failures=sum(v is None for v in idle + contended),
+        asks=tally.asks,
+        asks_finished=tally.finished,
+        asks_rate_limited=tally.rate_limited,
+        over_asks=tally.over,
+        over_refused_naming_field=tally.over_named,
+        server_errors=tally.server_errors,
+    )
