@@ -185,3 +185,21 @@ def leaving_client() -> Iterator[LeavingClient]:
         yield client
     finally:
         client.close()
+
+
+def sagemaker_runtime(url: str) -> Any:
+    """boto3's `sagemaker-runtime` client as a user makes it for a local endpoint: no retries
+    (nothing runs twice), no timeouts."""
+    import boto3  # type: ignore[import-untyped]
+    from botocore.config import Config  # type: ignore[import-untyped]
+
+    return boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(
+            retries={"max_attempts": 0, "mode": "standard"}, connect_timeout=None, read_timeout=None
+        ),
+    )

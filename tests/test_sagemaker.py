@@ -6,12 +6,10 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import boto3  # type: ignore[import-untyped]
 import pytest
-from botocore.config import Config  # type: ignore[import-untyped]
 from botocore.exceptions import EventStreamError  # type: ignore[import-untyped]
 
-from clients import CHAT, UNENDING, outcomes_since, settled_metrics, wait_ready
+from clients import CHAT, UNENDING, outcomes_since, sagemaker_runtime, settled_metrics, wait_ready
 from serving import LoopThread, RunningServer, failing_loader, gateway_settings, start_server
 
 if TYPE_CHECKING:
@@ -20,22 +18,6 @@ if TYPE_CHECKING:
 PROMPT = CHAT.format("Name three colours.")
 FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)
 LONG = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
-
-
-def runtime(server: RunningServer) -> Any:
-    """A user's client for a local endpoint: no retries (nothing runs twice), no timeouts."""
-    return boto3.client(
-        "sagemaker-runtime",
-        endpoint_url=server.http,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=Config(
-            retries={"max_attempts": 0, "mode": "standard"},
-            connect_timeout=None,
-            read_timeout=None,
-        ),
-    )
 
 
 def body(inputs: object = PROMPT, **fields: Any) -> str:
@@ -47,7 +29,7 @@ def parts(response: dict[str, Any]) -> bytes:
 
 
 def test_invoke_endpoint_answers_the_lmi_json(server: RunningServer) -> None:
-    client = runtime(server)
+    client = sagemaker_runtime(server.http)
     response = client.invoke_endpoint(
         EndpointName="my-endpoint",
         Body=body(parameters={"max_new_tokens": 6, "details": True}),
@@ -72,7 +54,7 @@ def test_invoke_endpoint_answers_the_lmi_json(server: RunningServer) -> None:
 
 
 def test_a_bad_request_raises_model_error_with_the_original_answer(server: RunningServer) -> None:
-    client = runtime(server)
+    client = sagemaker_runtime(server.http)
     bad = body(parameters={"top_k": "many"})
     with pytest.raises(client.exceptions.ModelError) as caught:
         client.invoke_endpoint(EndpointName="e", Body=bad, ContentType="application/json")
@@ -89,7 +71,7 @@ def test_a_bad_request_raises_model_error_with_the_original_answer(server: Runni
 
 
 def test_response_stream_frames_every_line_as_a_payload_part(server: RunningServer) -> None:
-    client = runtime(server)
+    client = sagemaker_runtime(server.http)
     params = {"max_new_tokens": 5, "ignore_eos_token": True, "details": True}
     whole = json.loads(
         client.invoke_endpoint(EndpointName="e", Body=body(parameters=params))["Body"].read()
@@ -111,7 +93,7 @@ def test_response_stream_frames_every_line_as_a_payload_part(server: RunningServ
 
 
 def test_response_stream_forms(server: RunningServer) -> None:
-    client = runtime(server)
+    client = sagemaker_runtime(server.http)
     json_whole = client.invoke_endpoint_with_response_stream(
         EndpointName="e", Body=body(parameters={"max_new_tokens": 3})
     )
@@ -138,7 +120,7 @@ def test_a_failure_mid_stream_raises_model_stream_error(
     one_slot = start_server(loop_thread, settings, failing_loader(engine, FAULT))
     try:
         wait_ready(one_slot.http)
-        response = runtime(one_slot).invoke_endpoint_with_response_stream(
+        response = sagemaker_runtime(one_slot.http).invoke_endpoint_with_response_stream(
             EndpointName="e",
             Body=body([PROMPT, FAULT], stream=True, parameters={"max_new_tokens": 3}),
         )
@@ -158,7 +140,7 @@ def test_a_client_that_closes_the_stream_stops_its_generation(
     server: RunningServer, idle_engine: Callable[[], None]
 ) -> None:
     before = settled_metrics(server.http)
-    response = runtime(server).invoke_endpoint_with_response_stream(
+    response = sagemaker_runtime(server.http).invoke_endpoint_with_response_stream(
         EndpointName="e", Body=body(stream=True, parameters=LONG)
     )
     stream = response["Body"]
@@ -177,7 +159,7 @@ CHAT_BODY = {
 
 
 def test_boto3_chat_completions_whole_and_streamed(server: RunningServer) -> None:
-    client = runtime(server)
+    client = sagemaker_runtime(server.http)
     whole = client.invoke_endpoint(EndpointName="e", Body=json.dumps(CHAT_BODY))
     answer = json.loads(whole["Body"].read())
     [choice] = answer["choices"]

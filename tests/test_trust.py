@@ -9,16 +9,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import boto3  # type: ignore[import-untyped]
 import httpx
 import openai
 import pytest
-from botocore.config import Config  # type: ignore[import-untyped]
 from control_client import receive
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError as HfValidationError
 
-from clients import CHAT, connect
+from clients import CHAT, connect, sagemaker_runtime
 from gateway.config.loading import load_settings
 from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
@@ -165,18 +163,6 @@ PAST_N, PAST_BEST_OF, PAST_BEAMS = 17, 3, 11  # one past each default: MAX_N 16,
 # 2 (TGI's max_best_of), MAX_NUM_BEAMS 10
 
 
-def _sagemaker(server: RunningServer) -> Any:
-    """boto3's `sagemaker-runtime` client on the server: no retries, no timeouts."""
-    return boto3.client(
-        "sagemaker-runtime",
-        endpoint_url=server.http,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        config=Config(retries={"max_attempts": 0}, connect_timeout=None, read_timeout=None),
-    )
-
-
 def test_sequences_past_their_bounds_are_refused_naming_the_field_in_each_protocol(
     server: RunningServer,
 ) -> None:
@@ -200,7 +186,7 @@ def test_sequences_past_their_bounds_are_refused_naming_the_field_in_each_protoc
         lmi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, **parameters}}
         status, text = _http_refusal(server, "/invocations", lmi)
         assert status == 424 and field in text, (status, text)
-    runtime = _sagemaker(server)
+    runtime = sagemaker_runtime(server.http)
     beams = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, "num_beams": PAST_BEAMS}}
     with pytest.raises(runtime.exceptions.ModelError) as caught:
         runtime.invoke_endpoint(EndpointName="e", Body=json.dumps(beams))
