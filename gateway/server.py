@@ -15,7 +15,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.config.settings import Settings
-from gateway.edge.connections import ConnectionBounds, bounded_http
+from gateway.edge.connections import ConnectionBounds, bounded_http, raise_open_file_limit
 from gateway.engine.grpc_client import use_poller_client
 
 
@@ -108,6 +108,7 @@ def run_server(settings: Settings, host: str, port: int) -> int:
             host,
             port,
         )
+    raise_open_file_limit(settings.max_connections)
     config = uvicorn_config(app, settings, host, port, log_level=settings.log_level)
     server = GatewayServer(config, app)
     server.run()

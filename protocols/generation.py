@@ -51,13 +51,13 @@ LogprobCount = Annotated[int, Meta(ge=0, le=20)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
-def check_stop_count(stop: Sequence[str], limit: int, field: str) -> None:
-    """At most `limit` stop strings (the MAX_STOP_SEQUENCES setting, where the protocol has no
-    bound of its own), else a refusal naming `field`."""
+def check_stop_count(
+    stop: Sequence[str | int], limit: int, field: str, what: str = "stop strings"
+) -> None:
+    """At most `limit` stop strings, or stop token ids (the MAX_STOP_SEQUENCES setting, where the
+    protocol has no bound of its own), else a refusal naming `field`."""
     if len(stop) > limit:
-        raise invalid(
-            f"At most {limit} stop strings are allowed, got {len(stop)} - at `{field}`", field
-        )
+        raise invalid(f"At most {limit} {what} are allowed, got {len(stop)} - at `{field}`", field)
 
 
 SequenceField = Literal["n", "best_of", "num_beams"]

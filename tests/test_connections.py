@@ -13,8 +13,11 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import resource
 import select
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 
@@ -24,6 +27,7 @@ from websockets.exceptions import InvalidHandshake
 from websockets.sync.client import ClientConnection
 
 from clients import CHAT, UNENDING, connect, frames_until_done, payload, wait_for
+from gateway.edge.connections import OWN_FILES
 from serving import RunningServer
 
 DRIP_EVERY = 0.1  # the slow client's pace: seconds between two bytes
@@ -215,3 +219,19 @@ def test_connections_past_max_connections_per_address_are_refused_from_that_addr
         assert _served(server, "127.0.0.2")  # another address is served meanwhile
         second.close()
         wait_for(lambda: _served(server))
+
+
+def test_serve_raises_the_open_file_limit_to_hold_max_connections() -> None:
+    """As vLLM's server does: else accepting fails for everyone before the cap refuses one."""
+    code = (
+        "import resource\n"
+        "from gateway.edge.connections import raise_open_file_limit\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "raise_open_file_limit(4096)\n"
+        "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    soft, hard = (int(n) for n in ran.stdout.split())
+    wanted = 4096 + OWN_FILES
+    assert soft == (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)), soft

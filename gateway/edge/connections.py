@@ -5,34 +5,32 @@ KEEP_ALIVE_SECONDS (uvicorn's keep-alive timer, armed here from the moment a con
 opens too); a connection past MAX_CONNECTIONS open at once, or past
 MAX_CONNECTIONS_PER_ADDRESS from its address, is answered 503 and closed as it opens.
 
-uvicorn's `limit_concurrency` is not the cap: it is checked only once a request's head is
-complete (connections that never send one are held until a timer), never for a WebSocket
-handshake, and counts the connection asking (a limit of N serves N - 1). The counts here are
-uvicorn's own set of open connections, WebSockets included: an upgraded connection leaves
-this protocol for uvicorn's WebSocket one, which no timer here touches (its pings end a dead
-peer), so a WebSocket idle between messages, or a stream that runs for minutes, stays open.
+No timer here runs while a request is under way (an answer may stream for minutes), nor on
+an upgraded connection, which leaves this protocol for uvicorn's WebSocket one (whose pings
+end a dead peer): a WebSocket idle between messages stays open. The caps count uvicorn's own
+set of open connections, WebSockets included. uvicorn's `limit_concurrency` is not the cap: it
+is checked only once a request's head is complete (connections that never send one would all
+be held), never for a WebSocket handshake, and counts the connection asking (N serves N - 1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from typing import Any, ClassVar, NamedTuple
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers (nginx's 4 x 8k buffers, h11's 16 KiB)
-logger = logging.getLogger("gateway.connections")
+OWN_FILES = 1024  # the process's files and sockets besides its clients' (the engine's, logs...)
+log = logging.getLogger(__name__)
 
 
 class ConnectionBounds(NamedTuple):
     header_timeout_seconds: float
     max_connections: int  # 0: none
     max_connections_per_address: int  # 0: none
-
-
-class _HeadTooLarge(Exception):
-    pass
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
@@ -51,7 +49,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         refusal = self._over_a_cap()
         if refusal is not None:
-            logger.warning("refused a connection from %s: %s", self._address(), refusal)
+            log.warning("refused a connection from %s: %s", self._address(), refusal)
             self._answer(503, "Too many connections", retry_after=True)
             return
         # Idle until its first request, as between two: uvicorn arms this only after a response.
@@ -102,7 +100,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _head_too_slow(self) -> None:
         self._head_deadline = None
         if not self.transport.is_closing():
-            logger.debug(
+            log.debug(
                 "closed a connection from %s: its request head came too slowly", self._address()
             )
             self._answer(408, "Request header timeout")
@@ -148,3 +146,24 @@ def _address_of(connection: object) -> str | None:
 def bounded_http(bounds: ConnectionBounds) -> type[BoundedHttpProtocol]:
     """uvicorn's `http` protocol class for one server, with its bounds."""
     return type("GatewayHttpProtocol", (BoundedHttpProtocol,), {"bounds": bounds})
+
+
+def raise_open_file_limit(max_connections: int) -> None:
+    """The process's soft open-file limit raised to hold MAX_CONNECTIONS (toward the hard limit,
+    as vLLM's own server raises it): past the limit, accepting fails for every client, where the
+    cap would have refused only the extra ones. Too low a hard limit is logged."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = (max_connections or 65536) + OWN_FILES
+    if soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        log.warning(
+            "open files are limited to %d (ulimit -n): past about %d connections, new ones fail "
+            "before MAX_CONNECTIONS (%d) refuses them",
+            target,
+            target - OWN_FILES,
+            max_connections,
+        )
