@@ -15,22 +15,31 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.config.settings import Settings
+from gateway.edge.connections import ConnectionBounds, bounded_http, raise_open_file_limit
 from gateway.engine.grpc_client import use_poller_client
 
 
 def uvicorn_config(
     app: Starlette, settings: Settings, host: str, port: int, **extra: Any
 ) -> uvicorn.Config:
-    """Bounded connections: WebSocket messages past MAX_WS_MESSAGE_BYTES close with 1009, idle
-    keep-alive connections close after KEEP_ALIVE_SECONDS, and an unfinished request head is
-    at most 64 KiB (h11's own bound), so a slow or huge client cannot hold a worker."""
+    """Bounded connections: a request head must come whole within HEADER_TIMEOUT_SECONDS and
+    64 KiB, a connection with no request under way closes after KEEP_ALIVE_SECONDS, and
+    connections past MAX_CONNECTIONS (MAX_CONNECTIONS_PER_ADDRESS from one address) are
+    refused as they open (gateway/edge/connections.py); WebSocket messages past
+    MAX_WS_MESSAGE_BYTES close with 1009. A slow, idle or numerous client cannot hold the
+    server."""
+    bounds = ConnectionBounds(
+        header_timeout_seconds=settings.header_timeout_seconds,
+        max_connections=settings.max_connections,
+        max_connections_per_address=settings.max_connections_per_address,
+    )
     return uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=bounded_http(bounds),
         ws_max_size=settings.max_ws_message_bytes,
         timeout_keep_alive=settings.keep_alive_seconds,
-        h11_max_incomplete_event_size=64 * 1024,
         **extra,
     )
 
@@ -99,6 +108,7 @@ def run_server(settings: Settings, host: str, port: int) -> int:
             host,
             port,
         )
+    raise_open_file_limit(settings.max_connections)
     config = uvicorn_config(app, settings, host, port, log_level=settings.log_level)
     server = GatewayServer(config, app)
     server.run()

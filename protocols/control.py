@@ -27,7 +27,7 @@ from protocols.generation import (
     TopP,
     check_stop_count,
 )
-from protocols.json_body import MALFORMED, malformed
+from protocols.json_body import JSON_DECODER, MALFORMED, malformed
 from protocols.transformers_fields import strip_ignored, without_ignored
 
 Rating = Annotated[float, Meta(ge=-1.0, le=1.0)]
@@ -172,7 +172,6 @@ class Error(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):
 
 ServerMessage = Status | Init | Token | Completion | Error
 
-_JSON = msgspec.json.Decoder()
 _SERVER_DECODER: msgspec.json.Decoder[ServerMessage] = msgspec.json.Decoder(ServerMessage)
 _ENCODER = msgspec.json.Encoder()
 
@@ -216,7 +215,7 @@ def check_prompt(config: Config) -> None:
 
 def decode_client(raw: bytes | str) -> ClientMessage:
     try:
-        doc: Any = _JSON.decode(raw)
+        doc: Any = JSON_DECODER.decode(raw)
         if isinstance(doc, dict):
             strip_ignored(doc, "parameters", _PARAMETERS, "control parameters")
         message: ClientMessage = msgspec.convert(doc, ClientMessage)
@@ -307,7 +306,7 @@ class RestResponse(msgspec.Struct, omit_defaults=True):
 
 def rest_config(raw: bytes, max_stop: int = MAX_STOP_SEQUENCES) -> Config:
     try:
-        doc: Any = _JSON.decode(raw)
+        doc: Any = JSON_DECODER.decode(raw)
         if isinstance(doc, dict):
             doc = without_ignored(doc, _PARAMETERS, "/v1/generate")
             strip_ignored(doc, "parameters", _PARAMETERS, "/v1/generate parameters")

@@ -18,20 +18,25 @@ from protocols.holdback import Holdback
 
 # Constraints shared by the neutral options and every wire schema that sets them: every
 # number a client gives is bounded here, so none reaches the engine past what it can carry
-# (a 4xx naming the field, never a 500). JSON has no NaN or infinity, and msgspec refuses a
-# number past a double's range, so a float's bounds are its only check.
+# (a 4xx naming the field, never a 500). JSON has no NaN or infinity, and a number past a
+# double's range is read as an infinity (protocols/json_body.py), so every float has both
+# bounds: they are its only check (tests/test_fuzz_*.py try every field past them).
 MAX_TOKENS = 2**31 - 1  # more tokens than any context holds (a count past the room is cut to it)
 # Sequences or beams per prompt (OpenAI's bound on `n`): the ceiling of the MAX_N, MAX_BEST_OF
 # and MAX_NUM_BEAMS settings, which the engine path holds each field to.
 MAX_SEQUENCES = 128
 MAX_LENGTH_PENALTY = 10.0  # an exponent of a length: past it, a float overflows
+# A seen token's logit divided (or multiplied, if negative) by it: 1 is none, 2 all but bans a
+# repeat; peers give no upper bound, but past float32's range the engine's logits become
+# infinite (and 0 x inf is NaN).
+MAX_REPETITION_PENALTY = 10.0
 MAX_STOP_SEQUENCES = 16  # stop strings per request: MAX_STOP_SEQUENCES' default
 MaxNewTokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
 Truncate = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]  # the prompt's last tokens kept
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]  # vLLM's own bounds
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
 NumBeams = Annotated[int, Meta(ge=1, le=MAX_SEQUENCES)]
 MinTokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -46,13 +51,13 @@ LogprobCount = Annotated[int, Meta(ge=0, le=20)]
 NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
-def check_stop_count(stop: Sequence[str], limit: int, field: str) -> None:
-    """At most `limit` stop strings (the MAX_STOP_SEQUENCES setting, where the protocol has no
-    bound of its own), else a refusal naming `field`."""
+def check_stop_count(
+    stop: Sequence[str | int], limit: int, field: str, what: str = "stop strings"
+) -> None:
+    """At most `limit` stop strings, or stop token ids (the MAX_STOP_SEQUENCES setting, where the
+    protocol has no bound of its own), else a refusal naming `field`."""
     if len(stop) > limit:
-        raise invalid(
-            f"At most {limit} stop strings are allowed, got {len(stop)} - at `{field}`", field
-        )
+        raise invalid(f"At most {limit} {what} are allowed, got {len(stop)} - at `{field}`", field)
 
 
 SequenceField = Literal["n", "best_of", "num_beams"]

@@ -14,7 +14,11 @@ from protocols.errors import GenerationError, invalid
 # str holding lone surrogates). Every decoder catches this tuple, so none of them is a 500.
 MALFORMED: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError, UnicodeError)
 
-_JSON_DECODER = msgspec.json.Decoder()
+# Untyped, as the first step before a protocol's types: a number past a double (`1e400`) is
+# read as an infinity, which the typed step then refuses naming its field (every float has
+# both bounds, protocols/generation.py), where msgspec's own "Number out of range" here
+# could only say `$[...]`.
+JSON_DECODER = msgspec.json.Decoder(float_hook=float)
 
 
 def malformed(error: Exception) -> GenerationError:
@@ -31,7 +35,7 @@ def malformed(error: Exception) -> GenerationError:
 def decode_json_object(raw: bytes | str) -> dict[str, Any]:
     """The body's object; a body that is not JSON, or not an object, fails at `$`."""
     try:
-        doc = _JSON_DECODER.decode(raw)
+        doc = JSON_DECODER.decode(raw)
     except MALFORMED as e:
         raise malformed(e) from e
     if not isinstance(doc, dict):

@@ -213,6 +213,9 @@ def decode_lmi(
         if dynamic and streaming and p.details:
             raise refuse("details", "details are not available when streaming a dynamic batch")
         check_stop_count(p.stop_sequences or (), max_stop, "$.parameters.stop_sequences")
+        # vLLM looks for each generated token in this list, at every step: bounded as well.
+        ids = p.stop_token_ids or ()
+        check_stop_count(ids, max_stop, "$.parameters.stop_token_ids", "stop token ids")
         options, returned = lmi_options(
             p, streaming=streaming, details=details, max_new_tokens=max_new_tokens
         )

@@ -24,9 +24,8 @@ from protocols.generation_config import (
     resolve_options,
     strip_generation_config,
 )
-from protocols.json_body import MALFORMED, malformed
+from protocols.json_body import JSON_DECODER, MALFORMED, malformed
 
-_JSON = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -96,7 +95,7 @@ def decode_starts(
     An id that appears twice in the frame is refused for each of its events, with one ERROR.
     """
     try:
-        doc: Any = _JSON.decode(raw)
+        doc: Any = JSON_DECODER.decode(raw)
     except MALFORMED as e:
         return [], [Refused(0, Error(None, malformed(e).message, "$"))]
     entries, prefix = (doc, "$") if isinstance(doc, list) else ([doc], "")

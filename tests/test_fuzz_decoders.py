@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from numbers_past_bounds import (
+    Place,
+    Schema,
+    field_name,
+    numeric_places,
+    past_bounds,
+    with_number,
+)
 
-from protocols import control, ws_events
-from protocols.batch_payload import decode_batch
+from protocols import control, lmi, tgi, ws_events
+from protocols.batch_payload import BatchRequest, PayloadSettings, decode_batch
 from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
 from protocols.lmi import InvalidPayload, decode_lmi, is_chat
-from protocols.openai_requests import decode_chat, decode_completion
-from protocols.rest_generate import decode_generate_batch, decode_one
+from protocols.openai_requests import ChatRequest, CompletionRequest, decode_chat, decode_completion
+from protocols.rest_generate import _OnePayload, decode_generate_batch, decode_one
 from protocols.tgi import decode_tgi
 
 Raw = bytes | str
@@ -249,3 +258,84 @@ def test_unreadable_frames_are_error_events() -> None:
         assert not accepted and refused[0].error.field == "$", refused
         assert refused[0].error.data.startswith("Malformed JSON: ")
     assert not is_chat(_bytes(MALFORMED["deep messages"]))
+
+
+# --- numbers past their bounds, in each decoder's own types ----------------------------------
+
+
+class Typed(NamedTuple):
+    """A decoder, the type whose numbers it bounds, and a body it accepts."""
+
+    decode: Callable[[Raw], object]
+    type: Any
+    valid: dict[str, Any]
+
+
+def _typed(name: str, type_: Any) -> Typed:
+    decode, valid = DECODERS[name]
+    return Typed(decode, type_, valid)
+
+
+TYPED: dict[str, Typed] = {
+    "lmi": _typed("lmi", lmi._Payload),
+    "tgi": _typed("tgi", tgi._Payload),
+    "openai.chat": _typed("openai.chat", ChatRequest),
+    "openai.completion": _typed("openai.completion", CompletionRequest),
+    "control.config": _typed("control.client", control.Config),
+    "control.modify": Typed(
+        control.decode_client, control.Control, {"type": "control", "action": "modify"}
+    ),
+    "control.feedback": Typed(
+        control.decode_client, control.Feedback, {"type": "feedback", "rating": 1}
+    ),
+    "control.rest": _typed("control.rest", control.RestRequest),
+    "batch": _typed("batch", PayloadSettings),
+    "rest.one": _typed("rest.one", _OnePayload),
+    "rest.batch": _typed("rest.batch", PayloadSettings),
+    "ws_events": _typed("ws_events", ws_events.StartIn),
+}
+
+
+def _refusal(name: str, raw: str) -> str:
+    """What the decoder says of a body it must refuse: its error's message and field."""
+    if name == "ws_events":
+        accepted, errors = ws_events.decode_starts(raw, DEFAULTS)
+        assert errors and not accepted, accepted
+        return f"{errors[0].error.data} {errors[0].error.field}"
+    try:
+        answer = TYPED[name].decode(raw)
+    except GenerationError as e:
+        return f"{e.message} {e.field}"
+    assert isinstance(answer, BatchRequest), answer  # a batch refuses each of its prompts
+    assert answer.rejected and not answer.items, answer
+    return f"{answer.rejected[0].error.message} {answer.rejected[0].error.field}"
+
+
+def _refuses_past_bounds(name: str, place: Place, schema: Schema) -> None:
+    explicit, drawn = past_bounds(schema)
+
+    @settings(max_examples=10, deadline=None, database=None, derandomize=True)
+    @given(number=drawn)
+    def refused(number: str) -> None:
+        text = _refusal(name, with_number(TYPED[name].valid, place, number))
+        assert field_name(place) in text, (number, text)
+
+    for number in explicit:
+        refused = example(number=number)(refused)
+    refused()
+
+
+@pytest.mark.parametrize("name", sorted(TYPED))
+def test_every_number_past_its_bounds_is_refused_naming_it(name: str) -> None:
+    """Each numeric field of the decoder's type, past its bounds (the nearest numbers, 2^64,
+    -2^63 - 1, 1e308, 1e400, and drawn ones), is refused with an error naming the field."""
+    schema = msgspec.json.schema(TYPED[name].type)
+    places = list(numeric_places(schema, schema.get("$defs", {})))
+    assert places, f"{name}: no numbers in {TYPED[name].type}"
+    failures: list[str] = []
+    for place, field in places:
+        try:
+            _refuses_past_bounds(name, place, field)
+        except (Exception, BaseExceptionGroup) as e:
+            failures.append(f"{field_name(place)}: {type(e).__name__}: {e}")
+    assert not failures, "\n\n".join(failures)

@@ -1,6 +1,7 @@
 """Schemathesis against the real server, from the served `/openapi.json`: no 5xx, every answer
 (errors included) in its route's documented status, media type and shape, and the server
-healthy afterwards. Then bodies no schema describes: nesting 50,000 deep and invalid UTF-8.
+healthy afterwards. Then every numeric field of every body past its bounds: the protocol's
+4xx naming the field. Then bodies no schema describes: nesting 50,000 deep and invalid UTF-8.
 
 Generation is kept tiny: token budgets in a generated body are cut to a few tokens and added
 where absent, so every example costs the engine a few steps at most.
@@ -10,12 +11,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from numbers_past_bounds import (
+    Place,
+    Schema,
+    field_name,
+    numeric_places,
+    past_bounds,
+    resolved,
+    with_number,
+)
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
@@ -41,6 +52,7 @@ CHECKS = [
     negative_data_rejection,
 ]
 SSE_ERRORS = {"/", "/generate_stream"}
+SSE = "text/event-stream"
 # Invalid data must be refused with a 4xx; LMI (and SageMaker over it) refuses with 424.
 CONFIG = schemathesis.Config.from_dict(
     {
@@ -138,6 +150,97 @@ def test_every_route_answers_as_documented(server: RunningServer) -> None:
                 _fuzz(operation, mode, server.http)
             except (Exception, BaseExceptionGroup) as e:  # schemathesis' FailureGroup
                 failures.append(f"{operation.label} ({mode.value}): {_described(e)}")
+    assert not failures, "\n\n".join(failures)
+
+
+# --- numbers past their bounds: every numeric field of every body ----------------------------
+
+HI = [{"role": "user", "content": "Hi"}]
+# Each body schema's smallest valid body (a one-token budget), a part of which a number replaces.
+VALID: dict[str, dict[str, Any]] = {
+    "ChatRequest": {"messages": HI, "max_tokens": 1},
+    "CompletionRequest": {"prompt": "Hi", "max_tokens": 1},
+    "TokenizeRequest": {"prompt": "Hi"},
+    "DetokenizeRequest": {"tokens": [1]},
+    "protocols.lmi._Payload": {"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
+    "protocols.tgi._Payload": {"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
+    "_OnePayload": {"request_id": "n", "prompt": "Hi", "generation_config": {"max_new_tokens": 1}},
+    "_BatchPayload": {
+        "prompts": [{"request_id": "n", "prompt": "Hi"}],
+        "generation_config": {"max_new_tokens": 1},
+    },
+    "RestRequest": {"prompt": "Hi", "max_tokens": 1},
+}
+
+
+class Numeric(NamedTuple):
+    """A numeric field of a body schema: where it is, its schema, the routes taking it."""
+
+    body: str
+    place: Place
+    schema: Schema
+    routes: tuple[str, ...]
+
+
+def _numeric_fields(doc: Schema) -> list[Numeric]:
+    components = doc["components"]["schemas"]
+    routes: dict[str, list[str]] = {}
+    for path, operations in doc["paths"].items():
+        body = operations.get("post", {}).get("requestBody")
+        if body is None:
+            continue
+        schema = body["content"]["application/json"]["schema"]
+        for alternative in schema.get("oneOf", [schema]):
+            name, _ = resolved(alternative, components)
+            assert name in VALID, f"{path}: no valid body of {name} in VALID"
+            routes.setdefault(name, []).append(path)
+    fields: dict[tuple[str, Place], Numeric] = {}
+    for name, paths in routes.items():
+        for place, schema in numeric_places({"$ref": f"#/{name}"}, components):
+            fields.setdefault((name, place), Numeric(name, place, schema, tuple(paths)))
+    return list(fields.values())
+
+
+def _refusal(doc: Schema, path: str, answer: httpx.Response) -> str:
+    """The refusal's text, once it is a documented 4xx in the route's error shape (a TGI
+    stream's: its one error event)."""
+    documented = doc["paths"][path]["post"]["responses"]
+    media = answer.headers.get("content-type", "").split(";")[0]
+    if answer.status_code == 200 and path in SSE_ERRORS and media == SSE:
+        event = json.loads(answer.text.strip().removeprefix("data:"))
+        assert event.get("error_type") == "validation", event
+        return answer.text
+    assert 400 <= answer.status_code < 500, (answer.status_code, answer.text)
+    assert str(answer.status_code) in documented, (answer.status_code, answer.text)
+    schema = documented[str(answer.status_code)]["content"][media]["schema"]
+    validator = jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
+    validator.validate(answer.json())
+    return answer.text
+
+
+def test_every_number_past_its_bounds_is_the_protocols_4xx_naming_it(
+    server: RunningServer,
+) -> None:
+    """Every numeric field of every documented body, past its bounds, on the routes taking
+    that body: the fields take turns through the numbers (the nearest past each bound, 2^64,
+    -2^63 - 1, +-1e308, +-1e400) and through the routes, one request each.
+    tests/test_fuzz_decoders.py sends every field every one of them, and drawn ones."""
+    doc = httpx.get(server.http + "/openapi.json", timeout=None).json()
+    fields = _numeric_fields(doc)
+    assert len(fields) >= 90, [f"{f.body}: {field_name(f.place)}" for f in fields]
+    failures: list[str] = []
+    with httpx.Client(base_url=server.http, timeout=None) as client:
+        for turn, field in enumerate(fields):
+            route = field.routes[turn % len(field.routes)]
+            try:
+                explicit, _ = past_bounds(field.schema)
+                number = explicit[turn % len(explicit)]
+                body = with_number(VALID[field.body], field.place, number)
+                path = route.replace("{model_name}", "any").replace("{name}", "any")
+                text = _refusal(doc, route, client.post(path, content=body))
+                assert field_name(field.place) in text, (number, text)
+            except (AssertionError, KeyError, jsonschema.ValidationError) as e:
+                failures.append(f"{route} {field_name(field.place)}: {_described(e)}")
     assert not failures, "\n\n".join(failures)
 
 

@@ -159,6 +159,11 @@ def test_output_forms_follow_stream_formatter_and_tgi_mode() -> None:
             "num_beams",
         ),
         ({"inputs": PROMPT, "parameters": {"seed": 2**70}}, "$.parameters.seed", "<="),
+        (  # each id is looked for in the list at every step: as long as MAX_STOP_SEQUENCES
+            {"inputs": PROMPT, "parameters": {"stop_token_ids": list(range(17))}},
+            "$.parameters.stop_token_ids",
+            "At most 16 stop token ids",
+        ),
     ],
 )
 def test_bad_payloads_name_the_field(body: dict[str, Any], field: str, words: str) -> None:

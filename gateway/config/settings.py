@@ -100,7 +100,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_n: SequenceBound = 16
     max_best_of: SequenceBound = MAX_BEST_OF
     max_num_beams: SequenceBound = 10
+    # Connections (docs/SECURITY.md): a request head must come whole within
+    # HEADER_TIMEOUT_SECONDS of its first byte (nginx's client_header_timeout); a connection
+    # with no request under way closes after KEEP_ALIVE_SECONDS (uvicorn's); connections past
+    # MAX_CONNECTIONS open at once, or MAX_CONNECTIONS_PER_ADDRESS from one address, are
+    # refused with 503 as they open (0: no cap).
+    header_timeout_seconds: PositiveFloat = 60.0
     keep_alive_seconds: Positive = 5
+    max_connections: Annotated[int, Meta(ge=0)] = 4096
+    max_connections_per_address: Annotated[int, Meta(ge=0)] = 2048
     # Shutdown and recovery: SIGTERM lets running generations finish for DRAIN_SECONDS; an
     # engine that dies is rebuilt, at most ENGINE_MAX_RESTARTS times in the window.
     drain_seconds: Annotated[float, Meta(ge=0)] = 30.0
