@@ -16,6 +16,7 @@ from gateway.drain import Drain, DrainMiddleware
 from gateway.edge.api_keys import KeyRing
 from gateway.edge.auth import ApiKeyMiddleware, open_paths_of
 from gateway.edge.body_limit import BodyLimitMiddleware
+from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.edge.limits import Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
 from gateway.engine.adapter import device_type
@@ -85,9 +86,12 @@ def create_app(
         )
         bounds = SequenceBounds.of(settings)
         service = GenerationService(holder, admission, metrics, deadlines, classes, bounds)
-        feedback = FeedbackStore(feedback_path(settings))
+        feedback = FeedbackStore(feedback_path(settings), settings.feedback_max_db_bytes)
+        feedback_limits = FeedbackLimits(
+            settings.feedback_max_text_bytes, settings.feedback_per_minute
+        )
         batches = BatchRunner(service, store)
-        gateway = Gateway(settings, holder, service, batches, feedback, drain)
+        gateway = Gateway(settings, holder, service, batches, feedback, feedback_limits, drain)
         app.state.gateway = gateway
         try:
             yield {"gateway": gateway}

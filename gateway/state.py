@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from gateway.config.settings import Settings
+from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine.holder import EngineHolder
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.generation import GenerationService
@@ -27,6 +28,7 @@ class Gateway:
     service: GenerationService
     batches: BatchRunner
     feedback: FeedbackStore
+    feedback_limits: FeedbackLimits
     drain: Drain
 
 

@@ -91,10 +91,24 @@ class PayloadFrames:
         self._done: dict[int, Complete | ErrorEvent] = {}
         self._phase = 0  # how many of ACCEPTED, STARTED, INITIALIZED were sent
 
-    @property
-    def unfinished(self) -> list[str]:
-        """The accepted prompts whose terminal event was not sent yet."""
-        return [] if self._phase > 3 else [self._ids[i] for i in self._accepted]
+    def abandon(self, message: str) -> list[Frame]:
+        """The payload's last frames when it must end at once (a bug, a client that does not
+        read): every accepted prompt without its end gets an ERROR with `message`, after the
+        COMPLETE array of those that finished. Before the ACCEPTED array went out, every prompt
+        is refused instead: one ERROR array, and none was accepted."""
+        if self._phase == 0:
+            self._phase = 4
+            waiting = sorted({*self._unchecked, *self._accepted})
+            refused = self._refused + [ErrorEvent(self._ids[i], message) for i in waiting]
+            return [refused] if refused else []
+        if self._phase > 3:
+            return []
+        for i in self._accepted:
+            self._done.setdefault(i, ErrorEvent(self._ids[i], message))
+        if self._phase < 3:  # STARTED or INITIALIZED never went out for every prompt
+            self._progress.clear()
+            self._phase = 3
+        return self.frames([])
 
     def frames(self, step: Sequence[Event]) -> list[Frame]:
         for event in step:

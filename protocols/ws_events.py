@@ -157,11 +157,26 @@ class FrameEvents:
         self._pending: list[list[Event]] = []
         self._echoed = False
 
-    @property
-    def unfinished(self) -> list[str]:
-        """The ids of echoed STARTs whose terminal event was not sent yet."""
-        ids = [self._accepted[i].start.id for i in self._passed if i not in self._ended]
-        return ids if self._echoed else [a.start.id for a in self._accepted]
+    def abandon(self, message: str) -> list[list[Event]]:
+        """The frame's last arrays when it must end at once (a bug, a client that does not
+        read): every echoed START without its end gets an ERROR with `message`. Before the
+        echo, every START is refused instead, in one array, and none is echoed."""
+        if not self._echoed:
+            self._echoed = True
+            waiting = sorted({*self._unchecked, *self._passed})
+            refused = self._refused + [
+                Refused(self._accepted[i].position, Error(self._accepted[i].start.id, message))
+                for i in waiting
+            ]
+            self._pending = []
+            errors: list[Event] = [r.error for r in sorted(refused, key=lambda r: r.position)]
+            return [errors] if errors else []
+        for i in self._passed:
+            if i not in self._ended:
+                self._ended.add(i)
+                self._pending.append([Error(self._accepted[i].start.id, message)])
+        out, self._pending = self._pending, []
+        return out
 
     def frames(self, step: Sequence[Outcome]) -> list[list[Event]]:
         for event in step:
@@ -203,10 +218,6 @@ class FrameEvents:
             return Error(event_id, message, f"{accepted.path}.id")
         field = f"{accepted.path}.id" if failed.field == "request_id" else failed.field
         return Error(event_id, failed.message, UNSET if field is None else field)
-
-
-def error_event(event_id: str, message: str) -> Error:
-    return Error(event_id, message)
 
 
 def encode_frame(events: list[Event]) -> bytes:

@@ -82,8 +82,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def slow_network_listener(send_buffer_bytes: int) -> socket.socket:
+    """A loopback listener whose connections keep at most about `send_buffer_bytes` unsent in
+    the kernel (Linux doubles it; the accepted sockets inherit it, and it turns the kernel's
+    autotuning off): a slow network's stand-in, so a client that does not read stops the
+    server's writes after kilobytes rather than the megabytes loopback buffers hold."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
+    listener.bind(("127.0.0.1", 0))
+    return listener
+
+
 class RunningServer:
-    def __init__(self, loop: LoopThread, app: Starlette, settings: Settings, port: int) -> None:
+    def __init__(
+        self,
+        loop: LoopThread,
+        app: Starlette,
+        settings: Settings,
+        port: int,
+        sockets: list[socket.socket] | None = None,
+    ) -> None:
         self.loop = loop
         self.app = app
         self.port = port
@@ -91,7 +109,7 @@ class RunningServer:
         self.ws = f"ws://127.0.0.1:{port}"
         config = uvicorn_config(app, settings, "127.0.0.1", port, log_level="warning")
         self._server = GatewayServer(config, app)
-        self._task = asyncio.run_coroutine_threadsafe(self._server.serve(), loop.loop)
+        self._task = asyncio.run_coroutine_threadsafe(self._server.serve(sockets), loop.loop)
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises why it could not start
@@ -116,12 +134,21 @@ class RunningServer:
 
 
 def start_server(
-    loop: LoopThread, settings: Settings, load: EngineLoader, owns_engine: bool = False
+    loop: LoopThread,
+    settings: Settings,
+    load: EngineLoader,
+    owns_engine: bool = False,
+    send_buffer_bytes: int | None = None,
 ) -> RunningServer:
+    """A server on a free port; with `send_buffer_bytes`, behind a slow network's stand-in
+    (`slow_network_listener`)."""
     from gateway.app import create_app
 
     app = create_app(settings, load, owns_engine=owns_engine)
-    return RunningServer(loop, app, settings, free_port())
+    if send_buffer_bytes is None:
+        return RunningServer(loop, app, settings, free_port())
+    listener = slow_network_listener(send_buffer_bytes)
+    return RunningServer(loop, app, settings, listener.getsockname()[1], [listener])
 
 
 def shared_loader(

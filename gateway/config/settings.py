@@ -71,6 +71,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # and how long a paused generation waits for `resume` before it ends.
     feedback_db: str = ""
     pause_timeout_seconds: PositiveFloat = 300.0
+    # Feedback kept (docs/SECURITY.md): a message's `text`, a key's messages a minute (0: no
+    # limit), and the database file, past which new feedback is refused.
+    feedback_max_text_bytes: Positive = 16 * 1024
+    feedback_per_minute: Annotated[int, Meta(ge=0)] = 60
+    feedback_max_db_bytes: Positive = 256 * 1024 * 1024
     # LMI / TGI compatibility (lmi-invocations.md): DJL Serving's own option names.
     option_tgi_compat: bool = False
     option_output_formatter: Literal["", "json", "jsonlines", "sse"] = ""
@@ -90,6 +95,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # Bounded input (docs/SECURITY.md).
     max_body_bytes: Positive = 4 * 1024 * 1024
     max_ws_message_bytes: Positive = 4 * 1024 * 1024
+    # Backpressure (docs/SECURITY.md): payloads running at once on one `/ws` or `/ws/events`
+    # connection (more are refused), and bytes waiting for a client that does not read (past
+    # them its generations end and the connection closes with 1008).
+    max_payloads_per_connection: Positive = 64
+    max_queued_bytes_per_connection: Positive = 4 * 1024 * 1024
     request_timeout_seconds: Annotated[float, Meta(ge=0)] = 600.0  # 0: no deadline
     # Stop strings a request may give where its protocol has no bound of its own (TGI: 4,
     # OpenAI: 16).

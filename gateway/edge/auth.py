@@ -80,7 +80,7 @@ class ApiKeyMiddleware:
                     await _refuse_websocket(scope, receive, send)
                 return
             scope.setdefault("state", {})["api_key"] = entry.name
-            caller = Caller(entry.owner, entry.owner, entry.limits)
+            caller = Caller(entry.owner, entry.owner, entry.limits, name=entry.name)
             offered = subprotocol_key(scope) if kind == "websocket" else None
             if offered:
                 send = _echoing(send, offered)

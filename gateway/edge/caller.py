@@ -19,6 +19,7 @@ class Caller:
     owner: str  # the namespace of request ids: the key's SHA-256, or "" without keys
     limits: Limits
     retry_after: float | None = None  # set when a prompt of this request was rate limited
+    name: str = ""  # the key's name, as logs show it (its given name, else its label)
 
 
 CALLER: ContextVar[Caller | None] = ContextVar("caller", default=None)

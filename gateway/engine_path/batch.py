@@ -2,7 +2,8 @@
 
 `BatchRunner.run` starts one `GenerationService.generate` per request, each in a task of its
 own (so its admission slot is entered and left in one task), and yields, per wake-up, every
-event the engine step produced for the payload, one Delta per prompt. With a continuation key
+event the engine step produced for the payload, one Delta per prompt (a prompt's Deltas merge
+while they wait for the consumer). With a continuation key
 (the ordered request_ids, the specs' "internal caching"), known request_ids continue their
 history, and every prompt that finishes leaves its whole sequence in the store before its
 Finished event is delivered (a store that cannot take it turns that Finished into a Failed).
@@ -99,11 +100,24 @@ class BatchRunner:
     ) -> AsyncGenerator[list[Event], None]:
         histories = dict(known)
         queue: asyncio.Queue[Event] = asyncio.Queue()
+        unread: dict[int, Delta] = {}  # each prompt's Delta still in the queue
+
+        def put(event: Event) -> None:
+            """A prompt's Delta joins the one still waiting in the queue, as vLLM's output
+            collector does for one prompt: a consumer that falls behind (its client does not
+            read) holds each prompt's text so far, never an event per step."""
+            if isinstance(event, Delta):
+                waiting = unread.get(event.index)
+                if waiting is not None:
+                    _merge(waiting, event)
+                    return
+                unread[event.index] = event
+            queue.put_nowait(event)
 
         async def pump(request: GenerationRequest) -> None:
             rid = request.request_id
             if rid in refused:
-                queue.put_nowait(self._refuse(request, protocol, _duplicate(rid or "")))
+                put(self._refuse(request, protocol, _duplicate(rid or "")))
                 return
             if rid in known:
                 request = msgspec.structs.replace(request, history=known[rid])
@@ -116,9 +130,9 @@ class BatchRunner:
                         try:
                             await self.store.save(key, dict(histories))
                         except GenerationError as e:  # its history is lost: say so
-                            queue.put_nowait(_failed(request.index, e))
+                            put(_failed(request.index, e))
                             continue
-                    queue.put_nowait(event)
+                    put(event)
 
         tasks = [asyncio.create_task(pump(r)) for r in requests]
         remaining = len(requests)
@@ -127,8 +141,9 @@ class BatchRunner:
                 step = [await queue.get()]
                 while not queue.empty():
                     step.append(queue.get_nowait())
+                unread.clear()
                 remaining -= sum(isinstance(e, TERMINAL) for e in step)
-                yield merge_deltas(step)
+                yield step
         finally:
             for task in tasks:
                 task.cancel()
@@ -142,22 +157,10 @@ class BatchRunner:
         return _failed(request.index, error)
 
 
-def merge_deltas(step: list[Event]) -> list[Event]:
-    """Keep one Delta per prompt in a step, so no frame holds two updates of one prompt."""
-    if len(step) == 1:
-        return step
-    merged: list[Event] = []
-    deltas: dict[int, Delta] = {}
-    for event in step:
-        if isinstance(event, Delta):
-            previous = deltas.get(event.index)
-            if previous is not None:
-                previous.text += event.text
-                previous.token_ids.extend(event.token_ids)
-                previous.finish_reason = event.finish_reason
-                if previous.tokens is not None and event.tokens is not None:
-                    previous.tokens.extend(event.tokens)
-                continue
-            deltas[event.index] = event
-        merged.append(event)
-    return merged
+def _merge(into: Delta, delta: Delta) -> None:
+    """`delta` appended to `into`, an earlier Delta of the same prompt."""
+    into.text += delta.text
+    into.token_ids.extend(delta.token_ids)
+    into.finish_reason = delta.finish_reason
+    if into.tokens is not None and delta.tokens is not None:
+        into.tokens.extend(delta.tokens)

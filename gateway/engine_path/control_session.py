@@ -19,8 +19,10 @@ from typing import Literal
 import msgspec
 
 from gateway.config.settings import Settings, served_model_name
+from gateway.edge.caller import current_caller
+from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine_path.generation import GenerationService
-from gateway.stores.feedback import FeedbackStore
+from gateway.stores.feedback import FeedbackRecord, FeedbackStore, FeedbackStoreFull
 from protocols.control import (
     CANCELLED,
     LOGPROB_ALTERNATIVES,
@@ -86,12 +88,14 @@ class ControlSession:
         settings: Settings,
         service: GenerationService,
         feedback: FeedbackStore,
+        feedback_limits: FeedbackLimits,
         send: Callable[[ServerMessage], None],
         protocol: Protocol = Protocol.CONTROL,
     ) -> None:
         self.settings = settings
         self.service = service
         self.feedback = feedback
+        self.feedback_limits = feedback_limits
         self.protocol = protocol
         self.send = send
         self.state: State = "new"
@@ -133,6 +137,19 @@ class ControlSession:
     async def close(self) -> None:
         """The client left: stop everything (the engine request is aborted)."""
         await self._cancel()
+
+    async def abort(self, why: str) -> None:
+        """The connection cannot go on (its client does not read): stop everything, and a
+        generation that was running or paused ends with a `memory_pressure` error, its
+        terminal message."""
+        running = self.state in ("generating", "paused")
+        await self._cancel()
+        if running and self._gen is not None:
+            self.state = "done"
+            message = error_message(
+                invalid(why), self._gen.announced_id, recoverable=False, recovery_action="reconnect"
+            )
+            self.send(msgspec.structs.replace(message, error="memory_pressure"))
 
     def _generation(self, states: tuple[State, ...], refusal: str) -> _Generation:
         if self.state not in states or self._gen is None:
@@ -217,9 +234,24 @@ class ControlSession:
         request_id = self._current_id()
         if request_id is None:
             raise invalid("There is no generation to give feedback on yet")
-        await self.feedback.add(
-            request_id, self.model, feedback.rating, feedback.text, feedback.position
+        caller = current_caller()
+        self.feedback_limits.admit(caller.id, feedback.text)
+        record = FeedbackRecord(
+            request_id,
+            self.model,
+            feedback.rating,
+            feedback.text,
+            feedback.position,
+            time.time(),
+            caller.name or caller.id,  # without keys, the client's address
+            caller.owner or None,
         )
+        try:
+            await self.feedback.add(record)
+        except FeedbackStoreFull as e:
+            refusal = error_message(e, request_id, recovery_action="none")
+            self.send(msgspec.structs.replace(refusal, error="storage_full"))
+            return
         self.send(Status("feedback_recorded", 100.0, f"feedback on {request_id} saved", 0.0))
 
     # --- the generation task ------------------------------------------------------------------

@@ -143,6 +143,11 @@ class GatewayMetrics:
         self.connections = gauge(
             "gateway_websocket_connections", "Open WebSocket connections", ["protocol"]
         )
+        self.not_reading_closes = by_protocol(
+            "gateway_not_reading_closes",
+            "Connections whose client did not read: more than MAX_QUEUED_BYTES_PER_CONNECTION "
+            "waited for it, so its generations ended (a WebSocket closed with 1008)",
+        )
         self.continuation = counter(
             "gateway_continuation",
             "Prompts whose request_id key was known (hit) or not (miss)",

@@ -1,9 +1,11 @@
 """WS `/generate` and POST `/v1/generate`: the control protocol (control-ws.md).
 
 The WebSocket feeds each client message to one `ControlSession`; a writer task sends what the
-session says, in order. While the engine loads, the client gets `status` messages. The REST
-route is a session that receives one `config`, answered as JSON or, with `stream`, as SSE
-carrying the same messages.
+session says, in order (gateway/routes/outbox.py: a client that does not read has its
+generation end with a `memory_pressure` error and the connection closed with 1008). While the
+engine loads, the client gets `status` messages. The REST route is a session that receives
+one `config`, answered as JSON or, with `stream`, as SSE carrying the same messages, through
+the same bounded queue.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import suppress
 
 import msgspec
+from prometheus_client import Counter
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -22,8 +24,14 @@ from starlette.websockets import WebSocket
 from gateway.edge.http_errors import status_of
 from gateway.engine.holder import EngineHolder
 from gateway.engine_path.control_session import ControlSession
+from gateway.routes.outbox import (
+    POLICY_VIOLATION,
+    BoundedQueue,
+    Outbox,
+    close_going_away,
+    until_overflow,
+)
 from gateway.routes.streaming import chained, client_gone, collect, stream_answer
-from gateway.routes.websocket_payloads import close_going_away, write_frames
 from gateway.state import gateway_of
 from protocols.control import (
     ClientMessage,
@@ -46,54 +54,64 @@ from protocols.sse import sse_event
 
 log = logging.getLogger(__name__)
 STATUS_INTERVAL_SECONDS = 1.0
-POLICY_VIOLATION = 1008
 NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 async def control_ws(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
+    metrics = gateway.service.metrics
     await websocket.accept()
-    outbox: asyncio.Queue[bytes] = asyncio.Queue()
+    outbox = Outbox(websocket, gateway.settings.max_queued_bytes_per_connection)
     session = ControlSession(
         gateway.settings,
         gateway.service,
         gateway.feedback,
-        lambda message: outbox.put_nowait(encode(message)),
+        gateway.feedback_limits,
+        lambda message: outbox.put(encode(message)),
     )
-    writer = asyncio.create_task(write_frames(websocket, outbox))
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
-    connections = gateway.service.metrics.connections.labels(Protocol.CONTROL)
+    connections = metrics.connections.labels(Protocol.CONTROL)
     connections.inc()
-    forget = gateway.drain.on_drained(lambda: close_going_away(websocket, outbox))
+    forget = gateway.drain.on_drained(lambda: close_going_away(outbox))
+    reader = asyncio.create_task(_read(websocket, session, outbox))
     try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            decoded: ClientMessage | None = None
-            try:
-                decoded = decode_client(message.get("text") or message.get("bytes") or b"")
-            except GenerationError as e:
-                if session.state != "new" or e.field != "$.type":  # a bad config may be retried
-                    session.refuse(e)
-                    continue
-            if session.state == "new" and not isinstance(decoded, Config):
-                first = invalid("The first message must be a `config` message", "$.type")
-                session.send(error_message(first, recoverable=False, recovery_action="reconnect"))
-                await outbox.join()
-                await websocket.close(POLICY_VIOLATION)
-                break
-            if decoded is not None:
-                await session.handle(decoded)
+        if await until_overflow(reader, outbox):
+            await session.abort(outbox.why)
+            metrics.not_reading_closes.labels(Protocol.CONTROL).inc()
+            outbox.close(POLICY_VIOLATION, outbox.why)
+            await outbox.closed()
     finally:
         forget()
         connections.dec()
+        reader.cancel()
         await session.close()
         ticker.cancel()
-        with suppress(Exception):
-            await asyncio.wait_for(outbox.join(), 1.0)  # let the last messages go out
-        writer.cancel()
-        await asyncio.gather(writer, ticker, return_exceptions=True)
+        await asyncio.gather(reader, ticker, return_exceptions=True)
+        await outbox.stop()
+
+
+async def _read(websocket: WebSocket, session: ControlSession, outbox: Outbox) -> None:
+    """Each client message to the session, in order, until the client leaves (or is closed
+    for sending something other than a `config` first)."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        decoded: ClientMessage | None = None
+        try:
+            decoded = decode_client(message.get("text") or message.get("bytes") or b"")
+        except GenerationError as e:
+            if session.state != "new" or e.field != "$.type":  # a bad config may be retried
+                session.refuse(e)
+                continue
+        if session.state == "new" and not isinstance(decoded, Config):
+            first = invalid("The first message must be a `config` message", "$.type")
+            session.send(error_message(first, recoverable=False, recovery_action="reconnect"))
+            outbox.close(POLICY_VIOLATION)
+            await outbox.closed()
+            return
+        if decoded is not None:
+            await session.handle(decoded)
 
 
 async def _loading_status(holder: EngineHolder, session: ControlSession) -> None:
@@ -110,10 +128,19 @@ async def _loading_status(holder: EngineHolder, session: ControlSession) -> None
 
 
 async def _messages(
-    session: ControlSession, queue: asyncio.Queue[ServerMessage]
+    session: ControlSession, queue: BoundedQueue[ServerMessage], unread: Counter
 ) -> AsyncGenerator[ServerMessage, None]:
     """The session's messages up to its last (a completion or an error); closing this (the
-    answer ended, or its client left) ends the session, which aborts its engine request."""
+    answer ended, or its client left) ends the session, which aborts its engine request. A
+    client that does not read (its queue overflows) has its generation end there, with a
+    `memory_pressure` error after what is queued."""
+
+    async def abort_when_unread() -> None:
+        await queue.overflowed.wait()
+        unread.inc()
+        await session.abort(queue.why)
+
+    watcher = asyncio.create_task(abort_when_unread())
     try:
         while True:
             message = await queue.get()
@@ -121,6 +148,8 @@ async def _messages(
             if isinstance(message, Completion | Error):
                 return
     finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         await session.close()
 
 
@@ -143,16 +172,20 @@ async def v1_generate(request: Request) -> Response:
         config = rest_config(await request.body(), gateway.settings.max_stop_sequences)
     except GenerationError as e:
         return _error_response(error_message(e), e.kind)
-    queue: asyncio.Queue[ServerMessage] = asyncio.Queue()
+    queue = BoundedQueue[ServerMessage](
+        gateway.settings.max_queued_bytes_per_connection, lambda message: len(encode(message))
+    )
     session = ControlSession(
         gateway.settings,
         gateway.service,
         gateway.feedback,
-        queue.put_nowait,
+        gateway.feedback_limits,
+        queue.put,
         protocol=Protocol.V1_GENERATE,
     )
     await session.handle(config)
-    messages = _messages(session, queue)
+    unread = gateway.service.metrics.not_reading_closes.labels(Protocol.V1_GENERATE)
+    messages = _messages(session, queue, unread)
     if config.options.stream:
         return await stream_answer(
             request,

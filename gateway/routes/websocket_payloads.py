@@ -1,72 +1,87 @@
 """The shape shared by the payload WebSockets (`/ws`, `/ws/events`).
 
-Each client message runs as its own task, so several on one connection run concurrently; one
-writer task sends every frame, so frames never interleave inside a message. When the client
-leaves, every task of the connection is cancelled, which aborts its engine requests.
+Each client message runs as its own task, so several on one connection run concurrently, at
+most MAX_PAYLOADS_PER_CONNECTION (a payload past them is refused, not queued); one writer
+sends every frame (gateway/routes/outbox.py). When the client leaves, every task of the
+connection is cancelled, which aborts its engine requests. When the client does not read
+(its outbox overflows), nothing more is read from it, every payload is cancelled and ends
+each of its prompts with an ERROR (`serve` sees `outbox.overflowed`), and the connection
+closes with 1008.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from contextlib import suppress
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
+from gateway.routes.outbox import POLICY_VIOLATION, Outbox, close_going_away, until_overflow
 from gateway.state import Gateway, gateway_of
+from protocols.errors import ErrorKind, GenerationError
 from protocols.names import Protocol
 
-GOING_AWAY = 1001
-Outbox = asyncio.Queue[bytes]
 Handler = Callable[[bytes | str, Gateway, Outbox], Coroutine[Any, Any, None]]
+# A payload refused before it runs: each prompt it names gets the error, nothing else.
+Refusal = Callable[[bytes | str, Gateway, Outbox, GenerationError], None]
 
 
-async def serve_payloads(websocket: WebSocket, handle: Handler, protocol: Protocol) -> None:
+def too_many_payloads(limit: int) -> GenerationError:
+    return GenerationError(
+        ErrorKind.RATE_LIMITED,
+        f"Too many payloads running on this connection: at most {limit} "
+        "(MAX_PAYLOADS_PER_CONNECTION); send the next once one has ended",
+    )
+
+
+async def serve_payloads(
+    websocket: WebSocket, protocol: Protocol, serve: Handler, refuse: Refusal
+) -> None:
     """Serve one connection, counted in the protocol's open connections while it is open."""
     gateway = gateway_of(websocket)
-    connections = gateway.service.metrics.connections.labels(protocol)
+    settings = gateway.settings
+    metrics = gateway.service.metrics
+    connections = metrics.connections.labels(protocol)
     await websocket.accept()
     connections.inc()
-    outbox: Outbox = asyncio.Queue()
-    writer = asyncio.create_task(write_frames(websocket, outbox))
+    outbox = Outbox(websocket, settings.max_queued_bytes_per_connection)
     payloads: set[asyncio.Task[None]] = set()
+    limit = settings.max_payloads_per_connection
 
-    async def going_away() -> None:  # the drain's end: every payload has its last frame
-        await asyncio.gather(*payloads, return_exceptions=True)
-        await close_going_away(websocket, outbox)
-
-    forget = gateway.drain.on_drained(going_away)
-    try:
+    async def read() -> None:
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
-                break
+                return
             raw = message.get("text") or message.get("bytes") or b""
-            task = asyncio.create_task(handle(raw, gateway, outbox))
+            if len(payloads) >= limit:
+                refuse(raw, gateway, outbox, too_many_payloads(limit))
+                continue
+            task = asyncio.create_task(serve(raw, gateway, outbox))
             payloads.add(task)
             task.add_done_callback(payloads.discard)
+
+    async def going_away() -> None:  # the drain's end: every payload has its last frame
+        await asyncio.gather(*payloads, return_exceptions=True)
+        await close_going_away(outbox)
+
+    forget = gateway.drain.on_drained(going_away)
+    reader = asyncio.create_task(read())
+    try:
+        if await until_overflow(reader, outbox):
+            await _cancel(set(payloads))  # each ends its prompts with an ERROR, queued in order
+            metrics.not_reading_closes.labels(protocol).inc()
+            outbox.close(POLICY_VIOLATION, outbox.why)
+            await outbox.closed()
     finally:
         forget()
         connections.dec()
-        for task in (*payloads, writer):
-            task.cancel()
-        await asyncio.gather(*payloads, writer, return_exceptions=True)
+        await _cancel({*payloads, reader})
+        await outbox.stop()
 
 
-async def write_frames(websocket: WebSocket, outbox: Outbox) -> None:
-    """Send each queued frame as one text message, in order, until the client is gone."""
-    with suppress(WebSocketDisconnect, RuntimeError):
-        while True:
-            frame = await outbox.get()
-            try:
-                await websocket.send({"type": "websocket.send", "text": frame.decode()})
-            finally:
-                outbox.task_done()
-
-
-async def close_going_away(websocket: WebSocket, outbox: Outbox) -> None:
-    """Send what is queued, then close with 1001: the server is going away."""
-    await outbox.join()
-    with suppress(RuntimeError):  # the client left first
-        await websocket.close(GOING_AWAY)
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -8,22 +8,25 @@ the client sees: the echo once every START has passed its checks, then each STAR
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import aclosing
 
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.routes.websocket_payloads import Outbox, serve_payloads
+from gateway.routes.outbox import Outbox
+from gateway.routes.websocket_payloads import serve_payloads
 from gateway.state import Gateway
+from protocols.errors import GenerationError
 from protocols.names import Protocol
-from protocols.ws_events import FrameEvents, decode_starts, encode_frame, error_event
+from protocols.ws_events import Error, FrameEvents, decode_starts, encode_frame
 
 log = logging.getLogger(__name__)
 
 
 async def ws_events(websocket: WebSocket) -> None:
-    await serve_payloads(websocket, _serve_frame, Protocol.WS_EVENTS)
+    await serve_payloads(websocket, Protocol.WS_EVENTS, _serve_frame, _refuse_frame)
 
 
 async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
@@ -32,7 +35,7 @@ async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> No
     )
     frames = FrameEvents(accepted, refused)
     for frame in frames.frames([]):
-        outbox.put_nowait(encode_frame(frame))
+        outbox.put(encode_frame(frame))
     if not accepted:
         return
     requests = [start.request(i) for i, start in enumerate(accepted)]
@@ -41,12 +44,25 @@ async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> No
         async with aclosing(steps):
             async for step in steps:
                 for frame in frames.frames(step):
-                    outbox.put_nowait(encode_frame(frame))
+                    outbox.put(encode_frame(frame))
+    except asyncio.CancelledError:
+        if outbox.overflowed.is_set():  # the client does not read: its STARTs end here
+            for frame in frames.abandon(outbox.why):
+                outbox.put(encode_frame(frame))
+        raise
     except Exception as e:  # a bug must still end every START with one terminal event
         log.exception("START frame failed")
-        message = f"Internal error: {type(e).__name__}: {e}"
-        for event_id in frames.unfinished:
-            outbox.put_nowait(encode_frame([error_event(event_id, message)]))
+        for frame in frames.abandon(f"Internal error: {type(e).__name__}: {e}"):
+            outbox.put(encode_frame(frame))
+
+
+def _refuse_frame(
+    raw: bytes | str, gateway: Gateway, outbox: Outbox, error: GenerationError
+) -> None:
+    """One ERROR array: an event for each id the frame names (null for one it cannot read)."""
+    accepted, refused = decode_starts(raw, gateway.settings.generation)
+    named = [a.start.id for a in accepted] + [r.error.id for r in refused]
+    outbox.put(encode_frame([Error(event_id, error.message) for event_id in dict.fromkeys(named)]))
 
 
 routes = [WebSocketRoute("/ws/events", ws_events)]
