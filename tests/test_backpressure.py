@@ -74,8 +74,8 @@ UNKNOWN_ACTION = json.dumps({"type": "control", "action": "bogus"})
 # What the flood may add to this process (the server runs in it): the gateway holds, for the
 # flooding connection, at most QUEUE bytes of frames, asyncio's 64 KiB write buffer, and the
 # message it is reading (the payloads here are under 1 KiB); the rest is the allocator's
-# rounding and the other client's request. Without the bounds the same flood passes this
-# within seconds (docs/SECURITY.md, "Backpressure"; the issue measured 0.9 to 3 GB).
+# rounding and the other client's request. Without the bounds the same flood passed it (134 MiB
+# after 115,000 payloads; the issue measured 0.9 to 3 GB).
 RSS_BOUND = 64 * 1024 * 1024
 DEFAULTS = SamplingOptions(max_new_tokens=8)
 
@@ -227,33 +227,32 @@ def test_a_ws_client_that_floods_and_never_reads_is_closed_and_the_server_stays_
     def grown() -> int:
         return process.memory_info().rss - before
 
-    ws = not_reading(server, "/ws")
     stop = threading.Event()
     sent = [0]
+    with not_reading(server, "/ws") as ws:
 
-    def flood() -> None:  # until the server stops reading: then `send` waits
-        with suppress(ConnectionClosed, OSError):
-            while not stop.is_set():
-                ws.send(flood_payload(sent[0]))
-                sent[0] += 1
+        def flood() -> None:  # until the server stops reading: then `send` waits
+            with suppress(ConnectionClosed, OSError):
+                while not stop.is_set():
+                    ws.send(flood_payload(sent[0]))
+                    sent[0] += 1
 
-    flooder = threading.Thread(target=flood, daemon=True)
-    flooder.start()
-    try:
-        wait_for(lambda: not_reading_closes(server, "ws") == 1 or grown() > RSS_BOUND)
-        assert grown() <= RSS_BOUND, f"{grown() >> 20} MiB more after {sent[0]} payloads"
-        stop.set()
-        wait_for(lambda: engine_requests() == 0)  # the flood's generations were aborted
-        other = payload(("other", CHAT.format("Hi")), generation_config=greedy(4))
-        answer = run_ws(server.ws, other, {"other"})  # while the flooder is still connected
-        assert events_of(answer, "other")[-1]["type"] == "COMPLETE"
-        frames, close = read_until_closed(ws)
-    finally:
-        stop.set()
-        with suppress(OSError):  # a failed test leaves the flooder blocked in `send`
-            ws.socket.shutdown(socket.SHUT_RDWR)
-        flooder.join()
-        ws.close()
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        try:
+            wait_for(lambda: not_reading_closes(server, "ws") == 1 or grown() > RSS_BOUND)
+            assert grown() <= RSS_BOUND, f"{grown() >> 20} MiB more after {sent[0]} payloads"
+            stop.set()
+            wait_for(lambda: engine_requests() == 0)  # the flood's generations were aborted
+            other = payload(("other", CHAT.format("Hi")), generation_config=greedy(4))
+            answer = run_ws(server.ws, other, {"other"})  # while the flooder is connected
+            assert events_of(answer, "other")[-1]["type"] == "COMPLETE"
+            frames, close = read_until_closed(ws)
+        finally:
+            stop.set()
+            with suppress(OSError):  # a failed test leaves the flooder blocked in `send`
+                ws.socket.shutdown(socket.SHUT_RDWR)
+            flooder.join()
     assert close.code == 1008 and "MAX_QUEUED_BYTES_PER_CONNECTION" in close.reason
     events = [event for frame in frames for event in frame]
     ends = Counter(e["request_id"] for e in events if e["type"] in TERMINAL)

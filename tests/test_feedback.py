@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +97,12 @@ def feedback(rating: float = 1, **fields: Any) -> str:
     return json.dumps({"type": "feedback", "rating": rating, **fields})
 
 
-def generated(server: RunningServer, key: str | None = None) -> ClientConnection:
+@contextmanager
+def generated(server: RunningServer, key: str | None = None) -> Iterator[ClientConnection]:
     """A control connection (with the key), after one generation: feedback needs one."""
-    ws = connect(server.ws + "/generate", subprotocols=[f"bearer.{key}"] if key else None)
-    generate(ws)
-    return ws
+    with connect(server.ws + "/generate", subprotocols=[f"bearer.{key}"] if key else None) as ws:
+        generate(ws)
+        yield ws
 
 
 def generate(ws: ClientConnection) -> None:
