@@ -145,8 +145,10 @@ def test_a_killed_engine_fails_each_stream_once_and_the_gateway_serves_again(
         control_ws.send(config(prompt, max_tokens=4, temperature=0))
         waiting = pool.submit(httpx.post, server.http + "/generate", json=tgi_body, timeout=None)
         server.loop.call(rebuilds.set)
-        wait_ready(server.http)
+        # Read while it rebuilds, as a client must: a status arrives each second, and a client
+        # that leaves them unread stops answering the server's keepalive pings.
         controlled = until(control_ws, "completion", "error")
+        wait_ready(server.http)
         answer = waiting.result()
     assert controlled[-1]["type"] == "completion", controlled
     assert {m["type"] for m in controlled} >= {"init", "token"}
