@@ -4,8 +4,8 @@ engine sequences it may.
 The main key first sends a short streamed chat (`/v1/completions`, `stream: true`) alone,
 `amplification_chats` times, one after the other: its idle TTFT. Then the amplifier key's
 clients (a key whose one limit is its concurrency) ask, back to back, for as many sequences as
-that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), the first of every
-four asks one more (which the gateway must refuse, naming the field), while the main key sends
+that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), every third ask one
+more (which the gateway must refuse, naming the field), while the main key sends
 the same chats again. The ratio of the two medians is what one key's largest asks cost
 another (issue 31's goal: <= 2x).
 """
@@ -93,12 +93,19 @@ def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, di
 
 
 async def _asker(
-    client: Client, prompt: str, sequences: int, tokens: int, stop: asyncio.Event, tally: _Tally
+    client: Client,
+    prompt: str,
+    sequences: int,
+    tokens: int,
+    stop: asyncio.Event,
+    tally: _Tally,
+    turn: int,
 ) -> None:
-    turn = 0
+    """From `turn` on (3 x the asker's index: each asker's first ask is one too many, the
+    askers' first ones `n` and `num_beams` by turns)."""
     while not stop.is_set():
         turn += 1
-        over = turn % 4 == 1  # the first ask of four is one sequence too many
+        over = turn % 3 == 1  # every third ask is one too many: n and num_beams by turns
         path, body = _ask(prompt, sequences + over, tokens, beams=turn % 2 == 0)
         async with client.session.post(
             client.base_url + path, data=msgspec.json.encode(body), headers=client.headers
@@ -147,8 +154,8 @@ async def measure_amplification(
     idle = await _chats(main, prompt, chats, chat_tokens)
     stop, tally = asyncio.Event(), _Tally()
     asking = [
-        asyncio.create_task(_asker(limited, prompt, sequences, ask_tokens, stop, tally))
-        for _ in range(askers)
+        asyncio.create_task(_asker(limited, prompt, sequences, ask_tokens, stop, tally, 3 * i))
+        for i in range(askers)
     ]
     try:
         running = asyncio.create_task(tally.running.wait())

@@ -85,8 +85,12 @@ def make_server(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[..
     """Another server on the shared engine, with its own settings (admission, store...)."""
     started: list[RunningServer] = []
 
-    def make(**env: str) -> RunningServer:
-        running = start_server(loop_thread, gateway_settings(**env), shared_loader(engine))
+    def make(send_buffer_bytes: int | None = None, **env: str) -> RunningServer:
+        """`send_buffer_bytes`: behind a slow network's stand-in (serving.start_server)."""
+        settings = gateway_settings(**env)
+        running = start_server(
+            loop_thread, settings, shared_loader(engine), False, send_buffer_bytes
+        )
         started.append(running)
         wait_ready(running.http)
         return running

@@ -15,8 +15,9 @@ import json
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import suppress
+from functools import partial
 from http.client import HTTPConnection
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,6 @@ from clients import (
     scrape,
     value,
     wait_for,
-    wait_ready,
 )
 from protocols.batch_events import PayloadFrames
 from protocols.batch_payload import Rejected
@@ -58,10 +58,10 @@ from protocols.events import (
 )
 from protocols.generation import PromptItem, SamplingOptions
 from protocols.ws_events import FrameEvents, decode_starts
-from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from serving import RunningServer
 
 if TYPE_CHECKING:  # it imports vLLM: not at collection
-    from gateway.engine.adapter import Engine
+    pass
 
 ESSAY = CHAT.format("Write a very long essay about rivers.")
 # A prompt of about 1,600 tokens: echoed in every `token` message of the control protocol, it
@@ -158,22 +158,9 @@ def test_an_abandoned_start_frame_ends_each_start_once() -> None:
 
 
 @pytest.fixture
-def slow_server(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[..., RunningServer]]:
+def slow_server(make_server: Callable[..., RunningServer]) -> Callable[..., RunningServer]:
     """A server on the shared engine behind a slow network's stand-in, with its own settings."""
-    started: list[RunningServer] = []
-
-    def make(**env: str) -> RunningServer:
-        settings = gateway_settings(**env)
-        running = start_server(
-            loop_thread, settings, shared_loader(engine), send_buffer_bytes=SEND_BUFFER
-        )
-        started.append(running)
-        wait_ready(running.http)
-        return running
-
-    yield make
-    for running in started:
-        running.stop()
+    return partial(make_server, send_buffer_bytes=SEND_BUFFER)
 
 
 def small_socket(port: int) -> socket.socket:

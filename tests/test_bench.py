@@ -254,6 +254,7 @@ def test_quick_soak_ends_every_prompt_once(
     assert amplification is not None and amplification.sequences == 2
     assert (amplification.server_errors, amplification.chat_failures) == (0, 0)
     assert amplification.asks_finished > 0 and amplification.over_asks > 0
+    assert amplification.over_asks >= 2  # each asker's first: `n`, then `num_beams`
     assert amplification.over_refused_naming_field == amplification.over_asks
     assert amplification.idle_ttft_p50_ms and amplification.contended_ttft_p50_ms
     assert goals["No amplification by sequences"].passed is None  # quick: a ratio of chance

@@ -6,22 +6,16 @@ read, still ends each of its accepted prompts with one event.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from contextlib import aclosing
-
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gateway.routes.outbox import Outbox
-from gateway.routes.websocket_payloads import serve_payloads
+from gateway.routes.websocket_payloads import send_steps, serve_payloads
 from gateway.state import Gateway
 from protocols.batch_events import NO_ID, ErrorEvent, PayloadFrames, encode_frame
 from protocols.batch_payload import decode_batch, refuse_repeated_ids
 from protocols.errors import GenerationError
 from protocols.names import Protocol
-
-log = logging.getLogger(__name__)
 
 
 async def batch_events(websocket: WebSocket) -> None:
@@ -46,20 +40,7 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
     steps = gateway.batches.run_prompts(
         batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS
     )
-    try:
-        async with aclosing(steps):
-            async for step in steps:
-                for frame in frames.frames(step):
-                    outbox.put(encode_frame(frame))
-    except asyncio.CancelledError:
-        if outbox.overflowed.is_set():  # the client does not read: its prompts end here
-            for frame in frames.abandon(outbox.why):
-                outbox.put(encode_frame(frame))
-        raise
-    except Exception as e:  # a bug must still end every accepted prompt with one event
-        log.exception("payload failed")
-        for frame in frames.abandon(f"Internal error: {type(e).__name__}: {e}"):
-            outbox.put(encode_frame(frame))
+    await send_steps(steps, frames, encode_frame, outbox)
 
 
 def _refuse_payload(

@@ -12,8 +12,11 @@ closes with 1008.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
+import logging
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from contextlib import aclosing
+from typing import Any, TypeVar
+from typing import Protocol as Interface
 
 from starlette.websockets import WebSocket
 
@@ -22,9 +25,47 @@ from gateway.state import Gateway, gateway_of
 from protocols.errors import ErrorKind, GenerationError
 from protocols.names import Protocol
 
+log = logging.getLogger(__name__)
 Handler = Callable[[bytes | str, Gateway, Outbox], Coroutine[Any, Any, None]]
 # A payload refused before it runs: each prompt it names gets the error, nothing else.
 Refusal = Callable[[bytes | str, Gateway, Outbox, GenerationError], None]
+
+
+Step = TypeVar("Step", contravariant=True)
+Frame = TypeVar("Frame")
+
+
+class PromptFrames(Interface[Step, Frame]):
+    """A payload's prompts as its protocol frames them: each engine step's frames, and the
+    frames that end every prompt still running with an error."""
+
+    def frames(self, step: Step) -> list[Frame]: ...
+
+    def abandon(self, message: str) -> list[Frame]: ...
+
+
+async def send_steps(
+    steps: AsyncGenerator[Step, None],
+    frames: PromptFrames[Step, Frame],
+    encode: Callable[[Frame], bytes],
+    outbox: Outbox,
+) -> None:
+    """Each step's frames into the outbox. A client that does not read (the outbox overflowed:
+    the payload is cancelled) or a bug still ends each running prompt with one error."""
+    try:
+        async with aclosing(steps):
+            async for step in steps:
+                for frame in frames.frames(step):
+                    outbox.put(encode(frame))
+    except asyncio.CancelledError:
+        if outbox.overflowed.is_set():
+            for frame in frames.abandon(outbox.why):
+                outbox.put(encode(frame))
+        raise
+    except Exception as e:
+        log.exception("payload failed")
+        for frame in frames.abandon(f"Internal error: {type(e).__name__}: {e}"):
+            outbox.put(encode(frame))
 
 
 def too_many_payloads(limit: int) -> GenerationError:

@@ -8,21 +8,15 @@ the client sees: the echo once every START has passed its checks, then each STAR
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from contextlib import aclosing
-
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from gateway.routes.outbox import Outbox
-from gateway.routes.websocket_payloads import serve_payloads
+from gateway.routes.websocket_payloads import send_steps, serve_payloads
 from gateway.state import Gateway
 from protocols.errors import GenerationError
 from protocols.names import Protocol
 from protocols.ws_events import Error, FrameEvents, decode_starts, encode_frame
-
-log = logging.getLogger(__name__)
 
 
 async def ws_events(websocket: WebSocket) -> None:
@@ -40,20 +34,7 @@ async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> No
         return
     requests = [start.request(i) for i, start in enumerate(accepted)]
     steps = gateway.batches.run(requests, Protocol.WS_EVENTS)
-    try:
-        async with aclosing(steps):
-            async for step in steps:
-                for frame in frames.frames(step):
-                    outbox.put(encode_frame(frame))
-    except asyncio.CancelledError:
-        if outbox.overflowed.is_set():  # the client does not read: its STARTs end here
-            for frame in frames.abandon(outbox.why):
-                outbox.put(encode_frame(frame))
-        raise
-    except Exception as e:  # a bug must still end every START with one terminal event
-        log.exception("START frame failed")
-        for frame in frames.abandon(f"Internal error: {type(e).__name__}: {e}"):
-            outbox.put(encode_frame(frame))
+    await send_steps(steps, frames, encode_frame, outbox)
 
 
 def _refuse_frame(
