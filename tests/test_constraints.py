@@ -87,7 +87,8 @@ def test_structured_outputs_and_guided() -> None:
     assert structured_outputs({"choice": ["x", "y"]}, field).value == ("x", "y")
     assert structured_outputs({"grammar": 'root ::= "a"'}, field).kind == "grammar"
     assert structured_outputs({"json_object": True}, field).value == ANY_OBJECT
-    for bad in ({}, {"regex": "a", "choice": ["b"]}, {"choice": []}, {"json_object": False}):
+    bads: list[dict[str, Any]] = [{}, {"regex": "a", "choice": ["b"]}, {"choice": []}]
+    for bad in [*bads, {"json_object": False}]:
         error = refusal(structured_outputs, bad, field)
         assert error.field is not None and error.field.startswith(field), bad
     assert refusal(structured_outputs, {"backend": "x"}, field).field == f"{field}.backend"
