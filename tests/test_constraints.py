@@ -30,6 +30,7 @@ from protocols.tgi import decode_tgi
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TEXT = json.dumps(SCHEMA)
+OPTIONS = SamplingOptions()
 
 
 def refusal(call: Any, *args: Any, **kwargs: Any) -> GenerationError:
@@ -159,3 +160,19 @@ def test_each_protocol_names_its_constraint_field() -> None:
         with pytest.raises(InvalidPayload) as caught:
             lmi(parameters)
         assert where in caught.value.error.message, (parameters, caught.value.error)
+
+
+def test_protocols_whose_spec_has_no_constraint_refuse_one_naming_it() -> None:
+    from protocols.batch_payload import decode_batch
+    from protocols.control import decode_client
+    from protocols.ws_events import decode_starts
+
+    regex = {"regex": "[a-z]+"}
+    prompts = [{"request_id": "a", "prompt": "p"}]
+    batch = decode_batch(json.dumps({"prompts": prompts, "generation_config": regex}), OPTIONS)
+    assert [r.error.field for r in batch.rejected] == ["$.generation_config.regex"]
+    start = {"type": "START", "id": "a", "data": "p", "parameters": {"json_schema": SCHEMA}}
+    _, refused = decode_starts(json.dumps([start]), OPTIONS)
+    assert [r.error.field for r in refused] == ["$[0].parameters.json_schema"]
+    config = {"type": "config", "prompt": "p", "parameters": {"grammar": "root ::= x"}}
+    assert refusal(decode_client, json.dumps(config)).field == "$.parameters.grammar"
