@@ -196,8 +196,8 @@ def _checked_params(options: SamplingOptions, *kind: RequestOutputKind) -> Sampl
 def _engine_failure(reason: str | None, constrained: bool = False) -> GenerationError:
     if constrained and reason == "error":
         # What vLLM's engine core answers when the grammar it compiles for the request fails
-        # (after its own check let the constraint through): the request's fault.
-        message = "The engine could not compile the output constraint"
+        # (after its own check let the constraint through), or rejects a token.
+        message = "The engine could not hold the output to its constraint (its grammar failed)"
         return UncompilableConstraint(ErrorKind.UNPROCESSABLE, message)
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
 
