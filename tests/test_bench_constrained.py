@@ -42,3 +42,10 @@ def test_the_quick_constrained_scenario_measures_every_variant(
     assert "| 2 | json_schema |" in text and "x unconstrained" in text
     with pytest.raises(SystemExit):
         parse(["--scenario", "constrained", "--variants", "regex"])  # no baseline
+
+
+def test_list_options_take_their_items_type() -> None:
+    from gateway_bench.constrained import parse
+
+    options = parse(["--scenario", "constrained", "--concurrency", "4", "32"])
+    assert options.concurrency == [4, 32]
