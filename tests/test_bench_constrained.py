@@ -36,7 +36,8 @@ def test_the_quick_constrained_scenario_measures_every_variant(
     assert measured == {(c, v) for c in options.concurrency for v in VARIANTS}
     assert all(r.failed == 0 and r.tok_s > 0 and r.ratio is not None for r in report.rows)
     # Every answer is output_tokens long: no constraint lets an answer end sooner.
-    assert all(r.tokens == r.concurrency * options.output_tokens for r in report.rows)
+    each = options.output_tokens * options.rounds * options.repeats
+    assert all(r.tokens == r.concurrency * each for r in report.rows)
     assert json.loads((out / "report.json").read_text())["rows"]
     text = markdown(report)
     assert "| 2 | json_schema |" in text and "x unconstrained" in text
