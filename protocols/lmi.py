@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.constraints import (
+    Choices,
     Constraint,
     constrained,
     guided,
@@ -96,7 +97,7 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Choices | None = None
     guided_grammar: str | None = None
     grammar: Any = None
 
