@@ -53,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway_bench.mixed import main as mixed
 
         return mixed(args)
+    if _scenario(args) == "constrained":
+        from gateway_bench.constrained import main as constrained
+
+        return constrained(args)
     if _scenario(args) == "replicas":
         from gateway_bench.replica_bench import main as replicas
 

@@ -36,7 +36,8 @@ def parse_options(scenario: str, cls: type[T], quick: Mapping[str, Any], argv: S
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif isinstance(default, list):
-            parser.add_argument(flag, nargs="+", default=None)
+            item = type(default[0]) if default else str  # `--concurrency 1 32`: ints
+            parser.add_argument(flag, nargs="+", type=item, default=None)
         else:
             parser.add_argument(flag, type=type(default), default=None)
     given = vars(parser.parse_args(list(argv)))

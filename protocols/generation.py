@@ -114,8 +114,11 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     n: Count = 1  # sequences to return (non-streaming)
     stop_token_ids: tuple[TokenId, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # At most one constraint on the output (protocols/constraints.py, vLLM's structured outputs):
     json_schema: str | None = None  # the answer must be JSON valid against it (a JSON text)
-    regex: str | None = None  # the answer must match it whole (never with json_schema)
+    regex: str | None = None  # the answer must match it whole
+    grammar: str | None = None  # an EBNF or Lark grammar the answer follows
+    choice: tuple[str, ...] | None = None  # the answer is one of these
     include_stop_str_in_output: bool = False
     logprobs: LogprobCount | None = None  # alternatives per generated token; 0: the chosen only
     prompt_logprobs: LogprobCount | None = None
@@ -140,6 +143,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     `options`, named as its fields are). `holdback`
     carries held-back text from one engine request of a generation to the next. `priority` is
     the class the request asked for, where its protocol has a field for it.
+    `constraint_field` is where the request gave its output constraint (`options.json_schema`,
+    `regex`, `grammar`, `choice`), as its protocol spells the path: a constraint the engine
+    cannot compile is refused naming it.
     """
 
     options: SamplingOptions
@@ -154,3 +160,4 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     asked: tuple[SequencesAsked, ...] = ()
     holdback: Holdback | None = None
     priority: int | None = None
+    constraint_field: str | None = None

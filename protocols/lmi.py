@@ -12,6 +12,15 @@ from typing import Annotated, Any, Literal, assert_never, get_type_hints
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from protocols.constraints import (
+    Choices,
+    Constraint,
+    constrained,
+    guided,
+    only_one,
+    structured_outputs,
+    tgi_grammar,
+)
 from protocols.errors import ErrorKind, GenerationError, refuse, validation_error
 from protocols.events import Finished, TokenInfo, TopToken, best_sequences, stop_cause, top_tokens
 from protocols.generation import (
@@ -83,6 +92,14 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     spaces_between_special_tokens: bool | None = None
     truncate: Truncate | None = None
     priority: Priority | None = None  # the gateway's: a class at or behind the route's
+    # Output constraints (protocols/constraints.py): vLLM's, which LMI passes through to it
+    # (`structured_outputs`; `guided_*` before vLLM 0.12), and TGI's under OPTION_TGI_COMPAT.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: str | None = None
+    grammar: Any = None
 
 
 # The parameters' shape without their ranges: a payload that fits it is valid, and a value
@@ -118,6 +135,7 @@ class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     details: bool
     return_full_text: bool
     tgi_compat: bool
+    constraint_field: str | None = None  # where the output constraint was given
 
 
 class InvalidPayload(Exception):
@@ -219,6 +237,8 @@ def decode_lmi(
         options, returned = lmi_options(
             p, streaming=streaming, details=details, max_new_tokens=max_new_tokens
         )
+        constraint = lmi_constraint(p, tgi_compat=tgi_compat)
+        options = constrained(options, constraint)
     except msgspec.ValidationError as e:
         raise InvalidPayload(validation_error(e, "$.parameters"), dynamic, output) from e
     except GenerationError as e:
@@ -237,7 +257,36 @@ def decode_lmi(
         details=details,
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,
+        constraint_field=constraint.field if constraint is not None else None,
     )
+
+
+def lmi_constraint(p: LmiParameters, *, tgi_compat: bool) -> Constraint | None:
+    """The one output constraint the parameters give, if any; never with beam search."""
+    path = "$.parameters"
+    grammar = None
+    if p.grammar is not None:
+        if not tgi_compat:
+            raise refuse(
+                "grammar",
+                "`grammar` is TGI's, taken under OPTION_TGI_COMPAT: send "
+                "`structured_outputs` (vLLM's form)",
+            )
+        grammar = tgi_grammar(p.grammar, f"{path}.grammar")
+    vllm = None
+    if p.structured_outputs is not None:
+        vllm = structured_outputs(p.structured_outputs, f"{path}.structured_outputs")
+    legacy = guided(
+        path,
+        json=p.guided_json,
+        regex=p.guided_regex,
+        choice=p.guided_choice,
+        grammar=p.guided_grammar,
+    )
+    constraint = only_one(vllm, legacy, grammar)
+    if constraint is not None and (p.num_beams or 1) > 1:
+        raise refuse("num_beams", f"num_beams > 1 cannot be used with `{constraint.field}`")
+    return constraint
 
 
 def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:

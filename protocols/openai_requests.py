@@ -11,6 +11,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from protocols.constraints import (
+    Constraint,
+    ResponseFormat,
+    constrained,
+    only_one,
+    response_format,
+    structured_outputs,
+)
 from protocols.errors import invalid, validation_error
 from protocols.events import History, token_array
 from protocols.generation import (
@@ -66,6 +74,7 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     min_tokens: MinTokens = 0
     priority: Priority | None = None  # a class at or behind the route's (docs/PRIORITIES.md)
+    structured_outputs: dict[str, Any] | None = None  # protocols/constraints.py reads it
 
 
 class TextPart(msgspec.Struct):
@@ -125,9 +134,14 @@ def decode_chat(raw: bytes, context: int) -> OpenAICall:
     top = (body.top_logprobs or 0) if body.logprobs else None
     limit = body.max_completion_tokens or body.max_tokens or context
     options = _options(body, limit, top)
-    if body.response_format is not None:
-        options = msgspec.structs.replace(options, json_schema=_schema(body.response_format))
-    prompt = GenerationRequest(options=options, messages=messages, prompt_field="messages")
+    fmt = None if body.response_format is None else response_format(body.response_format)
+    constraint = only_one(fmt, _structured(body))
+    prompt = GenerationRequest(
+        options=constrained(options, constraint),
+        messages=messages,
+        prompt_field="messages",
+        constraint_field=constraint.field if constraint is not None else None,
+    )
     return _call(body, [prompt], top)
 
 
@@ -141,9 +155,13 @@ def decode_completion(raw: bytes, context: int) -> OpenAICall:
     # OpenAI's default: 16. The prompt alone: vLLM's way, one token generated, not reported.
     limit = 16 if body.max_tokens is None else max(body.max_tokens, 1)
     options = _options(body, limit, body.logprobs)
+    constraint = _structured(body)
+    options = constrained(options, constraint)
     if body.echo and body.logprobs is not None:
         options = msgspec.structs.replace(options, prompt_logprobs=body.logprobs)
     requests = [_prompt_request(options, prompt, field) for prompt, field in prompts]
+    if constraint is not None:
+        requests = [msgspec.structs.replace(r, constraint_field=constraint.field) for r in requests]
     call = _call(body, requests, body.logprobs)
     if body.echo:
         # A streamed echo comes whole, one chunk per choice: the prompt's log-probabilities
@@ -219,29 +237,11 @@ def _prompt_request(
     return GenerationRequest(options=options, history=history, prompt_field=field)
 
 
-class JsonSchema(msgspec.Struct, kw_only=True):
-    name: str = "answer"
-    schema_: dict[str, Any] = msgspec.field(default_factory=dict, name="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(msgspec.Struct, kw_only=True):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchema | None = None
-
-
-def _schema(response_format: ResponseFormat) -> str | None:
-    """The JSON schema vLLM's structured output is held to (a JSON object: `{"type":
-    "object"}`), or None for free text."""
-    match response_format.type:
-        case "text":
-            return None
-        case "json_object":
-            return '{"type": "object"}'
-        case "json_schema":
-            if response_format.json_schema is None:
-                raise invalid("json_schema needs its `json_schema`", "response_format.json_schema")
-            return msgspec.json.encode(response_format.json_schema.schema_).decode()
+def _structured(body: _Common) -> Constraint | None:
+    """vLLM's `structured_outputs` extension, when given."""
+    if body.structured_outputs is None:
+        return None
+    return structured_outputs(body.structured_outputs, "structured_outputs")
 
 
 def decode_body(raw: bytes, kind: type[Any]) -> Any:

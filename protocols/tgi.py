@@ -12,6 +12,7 @@ from typing import Annotated, Any, assert_never
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from protocols.constraints import constrained, tgi_grammar
 from protocols.errors import ErrorKind, GenerationError, named, refuse, validation_error
 from protocols.events import (
     Finished,
@@ -61,7 +62,7 @@ class TgiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     decoder_input_details: bool | None = None
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
     top_n_tokens: Annotated[int, Meta(ge=0, le=MAX_TOP_N_TOKENS)] | None = None
-    grammar: Any = None
+    grammar: Any = None  # protocols/constraints.py reads it
     adapter_id: str | None = None
     # Not TGI's: the gateway's extension (vLLM's benchmark client sends it to TGI).
     ignore_eos_token: bool | None = None
@@ -86,6 +87,7 @@ class TgiCall(msgspec.Struct, frozen=True, kw_only=True):
     details: bool
     return_full_text: bool
     seed: int | None  # reported in details when sampling
+    constraint_field: str | None = None  # `$.parameters.grammar`, when given
 
 
 def decode_tgi(
@@ -106,8 +108,6 @@ def decode_tgi(
     prefill = bool(p.decoder_input_details)
     if p.watermark:
         raise refuse("watermark", "watermarking is not supported by this server")
-    if p.grammar is not None:
-        raise refuse("grammar", "grammar-constrained generation is not supported by this server")
     if p.adapter_id is not None:
         raise refuse("adapter_id", "this server serves no LoRA adapters")
     if best_of > 1:
@@ -140,10 +140,11 @@ def decode_tgi(
         prompt_logprobs=0 if prefill else None,
         n=best_of,
     )
+    grammar = None if p.grammar is None else tgi_grammar(p.grammar, "$.parameters.grammar")
     full_text = full_text_default if p.return_full_text is None else p.return_full_text
     return TgiCall(
         inputs=payload.inputs,
-        options=options,
+        options=constrained(options, grammar),
         asked=sequences_asked("$.parameters", best_of=best_of),
         top_n=top_n,
         truncate=p.truncate,
@@ -151,6 +152,7 @@ def decode_tgi(
         details=details,
         return_full_text=full_text,
         seed=p.seed if sampling else None,
+        constraint_field=grammar.field if grammar is not None else None,
     )
 
 

@@ -323,7 +323,7 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
         ({"best_of": 2}, "sampling"),
         ({"best_of": 2, "do_sample": True, "seed": 1}, "seed"),
         ({"watermark": True}, "watermark"),
-        ({"grammar": {"type": "regex", "value": "a"}}, "grammar"),
+        ({"grammar": {"type": "xml", "value": "a"}}, "xml"),
         ({"adapter_id": "x"}, "adapter"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"top_n_tokens": 6}, "top_n_tokens"),

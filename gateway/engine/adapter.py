@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import os
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
@@ -40,6 +41,7 @@ from gateway.engine.cpu_defaults import (
     resolve_dtype,
 )
 from gateway.engine.meter import Meter
+from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import Delta, TokenInfo, TopToken
 from protocols.generation import SamplingOptions
@@ -141,7 +143,20 @@ def _structured(options: SamplingOptions) -> StructuredOutputsParams | None:
         return StructuredOutputsParams(json=options.json_schema)
     if options.regex is not None:
         return StructuredOutputsParams(regex=options.regex)
+    if options.grammar is not None:
+        return StructuredOutputsParams(grammar=options.grammar)
+    if options.choice is not None:
+        return StructuredOutputsParams(choice=list(options.choice))
     return None
+
+
+def _from_structured_outputs(error: Exception) -> bool:
+    """Whether vLLM raised `error` checking a request's structured-output constraint (its
+    grammar backend could not compile it), rather than another of its parameters."""
+    return any(
+        frame.f_code.co_name == "_validate_structured_outputs"
+        for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
 
 
 def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
@@ -154,6 +169,8 @@ def _refusal(error: VLLMValidationError) -> GenerationError:
     cannot compile, a stop token outside the vocabulary): the request's fault, not the
     engine's."""
     message = f"The engine refused the request: {error}"
+    if _from_structured_outputs(error):
+        return UncompilableConstraint(ErrorKind.UNPROCESSABLE, message)
     return GenerationError(ErrorKind.UNPROCESSABLE, message)
 
 
@@ -176,7 +193,12 @@ def _checked_params(options: SamplingOptions, *kind: RequestOutputKind) -> Sampl
         raise _refusal(e) from e
 
 
-def _engine_failure(reason: str | None) -> GenerationError:
+def _engine_failure(reason: str | None, constrained: bool = False) -> GenerationError:
+    if constrained and reason == "error":
+        # What vLLM's engine core answers when the grammar it compiles for the request fails
+        # (after its own check let the constraint through), or rejects a token.
+        message = "The engine could not hold the output to its constraint (its grammar failed)"
+        return UncompilableConstraint(ErrorKind.UNPROCESSABLE, message)
     return GenerationError(ErrorKind.ENGINE_ERROR, f"The engine ended the request: {reason}")
 
 
@@ -365,10 +387,16 @@ class Engine:
         )
         return TokenInfo(token_id, text, logprob, tuple(others), special)
 
-    def _step(self, output: RequestOutput, completion: CompletionOutput, first: bool) -> EngineStep:
+    def _step(
+        self,
+        output: RequestOutput,
+        completion: CompletionOutput,
+        first: bool,
+        constrained: bool = False,
+    ) -> EngineStep:
         reason = completion.finish_reason
         if reason in _FAILED:
-            raise _engine_failure(reason)
+            raise _engine_failure(reason, constrained)
         step = EngineStep(
             completion.text,
             completion.token_ids,
@@ -413,9 +441,10 @@ class Engine:
         params = _checked_params(asked)
         outputs = self.llm.generate(tokens_input(token_ids), params, request_id, priority=priority)
         first = True
+        constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
-                step = self._step(output, output.outputs[0], first)
+                step = self._step(output, output.outputs[0], first, constrained)
                 first = False
                 if whole and step.is_eos and step.token_ids:
                     step.text = step.text.removesuffix(self._piece(step.token_ids[-1], options))
@@ -436,11 +465,12 @@ class Engine:
         request_id = f"gw-{next(self._ids)}"
         params = _checked_params(options, RequestOutputKind.FINAL_ONLY)
         outputs = self.llm.generate(tokens_input(token_ids), params, request_id, priority=priority)
+        constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
                 if output.finished:
                     steps = [
-                        self._cut_at_stop(self._step(output, c, True), options)
+                        self._cut_at_stop(self._step(output, c, True, constrained), options)
                         for c in output.outputs
                     ]
                     if meter is not None:

@@ -38,6 +38,7 @@ from gateway.engine.adapter import Engine, EngineStep, SchedulerView
 from gateway.engine.affinity import AFFINITY
 from gateway.engine.loader import local_loader
 from gateway.engine.meter import Meter
+from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
 
@@ -67,6 +68,12 @@ class ReplicaFailure(msgspec.Struct, frozen=True):
     kind: ErrorKind
     message: str
     field: str | None = None
+    constraint: bool = False  # an UncompilableConstraint
+
+    @classmethod
+    def of(cls, error: GenerationError) -> ReplicaFailure:
+        constraint = isinstance(error, UncompilableConstraint)
+        return cls(error.kind, error.message, error.field, constraint)
 
 
 class ReplicaInfo(msgspec.Struct, frozen=True):
@@ -123,7 +130,7 @@ class EngineReplica:
             async for step in steps:
                 yield step
         except GenerationError as e:
-            yield ReplicaFailure(e.kind, e.message, e.field)
+            yield ReplicaFailure.of(e)
         finally:
             await steps.aclose()  # a cancelled call aborts the engine request here
 
@@ -134,7 +141,7 @@ class EngineReplica:
         try:
             return await self.engine.complete(token_ids, options, None, *args, **kwargs)
         except GenerationError as e:
-            return ReplicaFailure(e.kind, e.message, e.field)
+            return ReplicaFailure.of(e)
 
     async def beam_search(
         self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
@@ -143,7 +150,7 @@ class EngineReplica:
         try:
             return await self.engine.beam_search(token_ids, options, None, *args, **kwargs)
         except GenerationError as e:
-            return ReplicaFailure(e.kind, e.message, e.field)
+            return ReplicaFailure.of(e)
 
     def check_health(self) -> None:
         """Serve replaces a replica whose engine died."""
@@ -170,7 +177,8 @@ def _unavailable(error: RayError | AioRpcError) -> GenerationError:
 
 def _raised(item: object) -> None:
     if isinstance(item, ReplicaFailure):
-        raise GenerationError(item.kind, item.message, item.field)
+        kind = UncompilableConstraint if item.constraint else GenerationError
+        raise kind(item.kind, item.message, item.field)
 
 
 class ReplicaEngine(Engine):

@@ -32,6 +32,7 @@ from gateway.engine_path.admission import Admission
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
 from gateway.engine_path.sequences import SequenceBounds, checked_sequences
+from protocols.constraints import is_constrained, placed
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import (
     Delta,
@@ -146,7 +147,7 @@ class GenerationService:
                     async for event in steps:
                         yield event
         except GenerationError as e:
-            yield _failed(request.index, e)
+            yield _failed(request.index, placed(e, request.constraint_field))
         except Exception as e:
             log.exception("generation failed (%s, request_id %r)", protocol, request_id)
             error = GenerationError(ErrorKind.ENGINE_ERROR, f"Generation failed: {e}")
@@ -237,6 +238,10 @@ async def _engine_events(
         yield Initialized(index, history.text)
         yield _finished(request, history, [EngineStep("", [], True, True, "stop", 0)], started)
         return
+    if options.num_beams > 1 and is_constrained(options):
+        field = request.constraint_field or "num_beams"
+        # Beam search (gateway/engine/beams.py) scores next tokens with no grammar.
+        raise invalid(f"An output constraint cannot be used with beam search - at `{field}`", field)
     if options.num_beams > 1 or options.n > 1 or not request.stream:
         run = engine.beam_search if options.num_beams > 1 else engine.complete
         steps = await run(token_ids, options, meter, priority)

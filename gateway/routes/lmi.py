@@ -73,6 +73,7 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
             priority=lmi.priority,
             prompt_field=f"$.inputs[{i}]" if lmi.dynamic else "$.inputs",
             asked=lmi.asked,
+            constraint_field=lmi.constraint_field,
         )
         for i, prompt in enumerate(lmi.inputs)
     ]

@@ -73,6 +73,7 @@ async def _serve(
         truncate=call.truncate,
         prompt_field="$.inputs",
         asked=call.asked,
+        constraint_field=call.constraint_field,
     )
     events = gateway.service.generate(generation, Protocol.TGI)
     if not call.stream:

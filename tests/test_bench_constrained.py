@@ -1,0 +1,52 @@
+"""`llm-gateway bench --scenario constrained --quick` on the session's server: every variant at
+every concurrency measured and reported, with its ratio to the unconstrained run (what this
+asserts, never a speed figure: docs/BENCHMARKS.md has those)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from gateway.config.settings import served_model_name
+from gateway_bench.targets import Endpoint
+from serving import RunningServer, gateway_settings
+
+pytest.importorskip("aiohttp", reason="the bench extra is not installed")
+
+
+def test_the_quick_constrained_scenario_measures_every_variant(
+    tmp_path: Path, server: RunningServer
+) -> None:
+    from gateway_bench.constrained import VARIANTS, markdown, parse, run_constrained
+
+    options = parse(["--scenario", "constrained", "--quick", "--out", str(tmp_path)])
+    served = served_model_name(gateway_settings().engine)
+
+    @asynccontextmanager
+    async def running() -> AsyncIterator[Endpoint]:
+        yield Endpoint(server.http, model=served)
+
+    report, out = asyncio.run(run_constrained(options, "bench --quick", running))
+    measured = {(r.concurrency, r.variant) for r in report.rows}
+    assert measured == {(c, v) for c in options.concurrency for v in VARIANTS}
+    assert all(r.failed == 0 and r.tok_s > 0 and r.ratio is not None for r in report.rows)
+    # Every answer is output_tokens long: no constraint lets an answer end sooner.
+    each = options.output_tokens * options.rounds * options.repeats
+    assert all(r.tokens == r.concurrency * each for r in report.rows)
+    assert json.loads((out / "report.json").read_text())["rows"]
+    text = markdown(report)
+    assert "| 2 | json_schema |" in text and "x unconstrained" in text
+    with pytest.raises(SystemExit):
+        parse(["--scenario", "constrained", "--variants", "regex"])  # no baseline
+
+
+def test_list_options_take_their_items_type() -> None:
+    from gateway_bench.constrained import parse
+
+    options = parse(["--scenario", "constrained", "--concurrency", "4", "32"])
+    assert options.concurrency == [4, 32]
