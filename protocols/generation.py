@@ -139,7 +139,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     it, for the engine path to hold to their bounds and the caller's limit (empty: read from
     `options`, named as its fields are). `holdback`
     carries held-back text from one engine request of a generation to the next. `priority` is
-    the class the request asked for, where its protocol has a field for it.
+    the class the request asked for, where its protocol has a field for it. `adapter` names the
+    LoRA adapter to generate with (None: the base model), `adapter_field` where the request
+    named it.
     """
 
     options: SamplingOptions
@@ -154,3 +156,5 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     asked: tuple[SequencesAsked, ...] = ()
     holdback: Holdback | None = None
     priority: int | None = None
+    adapter: str | None = None
+    adapter_field: str = "model"

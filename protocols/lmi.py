@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, assert_never, get_type_hints
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from protocols.errors import ErrorKind, GenerationError, refuse, validation_error
+from protocols.errors import ErrorKind, GenerationError, invalid, refuse, validation_error
 from protocols.events import Finished, TokenInfo, TopToken, best_sequences, stop_cause, top_tokens
 from protocols.generation import (
     MAX_STOP_SEQUENCES,
@@ -47,6 +47,10 @@ MEDIA_TYPES: dict[Output, str] = {
     "jsonlines": "application/jsonlines",
     "sse": "text/event-stream",
 }
+
+# SageMaker names an endpoint's inference component (boto3: InferenceComponentName) here: the
+# gateway serves each LoRA adapter as one (docs/ADAPTERS.md).
+INFERENCE_COMPONENT = "X-Amzn-SageMaker-Inference-Component"
 
 
 # --- Request ------------------------------------------------------------------------------------
@@ -98,6 +102,8 @@ _PARAMETER_TYPES = msgspec.defstruct(
 class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     inputs: NonEmpty | Annotated[list[NonEmpty], Meta(min_length=1)]
     parameters: LmiParameters | None = None
+    # LMI's LoRA adapter by name: one for every input, or a list with one per input.
+    adapters: NonEmpty | list[NonEmpty] | None = None
     stream: bool | None = None
 
 
@@ -118,6 +124,8 @@ class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     details: bool
     return_full_text: bool
     tgi_compat: bool
+    adapters: tuple[str | None, ...] = ()  # each input's adapter (empty: none for any)
+    adapters_from: str = "$.adapters"  # where they were named: the field, or a header
 
 
 class InvalidPayload(Exception):
@@ -224,6 +232,7 @@ def decode_lmi(
     except GenerationError as e:
         raise InvalidPayload(e, dynamic, output) from e
     inputs = payload.inputs if isinstance(payload.inputs, list) else [payload.inputs]
+    adapters = _adapters(payload.adapters, len(inputs), dynamic)
     return LmiRequest(
         inputs=inputs,
         dynamic=dynamic,
@@ -237,7 +246,39 @@ def decode_lmi(
         details=details,
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,
+        adapters=adapters,
     )
+
+
+def _adapters(given: str | list[str] | None, inputs: int, dynamic: bool) -> tuple[str | None, ...]:
+    if given is None:
+        return ()
+    if isinstance(given, str):
+        return (given,) * inputs
+    if len(given) != inputs:
+        error = invalid(
+            f"`adapters` names {len(given)} adapters for {inputs} inputs: give one adapter "
+            "for all inputs, or a list with one per input - at `$.adapters`",
+            "$.adapters",
+        )
+        raise InvalidPayload(error, dynamic)
+    return tuple(given)
+
+
+def adapter_field(lmi: LmiRequest, index: int) -> str:
+    """Where the request named input `index`'s adapter."""
+    if lmi.adapters_from == "$.adapters" and lmi.dynamic and len(set(lmi.adapters)) > 1:
+        return f"$.adapters[{index}]"
+    return lmi.adapters_from
+
+
+def with_component(lmi: LmiRequest, component: str | None) -> LmiRequest:
+    """SageMaker's inference component (its header) as every input's adapter, where the
+    payload names none."""
+    if component is None or lmi.adapters:
+        return lmi
+    adapters = (component,) * len(lmi.inputs)
+    return msgspec.structs.replace(lmi, adapters=adapters, adapters_from=INFERENCE_COMPONENT)
 
 
 def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:

@@ -86,6 +86,7 @@ class TgiCall(msgspec.Struct, frozen=True, kw_only=True):
     details: bool
     return_full_text: bool
     seed: int | None  # reported in details when sampling
+    adapter: str | None = None  # `parameters.adapter_id`: a LoRA adapter's name
 
 
 def decode_tgi(
@@ -108,8 +109,6 @@ def decode_tgi(
         raise refuse("watermark", "watermarking is not supported by this server")
     if p.grammar is not None:
         raise refuse("grammar", "grammar-constrained generation is not supported by this server")
-    if p.adapter_id is not None:
-        raise refuse("adapter_id", "this server serves no LoRA adapters")
     if best_of > 1:
         if streaming:
             raise refuse("best_of", "`best_of` != 1 is not supported when streaming tokens")
@@ -151,6 +150,7 @@ def decode_tgi(
         details=details,
         return_full_text=full_text,
         seed=p.seed if sampling else None,
+        adapter=p.adapter_id,
     )
 
 

@@ -73,6 +73,8 @@ async def _serve(
         truncate=call.truncate,
         prompt_field="$.inputs",
         asked=call.asked,
+        adapter=call.adapter,
+        adapter_field="$.parameters.adapter_id",
     )
     events = gateway.service.generate(generation, Protocol.TGI)
     if not call.stream:
