@@ -103,7 +103,7 @@ class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     inputs: NonEmpty | Annotated[list[NonEmpty], Meta(min_length=1)]
     parameters: LmiParameters | None = None
     # LMI's LoRA adapter by name: one for every input, or a list with one per input.
-    adapters: NonEmpty | list[NonEmpty] | None = None
+    adapters: NonEmpty | list[NonEmpty | None] | None = None
     stream: bool | None = None
 
 
@@ -250,7 +250,9 @@ def decode_lmi(
     )
 
 
-def _adapters(given: str | list[str] | None, inputs: int, dynamic: bool) -> tuple[str | None, ...]:
+def _adapters(
+    given: str | list[str | None] | None, inputs: int, dynamic: bool
+) -> tuple[str | None, ...]:
     if given is None:
         return ()
     if isinstance(given, str):

@@ -30,7 +30,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats
 
 from gateway.config.adapters import configured_adapters, lora_enabled
-from gateway.config.settings import EngineSettings
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine.beams import beam_search
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
 from gateway.engine.cpu_defaults import (
@@ -269,7 +269,11 @@ class Engine:
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
         view = SchedulerView()
         stats = partial(_SchedulerStats, view)
-        adapters = Adapters(configured_adapters(settings), enabled=lora_enabled(settings))
+        adapters = Adapters(
+            configured_adapters(settings),
+            enabled=lora_enabled(settings),
+            base=served_model_name(settings),
+        )
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
         return cls(llm, llm.model_config.max_model_len, reason, view, adapters)
 

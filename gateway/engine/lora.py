@@ -23,10 +23,12 @@ class Adapter:
 
 
 class Adapters:
-    """The adapters by name; empty when LoRA is off (`enabled` False)."""
+    """The adapters by name; empty when LoRA is off (`enabled` False). A request naming
+    `base` (the served model's name) asks for no adapter."""
 
-    def __init__(self, adapters: dict[str, Path], *, enabled: bool) -> None:
+    def __init__(self, adapters: dict[str, Path], *, enabled: bool, base: str = "") -> None:
         self.enabled = enabled
+        self.base = base
         self._ids = itertools.count(1)
         self._by_name: dict[str, Adapter] = {}
         for name, path in adapters.items():
@@ -59,8 +61,13 @@ class Adapters:
             field,
         )
 
+    def check(self, name: str | None, field: str) -> None:
+        """Raises INVALID_REQUEST naming `field` unless `name` is an adapter, or the base."""
+        if name is not None and name != self.base:
+            self.get(name, field)
+
     def lora_request(self, name: str | None, field: str = "adapter") -> LoRARequest | None:
-        if name is None:
+        if name is None or name == self.base:
             return None
         from vllm.lora.request import LoRARequest
 

@@ -78,6 +78,7 @@ class ReplicaInfo(msgspec.Struct, frozen=True):
     dtype_reason: str
     eos_token_ids: frozenset[int]
     adapters: dict[str, Path] = msgspec.field(default_factory=dict)  # the replica's, by name
+    base_model: str = ""  # the name that asks for no adapter
 
 
 class EngineReplica:
@@ -110,7 +111,13 @@ class EngineReplica:
         e = self.engine
         adapters = {name: e.adapters.get(name, "adapter").path for name in e.adapters.names}
         return ReplicaInfo(
-            e.tokenizer, e.max_model_len, e.dtype, e.dtype_reason, e.eos_token_ids, adapters
+            e.tokenizer,
+            e.max_model_len,
+            e.dtype,
+            e.dtype_reason,
+            e.eos_token_ids,
+            adapters,
+            e.adapters.base,
         )
 
     def served(self, key: str) -> tuple[str, int, int]:
@@ -196,7 +203,7 @@ class ReplicaEngine(Engine):
         self._on_shutdown = on_shutdown
         self._running = 0
         self.scheduler = SchedulerView()  # stays empty: each replica's engine counts its own
-        self.adapters = Adapters(info.adapters, enabled=bool(info.adapters))
+        self.adapters = Adapters(info.adapters, enabled=bool(info.adapters), base=info.base_model)
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()

@@ -133,8 +133,7 @@ class GenerationService:
             if self.deadlines.draining:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             engine = await self.holder.wait()
-            if request.adapter is not None:
-                engine.adapters.get(request.adapter, request.adapter_field)
+            engine.adapters.check(request.adapter, request.adapter_field)
             history = await _history(engine, request)
             yield Queued(request.index, history.token_ids)
             priority = self.classes.of(protocol, request.priority)
