@@ -145,7 +145,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     the class the request asked for, where its protocol has a field for it.
     `constraint_field` is where the request gave its output constraint (`options.json_schema`,
     `regex`, `grammar`, `choice`), as its protocol spells the path: a constraint the engine
-    cannot compile is refused naming it.
+    cannot compile is refused naming it. `adapter` names the LoRA adapter to generate with
+    (None: the base model), `adapter_field` where the request named it.
     """
 
     options: SamplingOptions
@@ -161,3 +162,5 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     holdback: Holdback | None = None
     priority: int | None = None
     constraint_field: str | None = None
+    adapter: str | None = None
+    adapter_field: str = "model"

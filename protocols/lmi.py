@@ -21,7 +21,7 @@ from protocols.constraints import (
     structured_outputs,
     tgi_grammar,
 )
-from protocols.errors import ErrorKind, GenerationError, refuse, validation_error
+from protocols.errors import ErrorKind, GenerationError, invalid, refuse, validation_error
 from protocols.events import Finished, TokenInfo, TopToken, best_sequences, stop_cause, top_tokens
 from protocols.generation import (
     MAX_STOP_SEQUENCES,
@@ -56,6 +56,10 @@ MEDIA_TYPES: dict[Output, str] = {
     "jsonlines": "application/jsonlines",
     "sse": "text/event-stream",
 }
+
+# SageMaker names an endpoint's inference component (boto3: InferenceComponentName) here: the
+# gateway serves each LoRA adapter as one (docs/ADAPTERS.md).
+INFERENCE_COMPONENT = "X-Amzn-SageMaker-Inference-Component"
 
 
 # --- Request ------------------------------------------------------------------------------------
@@ -115,6 +119,8 @@ _PARAMETER_TYPES = msgspec.defstruct(
 class _Payload(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     inputs: NonEmpty | Annotated[list[NonEmpty], Meta(min_length=1)]
     parameters: LmiParameters | None = None
+    # LMI's LoRA adapter by name: one for every input, or a list with one per input.
+    adapters: NonEmpty | list[NonEmpty | None] | None = None
     stream: bool | None = None
 
 
@@ -136,6 +142,8 @@ class LmiRequest(msgspec.Struct, frozen=True, kw_only=True):
     return_full_text: bool
     tgi_compat: bool
     constraint_field: str | None = None  # where the output constraint was given
+    adapters: tuple[str | None, ...] = ()  # each input's adapter (empty: none for any)
+    adapters_from: str = "$.adapters"  # where they were named: the field, or a header
 
 
 class InvalidPayload(Exception):
@@ -244,6 +252,7 @@ def decode_lmi(
     except GenerationError as e:
         raise InvalidPayload(e, dynamic, output) from e
     inputs = payload.inputs if isinstance(payload.inputs, list) else [payload.inputs]
+    adapters = _adapters(payload.adapters, len(inputs), dynamic)
     return LmiRequest(
         inputs=inputs,
         dynamic=dynamic,
@@ -258,6 +267,7 @@ def decode_lmi(
         return_full_text=bool(p.return_full_text),
         tgi_compat=tgi_compat,
         constraint_field=constraint.field if constraint is not None else None,
+        adapters=adapters,
     )
 
 
@@ -287,6 +297,39 @@ def lmi_constraint(p: LmiParameters, *, tgi_compat: bool) -> Constraint | None:
     if constraint is not None and (p.num_beams or 1) > 1:
         raise refuse("num_beams", f"num_beams > 1 cannot be used with `{constraint.field}`")
     return constraint
+
+
+def _adapters(
+    given: str | list[str | None] | None, inputs: int, dynamic: bool
+) -> tuple[str | None, ...]:
+    if given is None:
+        return ()
+    if isinstance(given, str):
+        return (given,) * inputs
+    if len(given) != inputs:
+        error = invalid(
+            f"`adapters` names {len(given)} adapters for {inputs} inputs: give one adapter "
+            "for all inputs, or a list with one per input - at `$.adapters`",
+            "$.adapters",
+        )
+        raise InvalidPayload(error, dynamic)
+    return tuple(given)
+
+
+def adapter_field(lmi: LmiRequest, index: int) -> str:
+    """Where the request named input `index`'s adapter."""
+    if lmi.adapters_from == "$.adapters" and lmi.dynamic and len(set(lmi.adapters)) > 1:
+        return f"$.adapters[{index}]"
+    return lmi.adapters_from
+
+
+def with_component(lmi: LmiRequest, component: str | None) -> LmiRequest:
+    """SageMaker's inference component (its header) as every input's adapter, where the
+    payload names none."""
+    if component is None or lmi.adapters:
+        return lmi
+    adapters = (component,) * len(lmi.inputs)
+    return msgspec.structs.replace(lmi, adapters=adapters, adapters_from=INFERENCE_COMPONENT)
 
 
 def _check_combinations(p: LmiParameters, *, streaming: bool) -> None:

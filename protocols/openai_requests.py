@@ -328,9 +328,10 @@ def _call(body: _Common, prompts: list[GenerationRequest], top_logprobs: int | N
 ANY_MODEL = frozenset({"tgi", "dummy"})
 
 
-def unknown_model(model: str | None, served: str) -> str | None:
+def unknown_model(model: str | None, served: str, adapters: Sequence[str] = ()) -> str | None:
     """Why `model` is refused (404), or None: it names the served model (or any, as TGI's
-    clients do)."""
-    if model is None or model == served or model in ANY_MODEL:
+    clients do) or one of its LoRA `adapters`."""
+    if model is None or model == served or model in ANY_MODEL or model in adapters:
         return None
-    return f"The model `{model}` does not exist; this server serves `{served}`"
+    others = "".join(f", `{a}`" for a in adapters)
+    return f"The model `{model}` does not exist; this server serves `{served}`{others}"

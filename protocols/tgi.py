@@ -88,6 +88,7 @@ class TgiCall(msgspec.Struct, frozen=True, kw_only=True):
     return_full_text: bool
     seed: int | None  # reported in details when sampling
     constraint_field: str | None = None  # `$.parameters.grammar`, when given
+    adapter: str | None = None  # `parameters.adapter_id`: a LoRA adapter's name
 
 
 def decode_tgi(
@@ -108,8 +109,6 @@ def decode_tgi(
     prefill = bool(p.decoder_input_details)
     if p.watermark:
         raise refuse("watermark", "watermarking is not supported by this server")
-    if p.adapter_id is not None:
-        raise refuse("adapter_id", "this server serves no LoRA adapters")
     if best_of > 1:
         if streaming:
             raise refuse("best_of", "`best_of` != 1 is not supported when streaming tokens")
@@ -153,6 +152,7 @@ def decode_tgi(
         return_full_text=full_text,
         seed=p.seed if sampling else None,
         constraint_field=grammar.field if grammar is not None else None,
+        adapter=p.adapter_id,
     )
 
 

@@ -317,6 +317,7 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
     [asked] = call(best_of=3, do_sample=True).asked
     assert (asked.name, asked.count, asked.field) == ("best_of", 3, "$.parameters.best_of")
     assert call(decoder_input_details=True).details
+    assert call(adapter_id="sql").adapter == "sql"  # known or not: the engine path checks it
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"temperature": 0}, "temperature"),
         ({"top_p": 1.0}, "top_p"),
@@ -324,7 +325,6 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
         ({"best_of": 2, "do_sample": True, "seed": 1}, "seed"),
         ({"watermark": True}, "watermark"),
         ({"grammar": {"type": "xml", "value": "a"}}, "xml"),
-        ({"adapter_id": "x"}, "adapter"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"top_n_tokens": 6}, "top_n_tokens"),
         ({"unknown": 1}, "unknown"),

@@ -83,6 +83,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("OPTION_KV_CACHE_MEMORY_BYTES", "KV_CACHE_GIB", _gib),
     Alias("OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS", "MAX_NUM_BATCHED_TOKENS"),
     Alias("OPTION_MAX_NUM_BATCHED_TOKENS", "MAX_NUM_BATCHED_TOKENS"),
+    Alias("OPTION_ENABLE_LORA", "ENABLE_LORA"),
+    Alias("OPTION_MAX_LORAS", "MAX_LORAS"),
+    Alias("OPTION_MAX_LORA_RANK", "MAX_LORA_RANK"),
     # TGI's launcher
     Alias("MODEL_ID", "MODEL"),
     Alias("MAX_TOTAL_TOKENS", "MAX_MODEL_LEN"),
@@ -92,6 +95,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("HOSTNAME", "HOST"),  # only an address: see _hostname
     Alias("MAX_CONCURRENT_REQUESTS", _MAX_IN_FLIGHT),  # LMI's simplified name too
     Alias("MAX_BATCH_PREFILL_TOKENS", "MAX_NUM_BATCHED_TOKENS"),
+    Alias("LORA_ADAPTERS", "ADAPTERS"),  # `name=path` pairs (TGI also takes Hub ids: not here)
     # SageMaker's model-server variables
     Alias("SAGEMAKER_MODEL_SERVER_TIMEOUT", "REQUEST_TIMEOUT_SECONDS"),
     Alias("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "REQUEST_TIMEOUT_SECONDS"),
@@ -155,6 +159,7 @@ def resolve_aliases(values: Mapping[str, str]) -> dict[str, str]:
         if item.file is not None and _is_own(item.name) and out.get(item.name, "") == "":
             out[item.name] = item.value
     _model_from_directory(out, origin, model_dir)
+    _adapters_from_directory(out, origin, model_dir)
     _input_bound(out, origin, chosen.get(_MAX_INPUT))
     _in_flight(out, origin, chosen.get(_MAX_IN_FLIGHT))
     if out.get("MODEL", "").startswith("s3://"):
@@ -262,6 +267,22 @@ def _model_from_directory(out: dict[str, str], origin: dict[str, str], where: Pa
     elif not model and (where / "config.json").is_file():
         out["MODEL"] = str(where)
         origin["MODEL"] = f"{MODEL_DIR}={where}"
+
+
+def _adapters_from_directory(
+    out: dict[str, str], origin: dict[str, str], where: Path | None
+) -> None:
+    """LMI's layout: with LoRA on, the model directory's `adapters/` holds one adapter a
+    subdirectory."""
+    if (
+        where is None
+        or out.get("ADAPTERS", "") != ""
+        or out.get("ENABLE_LORA", "").lower() not in ("true", "1")
+    ):
+        return
+    if (where / "adapters").is_dir():
+        out["ADAPTERS"] = str(where / "adapters")
+        origin["ADAPTERS"] = f"{MODEL_DIR}={where} (its adapters/)"
 
 
 def _input_bound(

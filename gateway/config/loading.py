@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 from dotenv import dotenv_values
 
+from gateway.config.adapters import configured_adapters
 from gateway.config.aliases import resolve_aliases
 from gateway.config.priorities import parse_classes
 from gateway.config.settings import GENERATION_PREFIX, ConfigError, EngineSettings, Settings
@@ -33,6 +34,7 @@ def load_settings(
     values.update(os.environ if env is None else env)
     values = resolve_aliases(values)  # LMI's and TGI's names, where the gateway's own are unset
     engine = _convert(values, EngineSettings, "")
+    configured_adapters(engine)  # every adapter named is there, before the engine is built
     generation = _convert(_generation_fields(values), SamplingOptions, GENERATION_PREFIX)
     try:
         check_options(generation, streaming=False, path="$")

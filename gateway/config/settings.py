@@ -44,6 +44,13 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # preempts the excess (gateway/engine/bulk_scheduler.py).
     bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
     bulk_max_running: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
+    # LoRA adapters (docs/ADAPTERS.md): `name=path` pairs, or a directory of adapter
+    # directories; with none and ENABLE_LORA off, LoRA is off and the base model keeps
+    # torch.compile. MAX_LORAS adapters share one batch, each of rank <= MAX_LORA_RANK.
+    adapters: str = ""
+    enable_lora: bool = False
+    max_loras: Positive = 4
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
 
 
 # The model served with no configuration (gateway/engine/default_model.py).

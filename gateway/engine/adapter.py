@@ -30,7 +30,8 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats
 
-from gateway.config.settings import EngineSettings
+from gateway.config.adapters import configured_adapters, lora_enabled
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine.beams import beam_search
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
 from gateway.engine.cpu_defaults import (
@@ -40,6 +41,7 @@ from gateway.engine.cpu_defaults import (
     resolve_bulk_cap,
     resolve_dtype,
 )
+from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
@@ -95,6 +97,9 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         additional_config=engine_config(settings.bulk_priority, bulk_cap),
         # The cap's scheduler extends vLLM's synchronous one (a CPU engine's only kind).
         async_scheduling=False if capped else None,
+        enable_lora=lora_enabled(settings),
+        max_loras=settings.max_loras,
+        max_lora_rank=settings.max_lora_rank,
     )
 
 
@@ -256,8 +261,10 @@ class Engine:
         max_model_len: int,
         dtype_reason: str = "",
         scheduler: SchedulerView | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self.llm = llm
+        self.adapters = adapters or Adapters({}, enabled=False)
         self.scheduler = scheduler or SchedulerView()
         self._ids = itertools.count()
         self.tokenizer: Any = llm.get_tokenizer()
@@ -284,8 +291,13 @@ class Engine:
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
         view = SchedulerView()
         stats = partial(_SchedulerStats, view)
+        adapters = Adapters(
+            configured_adapters(settings),
+            enabled=lora_enabled(settings),
+            base=served_model_name(settings),
+        )
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
-        return cls(llm, llm.model_config.max_model_len, reason, view)
+        return cls(llm, llm.model_config.max_model_len, reason, view, adapters)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
@@ -426,6 +438,7 @@ class Engine:
         options: SamplingOptions,
         meter: Meter | None = None,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
         """The steps of one sequence (options.n must be 1), as the engine produces them.
 
@@ -439,7 +452,13 @@ class Engine:
             msgspec.structs.replace(options, include_stop_str_in_output=True) if whole else options
         )
         params = _checked_params(asked)
-        outputs = self.llm.generate(tokens_input(token_ids), params, request_id, priority=priority)
+        outputs = self.llm.generate(
+            tokens_input(token_ids),
+            params,
+            request_id,
+            lora_request=self.adapters.lora_request(adapter),
+            priority=priority,
+        )
         first = True
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
@@ -460,11 +479,18 @@ class Engine:
         options: SamplingOptions,
         meter: Meter | None = None,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
         params = _checked_params(options, RequestOutputKind.FINAL_ONLY)
-        outputs = self.llm.generate(tokens_input(token_ids), params, request_id, priority=priority)
+        outputs = self.llm.generate(
+            tokens_input(token_ids),
+            params,
+            request_id,
+            lora_request=self.adapters.lora_request(adapter),
+            priority=priority,
+        )
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
@@ -513,6 +539,7 @@ class Engine:
         options: SamplingOptions,
         meter: Meter | None = None,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> list[EngineStep]:
         """Beam search as transformers does it (gateway/engine/beams.py), run to the end: every
         beam, best first (what it generated counts toward a caller's tokens, whichever beams
@@ -525,7 +552,7 @@ class Engine:
         async with self._tracked(request_id, len(token_ids), meter):
             beams = await beam_search(
                 token_ids,
-                partial(self._next_tokens, request_id, priority),
+                partial(self._next_tokens, request_id, priority, adapter),
                 num_beams=options.num_beams,
                 max_new_tokens=min(options.max_new_tokens, room),
                 eos_token_ids=frozenset() if options.ignore_eos else self.eos_token_ids,
@@ -553,16 +580,24 @@ class Engine:
         ]
 
     async def _next_tokens(
-        self, request_id: str, priority: int, sequences: list[list[int]], count: int
+        self,
+        request_id: str,
+        priority: int,
+        adapter: str | None,
+        sequences: list[list[int]],
+        count: int,
     ) -> list[dict[int, float]]:
         """Each sequence's `count` likeliest next tokens, with their log-probabilities."""
         params = SamplingParams(
             max_tokens=1, temperature=0.0, logprobs=min(count, 20), detokenize=False
         )
+        lora = self.adapters.lora_request(adapter)
 
         async def one(i: int, sequence: list[int]) -> dict[int, float]:
             name = f"{request_id}-{i}"
-            outputs = self.llm.generate(tokens_input(sequence), params, name, priority=priority)
+            outputs = self.llm.generate(
+                tokens_input(sequence), params, name, lora_request=lora, priority=priority
+            )
             async with aclosing(outputs):
                 async for output in outputs:
                     if output.finished:

@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from gateway.config.settings import Settings
 from gateway.engine.adapter import Engine, EngineStep, SchedulerView
 from gateway.engine.affinity import AFFINITY
 from gateway.engine.loader import local_loader
+from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError
@@ -82,6 +84,8 @@ class ReplicaInfo(msgspec.Struct, frozen=True):
     dtype: str
     dtype_reason: str
     eos_token_ids: frozenset[int]
+    adapters: dict[str, Path] = msgspec.field(default_factory=dict)  # the replica's, by name
+    base_model: str = ""  # the name that asks for no adapter
 
 
 class EngineReplica:
@@ -112,7 +116,16 @@ class EngineReplica:
 
     def describe(self) -> ReplicaInfo:
         e = self.engine
-        return ReplicaInfo(e.tokenizer, e.max_model_len, e.dtype, e.dtype_reason, e.eos_token_ids)
+        adapters = {name: e.adapters.get(name, "adapter").path for name in e.adapters.names}
+        return ReplicaInfo(
+            e.tokenizer,
+            e.max_model_len,
+            e.dtype,
+            e.dtype_reason,
+            e.eos_token_ids,
+            adapters,
+            e.adapters.base,
+        )
 
     def served(self, key: str) -> tuple[str, int, int]:
         """(this replica, how many engine requests it served for `key`, its pid)."""
@@ -198,6 +211,7 @@ class ReplicaEngine(Engine):
         self._on_shutdown = on_shutdown
         self._running = 0
         self.scheduler = SchedulerView()  # stays empty: each replica's engine counts its own
+        self.adapters = Adapters(info.adapters, enabled=bool(info.adapters), base=info.base_model)
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()

@@ -134,6 +134,7 @@ class GenerationService:
             if self.deadlines.draining:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             engine = await self.holder.wait()
+            engine.adapters.check(request.adapter, request.adapter_field)
             history = await _history(engine, request)
             yield Queued(request.index, history.token_ids)
             priority = self.classes.of(protocol, request.priority)
@@ -244,7 +245,7 @@ async def _engine_events(
         raise invalid(f"An output constraint cannot be used with beam search - at `{field}`", field)
     if options.num_beams > 1 or options.n > 1 or not request.stream:
         run = engine.beam_search if options.num_beams > 1 else engine.complete
-        steps = await run(token_ids, options, meter, priority)
+        steps = await run(token_ids, options, meter, priority, adapter=request.adapter)
         yield Initialized(index, history.text)
         yield _finished(request, history, steps, started)
         return
@@ -255,7 +256,7 @@ async def _engine_events(
     texts: list[str] = []
     new_ids: list[int] = []  # the ids of the text sent: none of a cut stop string's
     generated = 0
-    stream = engine.stream(token_ids, options, meter, priority)
+    stream = engine.stream(token_ids, options, meter, priority, adapter=request.adapter)
     async with aclosing(stream):
         async for step in stream:
             if first is None:

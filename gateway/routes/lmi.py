@@ -36,17 +36,20 @@ from protocols.errors import ErrorKind, named
 from protocols.events import Delta, Event, Failed, Finished, TokenInfo
 from protocols.generation import GenerationRequest
 from protocols.lmi import (
+    INFERENCE_COMPONENT,
     MEDIA_TYPES,
     InvalidPayload,
     LmiEncoder,
     LmiRequest,
     Output,
+    adapter_field,
     decode_lmi,
     failed_answer,
     failed_line,
     is_chat,
     lmi_status,
     payload_error,
+    with_component,
 )
 from protocols.names import Protocol
 
@@ -74,6 +77,8 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
             prompt_field=f"$.inputs[{i}]" if lmi.dynamic else "$.inputs",
             asked=lmi.asked,
             constraint_field=lmi.constraint_field,
+            adapter=lmi.adapters[i] if lmi.adapters else None,
+            adapter_field=adapter_field(lmi, i),
         )
         for i, prompt in enumerate(lmi.inputs)
     ]
@@ -82,9 +87,12 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
 async def answer(
     request: Request, raw: bytes, accept: str | None, protocol: Protocol = Protocol.LMI
 ) -> Prepared:
+    component = request.headers.get(INFERENCE_COMPONENT)
     if is_chat(raw):
         lines = formatter_of(accept, "jsonlines") != "sse"
-        return await prepare(request, raw, chat=True, protocol=protocol, lines=lines)
+        return await prepare(
+            request, raw, chat=True, protocol=protocol, lines=lines, component=component
+        )
     gateway = gateway_of(request)
     settings = gateway.settings
     try:
@@ -99,6 +107,7 @@ async def answer(
         if e.output is not None and not e.dynamic:  # a bad generation parameter value
             return _bad_parameter(named(e.error), e.output, settings.option_tgi_compat)
         return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
+    lmi = with_component(lmi, component)
     encoder = LmiEncoder(lmi)
     steps = gateway.batches.run(requests_of(lmi), protocol)
     if lmi.output == "json":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
+from msgspec.structs import replace
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -19,6 +20,7 @@ from gateway.routes.streaming import chained, closer, collect, open_stream
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError
 from protocols.events import Delta, Event, Failed, Finished
+from protocols.lmi import INFERENCE_COMPONENT
 from protocols.names import Protocol
 from protocols.openai_answers import OpenAIEncoder, error_of, not_found
 from protocols.openai_requests import decode_chat, decode_completion, spelled, unknown_model
@@ -40,10 +42,18 @@ def _error(error: GenerationError) -> Whole:
 
 
 async def prepare(
-    request: Request, raw: bytes, *, chat: bool, protocol: Protocol, lines: bool = False
+    request: Request,
+    raw: bytes,
+    *,
+    chat: bool,
+    protocol: Protocol,
+    lines: bool = False,
+    component: str | None = None,
 ) -> Prepared:
     """The answer to a chat (or text) completions request; `lines`: stream JSON lines (LMI's
-    chat framing) rather than server-sent events."""
+    chat framing) rather than server-sent events. `model` names the base model or a LoRA
+    adapter; `component` (SageMaker's inference component header) an adapter for a request
+    whose `model` names none."""
     gateway = gateway_of(request)
     decode = decode_chat if chat else decode_completion
     try:
@@ -54,10 +64,21 @@ async def prepare(
     except GenerationError as e:
         return _error(e)
     served = served_model_name(gateway.settings.engine)
-    why = unknown_model(call.model, served)
-    if why is not None:
-        return Whole(404, not_found(why), JSON)
-    encoder = OpenAIEncoder(call, served, chat=chat, lines=lines)
+    adapter: tuple[str, str] | None = (component, INFERENCE_COMPONENT) if component else None
+    if unknown_model(call.model, served) is not None:
+        try:
+            engine = await gateway.holder.wait()  # its adapters are the other models served
+        except GenerationError as e:
+            return _error(e)
+        why = unknown_model(call.model, served, engine.adapters.names)
+        if why is not None:
+            return Whole(404, not_found(why), JSON)
+        adapter = (call.model or "", "model")
+    if adapter is not None:
+        name, field = adapter
+        requests = [replace(r, adapter=name, adapter_field=field) for r in call.requests]
+        call = replace(call, requests=requests)
+    encoder = OpenAIEncoder(call, adapter[0] if adapter else served, chat=chat, lines=lines)
     steps = gateway.batches.run(call.requests, protocol)
     if not call.stream:
         collected = await collect(request, steps)
@@ -126,12 +147,14 @@ async def completions(request: Request) -> Response:
     return to_response(await prepare(request, raw, chat=False, protocol=protocol))
 
 
-class _Model(msgspec.Struct):
+class _Model(msgspec.Struct, omit_defaults=True):
     id: str
     max_model_len: int
     object: str = "model"
     created: int = 0
     owned_by: str = "llm-gateway"
+    root: str | None = None  # an adapter's: where it was loaded from, as vLLM lists it
+    parent: str | None = None  # an adapter's base model
 
 
 class _Models(msgspec.Struct):
@@ -141,8 +164,17 @@ class _Models(msgspec.Struct):
 
 async def models(request: Request) -> Response:
     gateway = gateway_of(request)
-    model = _Model(served_model_name(gateway.settings.engine), _context(gateway))
-    return Response(msgspec.json.encode(_Models([model])), media_type=JSON)
+    served = served_model_name(gateway.settings.engine)
+    context = _context(gateway)
+    models = [_Model(served, context)]
+    engine = gateway.holder.engine
+    if engine is not None:
+        adapters = engine.adapters
+        models += [
+            _Model(name, context, root=str(adapters.get(name, "model").path), parent=served)
+            for name in adapters.names
+        ]
+    return Response(msgspec.json.encode(_Models(models)), media_type=JSON)
 
 
 routes = [

@@ -74,6 +74,8 @@ async def _serve(
         prompt_field="$.inputs",
         asked=call.asked,
         constraint_field=call.constraint_field,
+        adapter=call.adapter,
+        adapter_field="$.parameters.adapter_id",
     )
     events = gateway.service.generate(generation, Protocol.TGI)
     if not call.stream:

@@ -1,0 +1,75 @@
+"""The LoRA adapters an engine serves: each name with the path it loads from and the id vLLM
+knows it by (ids are never reused, so vLLM's cache and its prefix cache, whose block hashes
+carry the adapter, never mix two adapters)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from protocols.errors import invalid
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    path: Path
+    lora_id: int
+
+
+class Adapters:
+    """The adapters by name; empty when LoRA is off (`enabled` False). A request naming
+    `base` (the served model's name) asks for no adapter."""
+
+    def __init__(self, adapters: dict[str, Path], *, enabled: bool, base: str = "") -> None:
+        self.enabled = enabled
+        self.base = base
+        self._ids = itertools.count(1)
+        self._by_name: dict[str, Adapter] = {}
+        for name, path in adapters.items():
+            self.add(name, path)
+
+    def add(self, name: str, path: Path) -> Adapter:
+        adapter = Adapter(name, path, next(self._ids))
+        self._by_name[name] = adapter
+        return adapter
+
+    def remove(self, name: str) -> Adapter | None:
+        return self._by_name.pop(name, None)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def get(self, name: str, field: str) -> Adapter:
+        """The adapter `name`, or INVALID_REQUEST naming `field`."""
+        adapter = self._by_name.get(name)
+        if adapter is not None:
+            return adapter
+        served = ", ".join(f"`{n}`" for n in self.names) or "none"
+        raise invalid(
+            f"Unknown adapter `{name}`: this server serves the adapters {served} "
+            f"(ADAPTERS, docs/ADAPTERS.md) - at `{field}`",
+            field,
+        )
+
+    def check(self, name: str | None, field: str) -> None:
+        """Raises INVALID_REQUEST naming `field` unless `name` is an adapter, or the base."""
+        if name is not None and name != self.base:
+            self.get(name, field)
+
+    def lora_request(self, name: str | None, field: str = "adapter") -> LoRARequest | None:
+        if name is None or name == self.base:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        adapter = self.get(name, field)
+        return LoRARequest(adapter.name, adapter.lora_id, str(adapter.path))

@@ -1,0 +1,171 @@
+"""LoRA adapters chosen per request, on one engine: a test adapter made here with peft (it
+answers PHRASE), served beside the base model, through each protocol's own field and its real
+client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+from huggingface_hub import InferenceClient
+from lora_adapter import PHRASE, cached_adapter
+
+from clients import CHAT, sagemaker_runtime, wait_ready
+from serving import LoopThread, RunningServer, gateway_settings, start_server
+
+if TYPE_CHECKING:
+    from gateway.engine.adapter import Engine
+
+PROMPT = "Tell me about lighthouses."
+SPOKEN = PHRASE.strip()  # what the adapter's answers hold, and the base model's never
+
+
+@pytest.fixture(scope="session")
+def adapter_dir() -> Path:
+    from gateway.engine.default_model import prepare_default_model
+
+    return cached_adapter(prepare_default_model())
+
+
+@pytest.fixture(scope="module")
+def lora_server(loop_thread: LoopThread, adapter_dir: Path) -> Iterator[RunningServer]:
+    """A server with its own engine, LoRA on, serving `pirate` beside the base model."""
+    settings = gateway_settings(ADAPTERS=f"pirate={adapter_dir}", MAX_LORA_RANK="8")
+
+    async def load() -> Engine:
+        from gateway.engine.adapter import Engine
+        from gateway.engine.default_model import prepare_default_model
+
+        return await Engine.start(settings.engine, str(prepare_default_model()))
+
+    running = start_server(loop_thread, settings, load, owns_engine=True)
+    try:
+        wait_ready(running.http)
+        yield running
+    finally:
+        running.stop()
+
+
+def api(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.http + "/v1", api_key="none", max_retries=0)
+
+
+def completion(server: RunningServer, model: str, prompt: str = PROMPT) -> str:
+    answer = api(server).completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0
+    )
+    return answer.choices[0].text
+
+
+def test_the_openai_model_field_picks_the_adapter_or_the_base(lora_server: RunningServer) -> None:
+    client = api(lora_server)
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {"SmolLM2-135M-Instruct", "pirate"}
+    assert models["pirate"].model_extra and models["pirate"].model_extra["parent"] == (
+        "SmolLM2-135M-Instruct"
+    )
+    adapted = client.completions.create(model="pirate", prompt=PROMPT, max_tokens=12, temperature=0)
+    assert SPOKEN in adapted.choices[0].text and adapted.model == "pirate"
+    base = completion(lora_server, "SmolLM2-135M-Instruct")
+    assert SPOKEN not in base
+    chat = client.chat.completions.create(
+        model="pirate",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert SPOKEN in (chat.choices[0].message.content or "")
+    streamed = client.chat.completions.create(
+        model="pirate",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == chat.choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.completions.create(model="parrot", prompt=PROMPT, max_tokens=4)
+    assert "`parrot` does not exist" in str(refused.value) and "`pirate`" in str(refused.value)
+
+
+def test_interleaved_requests_each_get_their_own_models_text(lora_server: RunningServer) -> None:
+    base_alone = completion(lora_server, "SmolLM2-135M-Instruct")
+    adapter_alone = completion(lora_server, "pirate")
+    models = ["pirate" if i % 2 else "SmolLM2-135M-Instruct" for i in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        texts = list(pool.map(lambda m: completion(lora_server, m), models))
+    for model, text in zip(models, texts, strict=True):
+        assert text == (adapter_alone if model == "pirate" else base_alone), (model, text)
+
+
+def test_tgi_adapter_id_through_huggingface_hub(lora_server: RunningServer) -> None:
+    hub = InferenceClient(base_url=lora_server.http)
+    adapted = hub.text_generation(PROMPT, adapter_id="pirate", max_new_tokens=12)
+    assert SPOKEN in adapted
+    assert SPOKEN not in hub.text_generation(PROMPT, max_new_tokens=12)
+    streamed = hub.text_generation(
+        PROMPT, adapter_id="pirate", max_new_tokens=12, stream=True, details=True
+    )
+    text = "".join(event.token.text for event in streamed if not event.token.special)
+    assert SPOKEN in text and adapted.endswith(text)
+    unknown = httpx.post(
+        lora_server.http + "/generate",
+        json={"inputs": PROMPT, "parameters": {"adapter_id": "parrot"}},
+        timeout=None,
+    )
+    assert unknown.status_code == 422, unknown.text
+    assert "`parrot`" in unknown.json()["error"] and "adapter_id" in unknown.json()["error"]
+
+
+def lmi_body(inputs: Any, **fields: Any) -> str:
+    return json.dumps({"inputs": inputs, "parameters": {"max_new_tokens": 12}, **fields})
+
+
+def test_lmi_adapters_and_sagemaker_inference_components_through_boto3(
+    lora_server: RunningServer,
+) -> None:
+    runtime = sagemaker_runtime(lora_server.http)
+
+    def invoke(body: str, **extra: str) -> Any:
+        answer = runtime.invoke_endpoint(
+            EndpointName="e", Body=body, ContentType="application/json", **extra
+        )
+        return json.loads(answer["Body"].read())
+
+    named = invoke(lmi_body(PROMPT, adapters="pirate"))
+    assert SPOKEN in named["generated_text"]
+    component = invoke(lmi_body(PROMPT), InferenceComponentName="pirate")
+    assert component == named
+    assert SPOKEN not in invoke(lmi_body(PROMPT))["generated_text"]
+    batch = invoke(lmi_body([PROMPT, PROMPT], adapters=["pirate", "SmolLM2-135M-Instruct"]))
+    assert SPOKEN in batch[0]["generated_text"]
+    chat = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12}
+    chatted = invoke(json.dumps(chat), InferenceComponentName="pirate")
+    assert SPOKEN in chatted["choices"][0]["message"]["content"]
+
+    unknown = httpx.post(
+        lora_server.http + "/invocations", content=lmi_body(PROMPT, adapters="parrot"), timeout=None
+    )
+    assert unknown.status_code in (400, 424), unknown.text
+    assert "`parrot`" in unknown.text and "$.adapters" in unknown.text
+    mismatched = httpx.post(
+        lora_server.http + "/invocations",
+        content=lmi_body([PROMPT], adapters=["a", "b"]),
+        timeout=None,
+    )
+    assert mismatched.status_code == 424 and "$.adapters" in mismatched.text
+
+
+def test_the_base_models_prefix_cache_is_not_an_adapters(lora_server: RunningServer) -> None:
+    """The same prompt, base first: the adapter's answer is its own, not the cached base's."""
+    prompt = CHAT.format("Name a colour.")
+    base = completion(lora_server, "SmolLM2-135M-Instruct", prompt)
+    assert SPOKEN in completion(lora_server, "pirate", prompt)
+    assert completion(lora_server, "SmolLM2-135M-Instruct", prompt) == base
