@@ -30,6 +30,7 @@ from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
 from gateway.engine_path.sequences import SequenceBounds
 from gateway.routes import ROUTES
+from gateway.routes.adapters import ADMIN_PATHS
 from gateway.state import Gateway
 from gateway.stores.configured import open_store
 from gateway.stores.feedback import FeedbackStore, feedback_path
@@ -115,6 +116,7 @@ def create_app(
     if settings.api_keys_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, lambda _signum, _frame: ring.reload())
     open_paths = open_paths_of(settings.auth_open_paths, metrics_public=settings.metrics_public)
+    open_paths |= ADMIN_PATHS  # their own key check: ADMIN_API_KEYS (gateway/routes/adapters.py)
     middleware = [  # the first is the outermost
         Middleware(OriginMiddleware, allowed=parse_origins(settings.allowed_origins)),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),

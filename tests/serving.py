@@ -190,11 +190,11 @@ class _FailingEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def stream(self, token_ids: list[int], *args: Any) -> AsyncIterator[Any]:
+    async def stream(self, token_ids: list[int], *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         m = self._marker
         if any(token_ids[i : i + len(m)] == m for i in range(len(token_ids))):
             raise GenerationError(ErrorKind.ENGINE_ERROR, "injected engine failure")
-        async for step in self._engine.stream(token_ids, *args):
+        async for step in self._engine.stream(token_ids, *args, **kwargs):
             yield step
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 PROMPT = "Tell me about lighthouses."
 SPOKEN = PHRASE.strip()  # what the adapter's answers hold, and the base model's never
+ADMIN = "admin-key"
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,9 @@ def adapter_dir() -> Path:
 @pytest.fixture(scope="module")
 def lora_server(loop_thread: LoopThread, adapter_dir: Path) -> Iterator[RunningServer]:
     """A server with its own engine, LoRA on, serving `pirate` beside the base model."""
-    settings = gateway_settings(ADAPTERS=f"pirate={adapter_dir}", MAX_LORA_RANK="8")
+    settings = gateway_settings(
+        ADAPTERS=f"pirate={adapter_dir}", MAX_LORA_RANK="8", ADMIN_API_KEYS=ADMIN
+    )
 
     async def load() -> Engine:
         from gateway.engine.adapter import Engine
@@ -169,3 +172,60 @@ def test_the_base_models_prefix_cache_is_not_an_adapters(lora_server: RunningSer
     base = completion(lora_server, "SmolLM2-135M-Instruct", prompt)
     assert SPOKEN in completion(lora_server, "pirate", prompt)
     assert completion(lora_server, "SmolLM2-135M-Instruct", prompt) == base
+
+
+def manage(server: RunningServer, action: str, key: str | None, **body: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = f"{server.http}/v1/{action}_lora_adapter"
+    return httpx.post(url, json=body, headers=headers, timeout=None)
+
+
+def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
+    lora_server: RunningServer, adapter_dir: Path
+) -> None:
+    assert (
+        manage(
+            lora_server, "load", None, lora_name="parrot", lora_path=str(adapter_dir)
+        ).status_code
+        == 401
+    )
+    assert (
+        manage(
+            lora_server, "load", "user", lora_name="parrot", lora_path=str(adapter_dir)
+        ).status_code
+        == 403
+    )
+    missing = manage(lora_server, "load", ADMIN, lora_name="parrot", lora_path="/nowhere")
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "lora_path"
+
+    loaded = manage(lora_server, "load", ADMIN, lora_name="parrot", lora_path=str(adapter_dir))
+    assert loaded.status_code == 200, loaded.text
+    again = manage(lora_server, "load", ADMIN, lora_name="parrot", lora_path=str(adapter_dir))
+    assert again.status_code == 400 and "already loaded" in again.text
+    assert SPOKEN in completion(lora_server, "parrot")
+    assert "parrot" in {m.id for m in api(lora_server).models.list().data}
+
+    # A stream on the adapter while it is unloaded: it ends once, as it would have.
+    body = {
+        "model": "parrot",
+        "prompt": PROMPT,
+        "max_tokens": 64,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", lora_server.http + "/v1/completions", json=body, timeout=None
+    ) as stream:
+        lines = stream.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert manage(lora_server, "unload", ADMIN, lora_name="parrot").status_code == 200
+        rest = [line for line in lines if line.startswith("data: ")]
+    events = [first, *rest]
+    assert events[-1] == "data: [DONE]"
+    ends = [json.loads(e[6:])["choices"][0]["finish_reason"] for e in events[:-1]]
+    assert [e for e in ends if e is not None] == ["length"], events
+
+    with pytest.raises(openai.NotFoundError):
+        completion(lora_server, "parrot")
+    gone = manage(lora_server, "unload", ADMIN, lora_name="parrot")
+    assert gone.status_code == 404 and "parrot" in gone.text

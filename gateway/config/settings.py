@@ -91,6 +91,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     api_keys: str = ""  # comma-separated; `key:name` names a key
     api_keys_file: str = ""  # one key per line, `key:name`; re-read on SIGHUP
     auth_open_paths: str = "/health,/ping,/ui,/ui/*"  # need no key
+    # Keys that may load and unload LoRA adapters at run time (docs/ADAPTERS.md): comma-
+    # separated, apart from API_KEYS; none set, adapters are loaded at start-up only.
+    admin_api_keys: str = ""
     metrics_public: bool = False  # true: /metrics needs no key either (a private scraper)
     # Per-key limits (per connection with keys off); 0: no limit. The keys file overrides them.
     limit_concurrent_requests: Annotated[int, Meta(ge=0)] = 0

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,8 +31,13 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats
 
-from gateway.config.adapters import configured_adapters, lora_enabled
-from gateway.config.settings import EngineSettings, served_model_name
+from gateway.config.adapters import (
+    check_adapter_name,
+    check_adapter_path,
+    configured_adapters,
+    lora_enabled,
+)
+from gateway.config.settings import ConfigError, EngineSettings, served_model_name
 from gateway.engine.beams import beam_search
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
 from gateway.engine.cpu_defaults import (
@@ -298,6 +304,39 @@ class Engine:
         )
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
         return cls(llm, llm.model_config.max_model_len, reason, view, adapters)
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Serves `name` from `path` from now on (vLLM loads it at once, so a bad adapter is
+        refused here), or raises INVALID_REQUEST naming the field at fault."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.adapters.enabled:
+            raise invalid("LoRA is off on this server: start it with ENABLE_LORA=true", "lora_name")
+        if name in self.adapters or name == self.adapters.base:
+            raise invalid(f"The adapter `{name}` is already loaded", "lora_name")
+        try:
+            check_adapter_name(name)
+        except ConfigError as e:
+            raise invalid(str(e), "lora_name") from e
+        try:
+            check_adapter_path(name, path)
+        except ConfigError as e:
+            raise invalid(str(e), "lora_path") from e
+        adapter = self.adapters.add(name, path)
+        try:
+            await self.llm.add_lora(LoRARequest(name, adapter.lora_id, str(path)))
+        except Exception as e:
+            self.adapters.remove(name)
+            raise invalid(f"The adapter at {path} could not be loaded: {e}", "lora_path") from e
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Serves `name` no more (False: it was not loaded). Requests running on it end as
+        they would have; new ones are refused naming their field."""
+        adapter = self.adapters.remove(name)
+        if adapter is None:
+            return False
+        await self.llm.remove_lora(adapter.lora_id)
+        return True
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))

@@ -41,7 +41,7 @@ from gateway.engine.loader import local_loader
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
 from protocols.constraints import UncompilableConstraint
-from protocols.errors import ErrorKind, GenerationError
+from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,16 @@ class ReplicaEngine(Engine):
         self._running = 0
         self.scheduler = SchedulerView()  # stays empty: each replica's engine counts its own
         self.adapters = Adapters(info.adapters, enabled=bool(info.adapters), base=info.base_model)
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        raise invalid(
+            "Adapters are loaded at start-up with ENGINE_REPLICAS (ADAPTERS): not at run time",
+            "lora_name",
+        )
+
+    async def unload_adapter(self, name: str) -> bool:
+        await self.load_adapter(name, Path())
+        return False
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()

@@ -3,6 +3,7 @@
 from starlette.routing import BaseRoute
 
 from gateway.routes import (
+    adapters,
     batch_ws,
     control,
     health,
@@ -29,6 +30,7 @@ _MODULES = (
     sagemaker,
     tgi,
     openai,
+    adapters,
     tokenize,
     openapi,
     ui,
