@@ -139,12 +139,14 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     it, for the engine path to hold to their bounds and the caller's limit (empty: read from
     `options`, named as its fields are). `holdback`
     carries held-back text from one engine request of a generation to the next. `priority` is
-    the class the request asked for, where its protocol has a field for it.
+    the class the request asked for, where its protocol has a field for it. `tools`: the
+    functions the chat template shows the model (OpenAI's `tools`), with `messages`.
     """
 
     options: SamplingOptions
     prompt: str = ""
     messages: tuple[dict[str, Any], ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
     history: History | None = None
     request_id: str | None = None
     index: int = 0
