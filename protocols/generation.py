@@ -116,6 +116,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: tuple[tuple[int, float], ...] = ()
     json_schema: str | None = None  # the answer must be JSON valid against it (a JSON text)
     regex: str | None = None  # the answer must match it whole (never with json_schema)
+    grammar: str | None = None  # an EBNF grammar the answer follows (tool calls: the schemas')
     include_stop_str_in_output: bool = False
     logprobs: LogprobCount | None = None  # alternatives per generated token; 0: the chosen only
     prompt_logprobs: LogprobCount | None = None

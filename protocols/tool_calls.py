@@ -36,8 +36,8 @@ class NamedFunction(msgspec.Struct):
 
 
 class NamedChoice(msgspec.Struct, kw_only=True):
-    type: Literal["function"]
     function: NamedFunction
+    type: Literal["function"] = "function"  # huggingface_hub (TGI's schema) leaves it out
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedChoice

@@ -141,6 +141,8 @@ def _structured(options: SamplingOptions) -> StructuredOutputsParams | None:
         return StructuredOutputsParams(json=options.json_schema)
     if options.regex is not None:
         return StructuredOutputsParams(regex=options.regex)
+    if options.grammar is not None:
+        return StructuredOutputsParams(grammar=options.grammar)
     return None
 
 

@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import msgspec
+import xgrammar
 from pydantic import ValidationError
-from vllm import SamplingParams
 from vllm.entrypoints.generate.base.protocol import DeltaMessage, FunctionCall
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.exceptions import VLLMValidationError
 from vllm.parser import Parser, ParserManager
 from vllm.parser.abstract_parser import DelegatingParser
 from vllm.renderers.chat_utils import make_tool_call_id
-from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers import ToolParser
 from vllm.tool_parsers.utils import get_json_schema_from_tools
 
@@ -135,10 +135,13 @@ class ToolCalling:
         any `response_format`, as vLLM does); `auto`: special tokens kept in the text where
         the parser asks for them (a model's `<tool_call>` may be one)."""
         if self.use.forced:
-            schema = self._schema()
+            grammar = self._grammar()
             return [
                 msgspec.structs.replace(
-                    r, options=msgspec.structs.replace(r.options, json_schema=schema, regex=None)
+                    r,
+                    options=msgspec.structs.replace(
+                        r.options, grammar=grammar, json_schema=None, regex=None
+                    ),
                 )
                 for r in requests
             ]
@@ -157,9 +160,14 @@ class ToolCalling:
             for r in requests
         ]
 
-    def _schema(self) -> str:
+    def _grammar(self) -> str:
+        """vLLM's schema for the choice (its server's), as the grammar xgrammar (vLLM's
+        backend) compiles from it with no free whitespace: the JSON written compact, as
+        vLLM's `disable_any_whitespace` writes it, since a small model may otherwise repeat
+        whitespace until max_tokens. A schema xgrammar cannot compile is refused naming the
+        tool."""
+        request = self._request
         try:
-            request = self._request
             schema = get_json_schema_from_tools(
                 request.tool_choice or "none",
                 list(request.tools or []),
@@ -167,28 +175,10 @@ class ToolCalling:
             )
         except (ValueError, VLLMValidationError) as e:
             raise invalid(f"The tools' schemas cannot be combined: {e}", "tools") from e
-        text = json.dumps(schema)
-        if self._refusal(text) is not None:
-            raise self._culprit()
-        return text
-
-    def _refusal(self, schema: str) -> str | None:
-        """Why the engine would refuse to hold output to `schema` (vLLM's own check, as its
-        engine runs it on every request), or None."""
-        llm = getattr(self._engine, "llm", None)
-        if llm is None:  # replicas: the replica's engine checks it (422)
-            return None
-        params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
         try:
-            params.verify(
-                llm.model_config,
-                None,
-                llm.vllm_config.structured_outputs_config,
-                self._engine.tokenizer,
-            )
-        except (ValueError, VLLMValidationError) as e:
-            return str(e)
-        return None
+            return _compact_grammar(json.dumps(schema))
+        except RuntimeError:
+            raise self._culprit() from None
 
     def _culprit(self) -> Exception:
         """The refusal naming the tool whose `parameters` the engine cannot hold output to."""
@@ -196,10 +186,11 @@ class ToolCalling:
             function = tool["function"]
             if self.use.choice == "function" and function["name"] != self.use.function:
                 continue
-            why = self._refusal(json.dumps(function.get("parameters") or {"type": "object"}))
-            if why is not None:
+            try:
+                _compact_grammar(json.dumps(function.get("parameters") or {"type": "object"}))
+            except RuntimeError as e:
                 return invalid(
-                    f"The engine cannot hold output to this schema: {why}",
+                    f"The engine cannot hold output to this schema: {e}",
                     f"tools[{i}].function.parameters",
                 )
         return invalid("The engine cannot hold output to the tools' schemas", "tools")
@@ -246,6 +237,14 @@ class ToolCalling:
         if called and self.use.choice != "function" and finish_reason == "stop":
             return "tool_calls"
         return finish_reason
+
+
+@lru_cache(maxsize=256)
+def _compact_grammar(schema: str) -> str:
+    """xgrammar's grammar for `schema` as vLLM's xgrammar backend compiles it with
+    `disable_any_whitespace` (RuntimeError: a schema it cannot compile)."""
+    grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+    return str(grammar)
 
 
 def _call(found: FunctionCall) -> ToolCall:
