@@ -177,7 +177,7 @@ class ToolCalling:
             raise invalid(f"The tools' schemas cannot be combined: {e}", "tools") from e
         try:
             return _compact_grammar(json.dumps(schema))
-        except RuntimeError:
+        except (RuntimeError, ValueError, TypeError):
             raise self._culprit() from None
 
     def _culprit(self) -> Exception:
@@ -188,7 +188,7 @@ class ToolCalling:
                 continue
             try:
                 _compact_grammar(json.dumps(function.get("parameters") or {"type": "object"}))
-            except RuntimeError as e:
+            except (RuntimeError, ValueError, TypeError) as e:
                 return invalid(
                     f"The engine cannot hold output to this schema: {e}",
                     f"tools[{i}].function.parameters",
@@ -242,7 +242,8 @@ class ToolCalling:
 @lru_cache(maxsize=256)
 def _compact_grammar(schema: str) -> str:
     """xgrammar's grammar for `schema` as vLLM's xgrammar backend compiles it with
-    `disable_any_whitespace` (RuntimeError: a schema it cannot compile)."""
+    `disable_any_whitespace` (RuntimeError, ValueError or TypeError: a schema it cannot
+    compile)."""
     grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"))
     return str(grammar)
 
