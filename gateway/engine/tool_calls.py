@@ -11,7 +11,6 @@ calls (protocols/tool_calls.py's `ToolAnswers`), one parser state per choice.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -40,8 +39,6 @@ from protocols.tool_calls import (
     ToolCallDelta,
     ToolUse,
 )
-
-log = logging.getLogger(__name__)
 
 
 class _JsonCalls(DelegatingParser):
@@ -118,9 +115,9 @@ class ToolCalling:
         self._request = _vllm_request(use)
         self._streams: dict[int, Parser] = {}
         self._called: set[int] = set()
-        self._make(use)  # a parser the tokenizer cannot serve fails here, not mid-stream
+        self._make()  # a parser the tokenizer cannot serve fails here, not mid-stream
 
-    def _make(self, use: ToolUse) -> Parser | None:
+    def _make(self) -> Parser | None:
         if self._parser is None:
             return None
         try:
@@ -147,7 +144,7 @@ class ToolCalling:
             ]
         if self._parser is None:
             return requests
-        parser = self._make(self.use)
+        parser = self._make()
         assert parser is not None
         adjusted = parser.adjust_request(self._request.model_copy(deep=True))
         keep = not getattr(adjusted, "skip_special_tokens", True)
@@ -196,7 +193,7 @@ class ToolCalling:
         return invalid("The engine cannot hold output to the tools' schemas", "tools")
 
     def message(self, index: int, text: str, finish_reason: str) -> ParsedMessage:
-        parser = self._make(self.use)
+        parser = self._make()
         if parser is None:
             return ParsedMessage(text, [], finish_reason)
         auto = self.use.choice == "auto"
@@ -213,7 +210,7 @@ class ToolCalling:
     ) -> ParsedDelta:
         parser = self._streams.get(index)
         if parser is None:
-            parser = self._make(self.use)
+            parser = self._make()
             if parser is None:
                 return ParsedDelta(text, None, finish_reason)
             self._streams[index] = parser
