@@ -248,6 +248,34 @@ def test_n_choices_each_with_its_calls(server: RunningServer) -> None:
     assert [c.index for c in answer.choices] == [0, 1, 2]
     for choice in answer.choices:
         assert_valid_calls(choice.message.tool_calls)
+    stream = client(server).chat.completions.create(
+        model=MODEL,
+        messages=ask("Book me a flight from London to Rome."),
+        tools=TOOLS,
+        tool_choice="required",
+        n=2,
+        temperature=1.0,
+        max_tokens=300,
+        parallel_tool_calls=False,
+        stream=True,
+    )
+    arguments: dict[int, str] = {}
+    names: dict[int, str] = {}
+    ends: dict[int, str | None] = {}
+    for chunk in stream:
+        for streamed in chunk.choices:  # each choice read on its own, its pieces in order
+            for piece in streamed.delta.tool_calls or []:
+                assert piece.index == 0 and piece.function is not None
+                if piece.function.name:
+                    names[streamed.index] = piece.function.name
+                arguments[streamed.index] = arguments.get(streamed.index, "") + (
+                    piece.function.arguments or ""
+                )
+            if streamed.finish_reason:
+                ends[streamed.index] = streamed.finish_reason
+    assert ends == {0: "tool_calls", 1: "tool_calls"}
+    for index in (0, 1):
+        jsonschema.validate(json.loads(arguments[index]), SCHEMAS[names[index]])
 
 
 def test_langchain_binds_tools_and_structured_output(server: RunningServer) -> None:
