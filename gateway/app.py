@@ -20,9 +20,11 @@ from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.edge.limits import Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
 from gateway.engine.adapter import device_type
+from gateway.engine.chat_template import configured_chat_template
 from gateway.engine.cpu_defaults import resolve_bulk_cap
 from gateway.engine.holder import EngineHolder
 from gateway.engine.loader import EngineLoader, local_loader
+from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
@@ -86,13 +88,17 @@ def create_app(
             lambda: holder.engine.unfinished_requests() if holder.engine is not None else 0
         )
         bounds = SequenceBounds.of(settings)
-        service = GenerationService(holder, admission, metrics, deadlines, classes, bounds)
+        service = GenerationService(
+            holder, admission, metrics, deadlines, classes, bounds, chat_template
+        )
         feedback = FeedbackStore(feedback_path(settings), settings.feedback_max_db_bytes)
         feedback_limits = FeedbackLimits(
             settings.feedback_max_text_bytes, settings.feedback_per_minute
         )
         batches = BatchRunner(service, store)
-        gateway = Gateway(settings, holder, service, batches, feedback, feedback_limits, drain)
+        gateway = Gateway(
+            settings, holder, service, batches, feedback, feedback_limits, drain, tool_parsing
+        )
         app.state.gateway = gateway
         try:
             yield {"gateway": gateway}
@@ -102,6 +108,8 @@ def create_app(
                 await holder.stop()
 
     deadlines = Deadlines(settings.request_timeout_seconds)
+    chat_template = configured_chat_template(settings.chat_template)
+    tool_parsing = ToolParsing.configured(settings)
     classes = PriorityClasses(
         {Protocol(name): n for name, n in settings.priority_classes.items()},
         enabled=settings.engine.scheduling_policy == "priority",

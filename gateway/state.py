@@ -11,6 +11,7 @@ from starlette.requests import HTTPConnection
 from gateway.config.settings import Settings
 from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine.holder import EngineHolder
+from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.generation import GenerationService
 from gateway.stores.feedback import FeedbackStore
@@ -30,6 +31,7 @@ class Gateway:
     feedback: FeedbackStore
     feedback_limits: FeedbackLimits
     drain: Drain
+    tool_parsing: ToolParsing  # tool_choice auto's parser, when configured
 
 
 def gateway_of(connection: HTTPConnection) -> Gateway:

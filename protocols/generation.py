@@ -146,12 +146,14 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     `constraint_field` is where the request gave its output constraint (`options.json_schema`,
     `regex`, `grammar`, `choice`), as its protocol spells the path: a constraint the engine
     cannot compile is refused naming it. `adapter` names the LoRA adapter to generate with
-    (None: the base model), `adapter_field` where the request named it.
+    (None: the base model), `adapter_field` where the request named it. `tools`: the
+    functions the chat template shows the model (OpenAI's `tools`), with `messages`.
     """
 
     options: SamplingOptions
     prompt: str = ""
     messages: tuple[dict[str, Any], ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
     history: History | None = None
     request_id: str | None = None
     index: int = 0

@@ -15,6 +15,7 @@ from protocols.errors import ErrorKind, GenerationError
 from protocols.events import Delta, Finished, GeneratedSequence, TokenInfo, top_tokens
 from protocols.openai_requests import OpenAICall
 from protocols.sse import sse_event
+from protocols.tool_calls import ToolAnswers
 
 DONE = b"data: [DONE]\n\n"
 _ENCODER = msgspec.json.Encoder()
@@ -59,7 +60,9 @@ class TextLogprobs(msgspec.Struct):
 
 class Message(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"] | UnsetType = UNSET
-    content: str | UnsetType = UNSET
+    content: str | UnsetType | None = UNSET  # null beside tool calls
+    # protocols/tool_calls.py: ToolCall in a whole answer, ToolCallDelta in a chunk
+    tool_calls: list[Any] | UnsetType = UNSET
 
 
 class ChatChoice(msgspec.Struct):
@@ -147,11 +150,21 @@ def _status(kind: ErrorKind) -> tuple[int, str]:
 class OpenAIEncoder:
     """One call's answer: `chat` picks chat completions over text completions; `lines` frames
     a stream as JSON lines (LMI's chat streaming) rather than server-sent events ending in
-    `[DONE]`. `served` names the model when the request named none."""
+    `[DONE]`. `served` names the model when the request named none. `tools` reads a chat's
+    choices for tool calls (gateway/engine/tool_calls.py), when the request has tools."""
 
-    def __init__(self, call: OpenAICall, served: str, *, chat: bool, lines: bool = False) -> None:
+    def __init__(
+        self,
+        call: OpenAICall,
+        served: str,
+        *,
+        chat: bool,
+        lines: bool = False,
+        tools: ToolAnswers | None = None,
+    ) -> None:
         self.call = call
         self.chat = chat
+        self.tools = tools
         self.model = call.model or served
         self._frame = _line if lines else sse_event
         self._done = b"" if lines else DONE
@@ -189,7 +202,11 @@ class OpenAIEncoder:
         return self._event([ChunkChoice(index, Message(role="assistant", content=""))])
 
     def chunk(self, delta: Delta) -> bytes:
+        """A streamed step's chunk; empty when it adds nothing a client sees (a step inside a
+        tool call's markup)."""
         logprobs = self._chat_logprobs(delta.tokens) if self.chat else None
+        if self.chat and self.tools is not None:
+            return self._tool_chunk(delta, logprobs)
         if self.chat:
             choice: ChunkChoice | TextChoice = ChunkChoice(
                 delta.index, Message(content=delta.text), logprobs, delta.finish_reason
@@ -198,6 +215,16 @@ class OpenAIEncoder:
             text_logprobs = self._text_logprobs(delta.tokens)
             choice = TextChoice(delta.index, delta.text, text_logprobs, delta.finish_reason)
         return self._event([choice])
+
+    def _tool_chunk(self, delta: Delta, logprobs: ChatLogprobs | None) -> bytes:
+        assert self.tools is not None
+        parsed = self.tools.delta(delta.index, delta.text, delta.token_ids, delta.finish_reason)
+        calls = parsed.tool_calls
+        if parsed.content is None and not calls and not parsed.finish_reason and not logprobs:
+            return b""
+        content = UNSET if parsed.content is None else parsed.content
+        message = Message(content=content, tool_calls=calls or UNSET)
+        return self._event([ChunkChoice(delta.index, message, logprobs, parsed.finish_reason)])
 
     def whole_choice(self, done: Finished) -> bytes:
         """A streamed choice sent whole, in one chunk (an echo: the prompt's log-probabilities
@@ -226,6 +253,11 @@ class OpenAIEncoder:
         reason = sequence.finish_reason
         if self.chat:
             message = Message(role="assistant", content=sequence.text)
+            if self.tools is not None:
+                parsed = self.tools.message(index, sequence.text, reason)
+                calls = parsed.tool_calls or UNSET
+                message = Message(role="assistant", content=parsed.content, tool_calls=calls)
+                reason = parsed.finish_reason
             return ChatChoice(index, message, self._chat_logprobs(sequence.tokens), reason)
         text, tokens = sequence.text, sequence.tokens
         if self.call.prompt_only:

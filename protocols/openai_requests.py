@@ -41,6 +41,14 @@ from protocols.generation import (
     sequences_asked,
 )
 from protocols.json_body import MALFORMED, malformed
+from protocols.tool_calls import (
+    ToolCall,
+    ToolChoice,
+    Tools,
+    ToolUse,
+    decode_tool_use,
+    history_fields,
+)
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Stop = str | Annotated[list[str], Meta(max_length=16)]
@@ -88,6 +96,8 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -95,8 +105,10 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: MaxNewTokens | None = None
     logprobs: bool = False
     top_logprobs: LogprobCount | None = None
-    tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -122,12 +134,12 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
     echo_prompts: list[str] | None = None  # each prompt's text, to put before its choices
     prompt_only: bool = False  # `max_tokens` 0: the one token generated is not reported
     token_prompts: bool = False  # some prompts are token ids, their text yet to spell
+    tool_use: ToolUse | None = None  # the chat's tools: calls parsed from its answers
 
 
 def decode_chat(raw: bytes, context: int) -> OpenAICall:
     body = decode_body(raw, ChatRequest)
-    if body.tools:
-        raise invalid("Tools are not supported: this server parses no tool calls", "tools")
+    tool_use = decode_tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     messages = tuple(chat_message(m, i) for i, m in enumerate(body.messages))
@@ -136,13 +148,15 @@ def decode_chat(raw: bytes, context: int) -> OpenAICall:
     options = _options(body, limit, top)
     fmt = None if body.response_format is None else response_format(body.response_format)
     constraint = only_one(fmt, _structured(body))
+    tools = tool_use.tools if tool_use is not None else None
     prompt = GenerationRequest(
         options=constrained(options, constraint),
         messages=messages,
+        tools=tools,
         prompt_field="messages",
         constraint_field=constraint.field if constraint is not None else None,
     )
-    return _call(body, [prompt], top)
+    return msgspec.structs.replace(_call(body, [prompt], top), tool_use=tool_use)
 
 
 def decode_completion(raw: bytes, context: int) -> OpenAICall:
@@ -258,9 +272,10 @@ def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         content = "\n".join(part.text for part in content)
-    if content is None:
+    tools = history_fields(message.role, message.tool_calls, message.tool_call_id, index)
+    if content is None and "tool_calls" not in tools:
         raise invalid("A message needs `content`", f"messages[{index}].content")
-    return {"role": message.role, "content": content}
+    return {"role": message.role, "content": content or "", **tools}
 
 
 def _options(body: _Common, limit: int, top_logprobs: int | None) -> SamplingOptions:

@@ -347,16 +347,21 @@ class Engine:
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
     ) -> str:
-        """The conversation as a prompt, in the model's own chat template: ending with the
-        assistant's turn, or (`continue_final_message`) inside the last message."""
-        if not getattr(self.tokenizer, "chat_template", None):
+        """The conversation as a prompt, in the model's own chat template (or `chat_template`,
+        CHAT_TEMPLATE's), which receives `tools`: ending with the assistant's turn, or
+        (`continue_final_message`) inside the last message."""
+        if not chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise invalid(
                 "This model has no chat template: send `prompt` instead of `messages`", "messages"
             )
         return str(
             self.tokenizer.apply_chat_template(
                 list(messages),
+                tools=list(tools) if tools is not None else None,
+                chat_template=chat_template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,

@@ -64,8 +64,10 @@ class GenerationService:
         deadlines: Deadlines | None = None,
         classes: PriorityClasses | None = None,
         bounds: SequenceBounds | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.holder = holder
+        self.chat_template = chat_template  # CHAT_TEMPLATE; None: the model's own
         self.bounds = bounds or SequenceBounds.of(Settings())
         self.admission = admission
         self.metrics = metrics or GatewayMetrics()
@@ -135,7 +137,7 @@ class GenerationService:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             engine = await self.holder.wait()
             engine.adapters.check(request.adapter, request.adapter_field)
-            history = await _history(engine, request)
+            history = await _history(engine, request, self.chat_template)
             yield Queued(request.index, history.token_ids)
             priority = self.classes.of(protocol, request.priority)
             queued = time.perf_counter()
@@ -158,13 +160,17 @@ class GenerationService:
                 self._in_flight.discard(in_flight)
 
 
-async def _history(engine: Engine, request: GenerationRequest) -> History:
+async def _history(
+    engine: Engine, request: GenerationRequest, chat_template: str | None = None
+) -> History:
     """The sequence to submit: the request's history, or its prompt tokenized, within context."""
     history = request.history
     if history is None:
         prompt = request.prompt
         if request.messages is not None:
-            prompt = engine.render_chat(request.messages)
+            prompt = engine.render_chat(
+                request.messages, tools=request.tools, chat_template=chat_template
+            )
         if not prompt:
             raise invalid(
                 "The prompt must not be empty (a known request_id may continue with an empty "

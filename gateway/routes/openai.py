@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config.settings import served_model_name
+from gateway.engine.tool_calls import ToolCalling
 from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Prepared, Streamed, Whole, to_response
 from gateway.routes.streaming import chained, closer, collect, open_stream
 from gateway.state import Gateway, gateway_of
@@ -56,11 +57,15 @@ async def prepare(
     whose `model` names none."""
     gateway = gateway_of(request)
     decode = decode_chat if chat else decode_completion
+    tools: ToolCalling | None = None
     try:
         call = decode(raw, _context(gateway))
         if call.token_prompts:
             engine = await gateway.holder.wait()  # its tokenizer spells the prompts
             call = spelled(call, engine.vocabulary, engine.decode)
+        if call.tool_use is not None:  # its parsers read the engine's tokenizer
+            tools = gateway.tool_parsing.calling(call.tool_use, await gateway.holder.wait())
+            call = msgspec.structs.replace(call, requests=tools.constrained(call.requests))
     except GenerationError as e:
         return _error(e)
     served = served_model_name(gateway.settings.engine)
@@ -78,7 +83,9 @@ async def prepare(
         name, field = adapter
         requests = [replace(r, adapter=name, adapter_field=field) for r in call.requests]
         call = replace(call, requests=requests)
-    encoder = OpenAIEncoder(call, adapter[0] if adapter else served, chat=chat, lines=lines)
+    encoder = OpenAIEncoder(
+        call, adapter[0] if adapter else served, chat=chat, lines=lines, tools=tools
+    )
     steps = gateway.batches.run(call.requests, protocol)
     if not call.stream:
         collected = await collect(request, steps)
@@ -125,7 +132,9 @@ async def _chunks(
                     if encoder.chat and index not in opened:
                         opened.add(index)
                         yield Chunk(encoder.opening(index))
-                    yield Chunk(encoder.chunk(event))
+                    data = encoder.chunk(event)
+                    if data:
+                        yield Chunk(data)
                 case Finished(index=index):
                     encoder.count(event, first=index % encoder.call.choices == 0)
                     if encoder.call.echo_prompts is not None:

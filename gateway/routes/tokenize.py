@@ -39,6 +39,7 @@ async def tokenize(request: Request) -> Response:
                 body.conversation(),
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
+                chat_template=gateway.service.chat_template,
             )
         encode_text = partial(engine.tokenizer.encode, add_special_tokens=body.special_tokens)
         ids = list(await tokenized(text or "", encode_text))
