@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from control_client import until
 from huggingface_hub import InferenceClient
 from lora_adapter import PHRASE, cached_adapter
 
-from clients import CHAT, sagemaker_runtime, wait_ready
+from clients import CHAT, connect, sagemaker_runtime, wait_ready
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
@@ -229,3 +230,22 @@ def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
         completion(lora_server, "parrot")
     gone = manage(lora_server, "unload", ADMIN, lora_name="parrot")
     assert gone.status_code == 404 and "parrot" in gone.text
+
+
+def test_the_control_protocols_config_model_names_the_adapter(lora_server: RunningServer) -> None:
+    def generate(model: str) -> list[dict[str, Any]]:
+        parameters = {"max_tokens": 12, "temperature": 0}
+        body = {"type": "config", "prompt": PROMPT, "model": model, "parameters": parameters}
+        with connect(lora_server.ws + "/generate") as ws:
+            ws.send(json.dumps(body))
+            return until(ws, "completion", "error")
+
+    adapted = generate("pirate")
+    init = next(m for m in adapted if m["type"] == "init")
+    assert init["model"] == "pirate" and adapted[-1]["type"] == "completion"
+    assert SPOKEN in adapted[-1]["generated_text"], adapted[-1]
+    base = generate("SmolLM2-135M-Instruct")
+    assert SPOKEN not in base[-1]["generated_text"]
+    [refused] = generate("parrot")
+    assert refused["type"] == "error" and refused["field"] == "$.model"
+    assert "'pirate'" in refused["message"]

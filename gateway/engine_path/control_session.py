@@ -164,9 +164,13 @@ class ControlSession:
         if self.state in ("generating", "paused"):
             raise invalid("A generation is in progress: send `stop` before a new `config`")
         check_prompt(config)
-        if config.model is not None and config.model != self.model:
+        engine = self.service.holder.engine
+        adapters = engine.adapters.names if engine is not None else []
+        if config.model is not None and config.model not in (self.model, *adapters):
+            served = "".join(f", {a!r}" for a in adapters)
             raise invalid(
-                f"Model {config.model!r} is not served here; this server serves {self.model!r}",
+                f"Model {config.model!r} is not served here; this server serves "
+                f"{self.model!r}{served}",
                 "$.model",
             )
         options = apply_parameters(
@@ -270,6 +274,8 @@ class ControlSession:
                 messages=messages,
                 prompt_field="$.prompt",
                 holdback=gen.holdback,
+                adapter=config.model,  # the served model's name, a LoRA adapter's, or none
+                adapter_field="$.model",
             )
         remaining = max(gen.options.max_new_tokens - gen.completion_tokens, 1)
         options = msgspec.structs.replace(
@@ -277,7 +283,12 @@ class ControlSession:
         )
         history = History(token_array(gen.sequence), "")
         return GenerationRequest(
-            options=options, history=history, prompt_field="$.prompt", holdback=gen.holdback
+            options=options,
+            history=history,
+            prompt_field="$.prompt",
+            holdback=gen.holdback,
+            adapter=config.model,
+            adapter_field="$.model",
         )
 
     async def _drive(self, gen: _Generation) -> None:
@@ -294,7 +305,8 @@ class ControlSession:
                         gen.prompt_length = len(gen.token_ids)
                         gen.announced_id = self._last_request_id = gen.request_id
                         info = ModelInfo(max_tokens=self._max_model_len())
-                        self.send(Init(gen.request_id, self.model, info))
+                        model = gen.config.model or self.model
+                        self.send(Init(gen.request_id, model, info))
                     case Initialized(prompt_text=text) if gen.config.options.echo_prompt:
                         if not gen.text:
                             gen.text = text
