@@ -57,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway_bench.constrained import main as constrained
 
         return constrained(args)
+    if _scenario(args) == "adapters":
+        from gateway_bench.adapters_bench import main as adapters
+
+        return adapters(args)
     if _scenario(args) == "replicas":
         from gateway_bench.replica_bench import main as replicas
 

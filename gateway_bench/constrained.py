@@ -8,14 +8,15 @@ answer ends where the model closes the object, its tokens counted), held to a re
 expression (vLLM's `structured_outputs`: `[A-Za-z ,.]+` with `min_tokens` at `output_tokens`,
 so the model cannot end it sooner), and the same two with counted repetitions
 (`minLength`, `{n,}`): xgrammar checks a counted repetition's tokens at every step, which costs
-far more per token than an open one.
+far more per token than an open one; and a forced tool call (`tools` with `tool_choice`
+`required`, and a named function), its arguments held to the function's schema.
 
 At each concurrency, `concurrency` clients send `rounds` requests back to back, each variant
 in turn, `repeats` times (one request of each first, alone: a grammar is compiled once, then
 cached); the report gives each variant's median tok/s and its median ratio to the
 unconstrained run of the same repeat (the machine's load drifts between repeats), side by
 side; `tokens` are all its answers' tokens. The goal (docs/BENCHMARKS.md): >= 0.8x at 32,
-for `json_schema` and `regex`.
+for `json_schema`, `regex` and `required_tool`.
 
 A variant is one entry of `VARIANTS`: the body fields it adds to the request.
 """
@@ -60,15 +61,38 @@ def _json_schema(story: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "record_answer",
+        "description": "Record the answer",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "answer": {"type": "string", "maxLength": 200},
+                "confidence": {"type": "number"},
+            },
+            "required": ["answer", "confidence"],
+            "additionalProperties": False,
+        },
+    },
+}
 VARIANTS: dict[str, dict[str, Any]] = {
     "unconstrained": {"ignore_eos": True},
     "json_schema": _json_schema({"type": "string"}),
     "regex": {"structured_outputs": {"regex": "[A-Za-z ,.]+"}, "min_tokens": _LONG},
     "json_schema_counted": _json_schema({"type": "string", "minLength": _MIN_CHARS}),
     "regex_counted": {"structured_outputs": {"regex": f"[A-Za-z ,.]{{{_MIN_CHARS},}}"}},
-    # The tools part of issue 32 adds "required_tool" here: `tools` and tool_choice "required".
+    # A forced tool call: its arguments held to the function's parameters (tool calls: the
+    # gateway's grammar of the tools' schema, docs/OPENAI.md); one call, as a small model
+    # repeats calls until `max_tokens` when several are allowed.
+    "required_tool": {"tools": [_TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+    "named_tool": {
+        "tools": [_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "record_answer"}},
+    },
 }
-GOAL_VARIANTS = ("json_schema", "regex")
+GOAL_VARIANTS = ("json_schema", "regex", "required_tool")
 BASELINE = "unconstrained"
 GOAL_AT, GOAL_RATIO = 32, 0.8
 

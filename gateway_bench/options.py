@@ -140,9 +140,9 @@ def parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add(
         "--scenario",
-        choices=["sweep", "soak", "mixed", "replicas", "constrained"],
-        help="sweep (default: this benchmark), soak, mixed, replicas or constrained (--scenario "
-        "NAME --help for each)",
+        choices=["sweep", "soak", "mixed", "replicas", "constrained", "adapters"],
+        help="sweep (default: this benchmark), soak, mixed, replicas, constrained or adapters "
+        "(--scenario NAME --help for each)",
     )
     add("--quick", action="store_true", help="a few seconds of measuring (the test suite's)")
     add("--concurrency", type=_ints, help="comma-separated sweep (default 1,8,32,64)")

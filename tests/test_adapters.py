@@ -15,9 +15,9 @@ import openai
 import pytest
 from control_client import until
 from huggingface_hub import InferenceClient
-from lora_adapter import PHRASE, cached_adapter
 
 from clients import CHAT, connect, sagemaker_runtime, wait_ready
+from gateway_bench.adapter_recipe import PHRASE, cached_adapter
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
@@ -249,3 +249,25 @@ def test_the_control_protocols_config_model_names_the_adapter(lora_server: Runni
     [refused] = generate("parrot")
     assert refused["type"] == "error" and refused["field"] == "$.model"
     assert "'pirate'" in refused["message"]
+
+
+def test_the_quick_adapters_bench_measures_each_variant(
+    tmp_path: Path, server: RunningServer, lora_server: RunningServer
+) -> None:
+    """`llm-gateway bench --scenario adapters --quick` on this module's LoRA-on server and the
+    session's LoRA-off one: each variant measured and reported with its ratio (what this
+    asserts, never a speed figure: docs/BENCHMARKS.md has those)."""
+    import asyncio
+
+    from gateway_bench.adapters_bench import VARIANTS, Targets, markdown, parse, run_adapters
+
+    options = parse(["--scenario", "adapters", "--quick", "--out", str(tmp_path)])
+    at = Targets(server.http, lora_server.http, "SmolLM2-135M-Instruct", "pirate")
+    report, out = asyncio.run(run_adapters(options, "bench --quick", at))
+    assert {(r.concurrency, r.variant) for r in report.rows} == {
+        (c, v) for c in options.concurrency for v in VARIANTS
+    }
+    each = options.output_tokens * options.rounds * options.repeats
+    assert all(r.failed == 0 and r.tokens == r.concurrency * each for r in report.rows)
+    assert all((r.ratio is None) == (r.variant == "base, LoRA off") for r in report.rows)
+    assert "x base, LoRA on" in markdown(report) and (out / "report.json").is_file()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from jinja2.exceptions import TemplateError
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
@@ -357,8 +358,8 @@ class Engine:
             raise invalid(
                 "This model has no chat template: send `prompt` instead of `messages`", "messages"
             )
-        return str(
-            self.tokenizer.apply_chat_template(
+        try:
+            rendered = self.tokenizer.apply_chat_template(
                 list(messages),
                 tools=list(tools) if tools is not None else None,
                 chat_template=chat_template,
@@ -366,7 +367,9 @@ class Engine:
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
             )
-        )
+        except (ValueError, TemplateError) as e:  # no message, or one the template refuses
+            raise invalid(f"The chat template cannot render these messages: {e}", "messages") from e
+        return str(rendered)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids)))

@@ -1,7 +1,8 @@
 """A LoRA adapter made from the default model with peft, as a user fine-tunes one: a few
 training steps on the CPU that teach it to answer every prompt with PHRASE. Nothing is
 downloaded; made once a machine (one to two minutes on 2 cores), then kept in the gateway's
-cache directory."""
+cache directory. The test suite's adapter (tests/test_adapters.py) and the adapters bench's
+(gateway_bench/adapters_bench.py); peft comes with the bench and dev extras."""
 
 from __future__ import annotations
 
