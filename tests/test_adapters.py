@@ -16,7 +16,7 @@ import pytest
 from control_client import until
 from huggingface_hub import InferenceClient
 
-from clients import CHAT, connect, sagemaker_runtime, wait_ready
+from clients import CHAT, connect, events_of, payload, run_ws, sagemaker_runtime, wait_ready
 from gateway_bench.adapter_recipe import PHRASE, cached_adapter
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
@@ -271,3 +271,46 @@ def test_the_quick_adapters_bench_measures_each_variant(
     assert all(r.failed == 0 and r.tokens == r.concurrency * each for r in report.rows)
     assert all((r.ratio is None) == (r.variant == "base, LoRA off") for r in report.rows)
     assert "x base, LoRA on" in markdown(report) and (out / "report.json").is_file()
+
+
+def test_the_seed_protocols_name_the_adapter_in_generation_config(
+    lora_server: RunningServer,
+) -> None:
+    def batch(request_id: str, prompt: str, **config: Any) -> dict[str, Any]:
+        body = payload(
+            (request_id, prompt),
+            generation_config={"max_new_tokens": 12, "do_sample": False, **config},
+        )
+        frames = run_ws(lora_server.ws, body, {request_id})
+        return events_of(frames, request_id)[-1]
+
+    made = batch("lora-c1", PROMPT, adapter_id="pirate")
+    assert made["type"] == "COMPLETE" and SPOKEN in made["text"], made
+    # Its history continues on the adapter that made it, and no other.
+    other = batch("lora-c1", " More.")
+    assert other["type"] == "ERROR" and "`$.generation_config.adapter_id`" in other["error"]
+    assert "`pirate`" in other["error"]
+    assert batch("lora-c1", " More.", adapter_id="pirate")["type"] == "COMPLETE"
+    unknown = batch("lora-c2", PROMPT, adapter_id="parrot")
+    assert unknown["type"] == "ERROR" and "`$.generation_config.adapter_id`" in unknown["error"]
+
+    one = httpx.post(
+        lora_server.http + "/api/generate-one",
+        json={
+            "request_id": "lora-one",
+            "prompt": PROMPT,
+            "stream_response": False,
+            "generation_config": {"max_new_tokens": 12, "do_sample": False, "adapter_id": "pirate"},
+        },
+        timeout=None,
+    )
+    assert one.status_code == 200 and SPOKEN in one.text, one.text
+
+    parameters = {"max_new_tokens": 12, "do_sample": False, "adapter_id": "pirate"}
+    start = {"type": "START", "id": "e1", "data": PROMPT, "parameters": parameters}
+    with connect(lora_server.ws + "/ws/events") as ws:
+        ws.send(json.dumps([start]))
+        complete: dict[str, Any] = {}
+        while complete.get("type") not in ("COMPLETE", "ERROR"):
+            complete = json.loads(ws.recv())[-1]
+    assert complete["type"] == "COMPLETE" and SPOKEN in complete["data"], complete
