@@ -16,7 +16,17 @@ import pytest
 from control_client import until
 from huggingface_hub import InferenceClient
 
-from clients import CHAT, connect, events_of, payload, run_ws, sagemaker_runtime, wait_ready
+from clients import (
+    CHAT,
+    connect,
+    events_of,
+    payload,
+    run_ws,
+    sagemaker_runtime,
+    scrape,
+    value,
+    wait_ready,
+)
 from gateway_bench.adapter_recipe import PHRASE, cached_adapter
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
@@ -100,6 +110,7 @@ def test_the_openai_model_field_picks_the_adapter_or_the_base(lora_server: Runni
 
 
 def test_interleaved_requests_each_get_their_own_models_text(lora_server: RunningServer) -> None:
+    before = scrape(lora_server.http)
     base_alone = completion(lora_server, "SmolLM2-135M-Instruct")
     adapter_alone = completion(lora_server, "pirate")
     models = ["pirate" if i % 2 else "SmolLM2-135M-Instruct" for i in range(16)]
@@ -107,6 +118,12 @@ def test_interleaved_requests_each_get_their_own_models_text(lora_server: Runnin
         texts = list(pool.map(lambda m: completion(lora_server, m), models))
     for model, text in zip(models, texts, strict=True):
         assert text == (adapter_alone if model == "pirate" else base_alone), (model, text)
+    after = scrape(lora_server.http)
+    for adapter in ("pirate", "base"):  # the base model's requests, by its name: `base`
+        name, labels = "gateway_adapter_requests_total", {"adapter": adapter, "outcome": "ok"}
+        assert value(after, name, **labels) - value(before, name, **labels) == 9
+        tokens = "gateway_adapter_generated_tokens_total"
+        assert value(after, tokens, adapter=adapter) > value(before, tokens, adapter=adapter)
 
 
 def test_tgi_adapter_id_through_huggingface_hub(lora_server: RunningServer) -> None:

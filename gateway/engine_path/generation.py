@@ -152,7 +152,7 @@ class GenerationService:
             async with self.admission.slot(priority, caller):
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
-                meter = self.metrics.meter(protocol, priority)
+                meter = self.metrics.meter(protocol, priority, request.adapter)
                 steps = _engine_events(engine, request, history, meter, priority)
                 async with aclosing(steps):
                     async for event in steps:
