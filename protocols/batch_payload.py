@@ -16,6 +16,7 @@ from protocols.generation_config import (
     GenerationConfig,
     resolve_options,
     strip_generation_config,
+    take_adapter,
 )
 from protocols.json_body import decode_json_object
 
@@ -37,6 +38,7 @@ class BatchRequest(msgspec.Struct, frozen=True):
     options: SamplingOptions
     only_new_tokens: bool
     stream: bool
+    adapter: str | None = None  # `generation_config.adapter_id`: a LoRA adapter's name
 
 
 class PayloadSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -96,6 +98,7 @@ def decode_batch(
     settings_doc = {k: v for k, v in doc.items() if k != "prompts"}
     strip_generation_config(settings_doc, "generation_config", "generation_config")
     try:
+        adapter = take_adapter(settings_doc, "generation_config", "$.generation_config")
         settings = msgspec.convert(settings_doc, PayloadSettings)
         stream = settings.stream_response and streaming_allowed
         options = resolve_options(
@@ -107,7 +110,9 @@ def decode_batch(
         rejected += [Rejected(item.request_id, error, i) for item, i in pairs]
         rejected.sort(key=lambda r: r.position)
         return BatchRequest([], [], rejected, defaults, True, False)
-    return BatchRequest(items, positions, rejected, options, settings.only_new_tokens, stream)
+    return BatchRequest(
+        items, positions, rejected, options, settings.only_new_tokens, stream, adapter
+    )
 
 
 def refuse_repeated_ids(batch: BatchRequest) -> BatchRequest:

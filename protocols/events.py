@@ -42,6 +42,7 @@ class History(msgspec.Struct):
     token_ids: array[int]
     text: str
     ended_at_eos: bool = False
+    adapter: str | None = None  # the LoRA adapter that generated it (None: the base model)
 
 
 def token_array(token_ids: Iterable[int]) -> array[int]:

@@ -52,6 +52,24 @@ class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     min_tokens: MinTokens | UnsetType = UNSET
 
 
+ADAPTER_FIELD = "adapter_id"  # TGI's name for it: the seed protocols' way to name an adapter
+
+
+def take_adapter(doc: dict[str, Any], key: str, path: str) -> str | None:
+    """The LoRA adapter `doc[key]` (a generation_config) names as `adapter_id`, taken out of
+    it (it chooses the model, not a generation option); `path` is that config's JSON path."""
+    config = doc.get(key)
+    if not isinstance(config, dict) or ADAPTER_FIELD not in config:
+        return None
+    name = config.pop(ADAPTER_FIELD)
+    if name is not None and (not isinstance(name, str) or not name):
+        field = f"{path}.{ADAPTER_FIELD}"
+        raise invalid(
+            f"`{ADAPTER_FIELD}` names an adapter: a non-empty string - at `{field}`", field
+        )
+    return name
+
+
 def strip_generation_config(doc: dict[str, Any], key: str, where: str) -> None:
     """`doc[key]`, a generation_config, less the GenerationConfig fields it ignores (logged)."""
     strip_ignored(doc, key, GenerationConfig.__struct_fields__, where)

@@ -11,7 +11,7 @@ from protocols.batch_payload import BatchRequest, PayloadSettings, Rejected, dec
 from protocols.errors import GenerationError, validation_error
 from protocols.events import Failed, Finished
 from protocols.generation import MAX_STOP_SEQUENCES, PromptItem, SamplingOptions
-from protocols.generation_config import resolve_options, strip_generation_config
+from protocols.generation_config import resolve_options, strip_generation_config, take_adapter
 from protocols.json_body import decode_json_object
 
 
@@ -25,6 +25,7 @@ class OneRequest(msgspec.Struct, frozen=True):
     options: SamplingOptions
     only_new_tokens: bool
     stream: bool
+    adapter: str | None = None  # `generation_config.adapter_id`
 
 
 class BatchAnswer(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -52,6 +53,7 @@ def decode_one(
 ) -> OneRequest:
     doc = decode_json_object(raw)
     strip_generation_config(doc, "generation_config", "generation_config")
+    adapter = take_adapter(doc, "generation_config", "$.generation_config")
     try:
         payload = msgspec.convert(doc, _OnePayload)
     except msgspec.ValidationError as e:
@@ -60,7 +62,7 @@ def decode_one(
         payload.generation_config, defaults, streaming=payload.stream_response, max_stop=max_stop
     )
     item = PromptItem(payload.request_id, payload.prompt)
-    return OneRequest(item, options, payload.only_new_tokens, payload.stream_response)
+    return OneRequest(item, options, payload.only_new_tokens, payload.stream_response, adapter)
 
 
 def decode_generate_batch(

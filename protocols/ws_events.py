@@ -23,6 +23,7 @@ from protocols.generation_config import (
     GenerationConfig,
     resolve_options,
     strip_generation_config,
+    take_adapter,
 )
 from protocols.json_body import JSON_DECODER, MALFORMED, malformed
 
@@ -70,6 +71,7 @@ class Accepted(msgspec.Struct, frozen=True):
     options: SamplingOptions
     position: int = 0
     path: str = "$"
+    adapter: str | None = None  # `parameters.adapter_id`: a LoRA adapter's name
 
     def request(self, index: int) -> GenerationRequest:
         """Its prompt, afresh: ids share the in-flight check under their own prefix."""
@@ -79,6 +81,8 @@ class Accepted(msgspec.Struct, frozen=True):
             request_id=f"events:{self.start.id}",
             index=index,
             prompt_field=f"{self.path}.data",
+            adapter=self.adapter,
+            adapter_field=f"{self.path}.parameters.adapter_id",
         )
 
 
@@ -114,8 +118,10 @@ def decode_starts(
                 refused.append(Refused(i, Error(event_id, message, f"{path}.id")))
             continue
         try:
+            adapter = None
             if isinstance(entry, dict):
                 strip_generation_config(entry, "parameters", "/ws/events parameters")
+                adapter = take_adapter(entry, "parameters", f"{path}.parameters")
             start = msgspec.convert(entry, StartIn)
             if not start.data:
                 message = f"A START needs a prompt: `data` is empty - at `{path}.data`"
@@ -132,7 +138,7 @@ def decode_starts(
             field: str | UnsetType = UNSET if error.field is None else error.field
             refused.append(Refused(i, Error(event_id, error.message, field)))
             continue
-        accepted.append(Accepted(Start(start.id, start.data), options, i, path))
+        accepted.append(Accepted(Start(start.id, start.data), options, i, path, adapter))
     return accepted, refused
 
 

@@ -16,7 +16,17 @@ import pytest
 from control_client import until
 from huggingface_hub import InferenceClient
 
-from clients import CHAT, connect, sagemaker_runtime, wait_ready
+from clients import (
+    CHAT,
+    connect,
+    events_of,
+    payload,
+    run_ws,
+    sagemaker_runtime,
+    scrape,
+    value,
+    wait_ready,
+)
 from gateway_bench.adapter_recipe import PHRASE, cached_adapter
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
@@ -100,6 +110,7 @@ def test_the_openai_model_field_picks_the_adapter_or_the_base(lora_server: Runni
 
 
 def test_interleaved_requests_each_get_their_own_models_text(lora_server: RunningServer) -> None:
+    before = scrape(lora_server.http)
     base_alone = completion(lora_server, "SmolLM2-135M-Instruct")
     adapter_alone = completion(lora_server, "pirate")
     models = ["pirate" if i % 2 else "SmolLM2-135M-Instruct" for i in range(16)]
@@ -107,6 +118,12 @@ def test_interleaved_requests_each_get_their_own_models_text(lora_server: Runnin
         texts = list(pool.map(lambda m: completion(lora_server, m), models))
     for model, text in zip(models, texts, strict=True):
         assert text == (adapter_alone if model == "pirate" else base_alone), (model, text)
+    after = scrape(lora_server.http)
+    for adapter in ("pirate", "base"):  # the base model's requests, by its name: `base`
+        name, labels = "gateway_adapter_requests_total", {"adapter": adapter, "outcome": "ok"}
+        assert value(after, name, **labels) - value(before, name, **labels) == 9
+        tokens = "gateway_adapter_generated_tokens_total"
+        assert value(after, tokens, adapter=adapter) > value(before, tokens, adapter=adapter)
 
 
 def test_tgi_adapter_id_through_huggingface_hub(lora_server: RunningServer) -> None:
@@ -271,3 +288,46 @@ def test_the_quick_adapters_bench_measures_each_variant(
     assert all(r.failed == 0 and r.tokens == r.concurrency * each for r in report.rows)
     assert all((r.ratio is None) == (r.variant == "base, LoRA off") for r in report.rows)
     assert "x base, LoRA on" in markdown(report) and (out / "report.json").is_file()
+
+
+def test_the_seed_protocols_name_the_adapter_in_generation_config(
+    lora_server: RunningServer,
+) -> None:
+    def batch(request_id: str, prompt: str, **config: Any) -> dict[str, Any]:
+        body = payload(
+            (request_id, prompt),
+            generation_config={"max_new_tokens": 12, "do_sample": False, **config},
+        )
+        frames = run_ws(lora_server.ws, body, {request_id})
+        return events_of(frames, request_id)[-1]
+
+    made = batch("lora-c1", PROMPT, adapter_id="pirate")
+    assert made["type"] == "COMPLETE" and SPOKEN in made["text"], made
+    # Its history continues on the adapter that made it, and no other.
+    other = batch("lora-c1", " More.")
+    assert other["type"] == "ERROR" and "`$.generation_config.adapter_id`" in other["error"]
+    assert "`pirate`" in other["error"]
+    assert batch("lora-c1", " More.", adapter_id="pirate")["type"] == "COMPLETE"
+    unknown = batch("lora-c2", PROMPT, adapter_id="parrot")
+    assert unknown["type"] == "ERROR" and "`$.generation_config.adapter_id`" in unknown["error"]
+
+    one = httpx.post(
+        lora_server.http + "/api/generate-one",
+        json={
+            "request_id": "lora-one",
+            "prompt": PROMPT,
+            "stream_response": False,
+            "generation_config": {"max_new_tokens": 12, "do_sample": False, "adapter_id": "pirate"},
+        },
+        timeout=None,
+    )
+    assert one.status_code == 200 and SPOKEN in one.text, one.text
+
+    parameters = {"max_new_tokens": 12, "do_sample": False, "adapter_id": "pirate"}
+    start = {"type": "START", "id": "e1", "data": PROMPT, "parameters": parameters}
+    with connect(lora_server.ws + "/ws/events") as ws:
+        ws.send(json.dumps([start]))
+        complete: dict[str, Any] = {}
+        while complete.get("type") not in ("COMPLETE", "ERROR"):
+            complete = json.loads(ws.recv())[-1]
+    assert complete["type"] == "COMPLETE" and SPOKEN in complete["data"], complete

@@ -21,7 +21,7 @@ from gateway.edge.caller import current_caller
 from gateway.engine.affinity import AFFINITY, affinity_key
 from gateway.engine_path.generation import GenerationService, _duplicate, _failed
 from gateway.stores.continuation import Claim, HistoryStore, Key
-from protocols.errors import GenerationError
+from protocols.errors import GenerationError, invalid
 from protocols.events import TERMINAL, Delta, Event, Failed, Finished, History
 from protocols.generation import GenerationRequest, PromptItem, SamplingOptions, sequences_asked
 from protocols.names import Protocol
@@ -39,9 +39,10 @@ class BatchRunner:
         *,
         stream: bool,
         protocol: Protocol,
+        adapter: str | None = None,
     ) -> AsyncGenerator[list[Event], None]:
         """A payload of the batch protocols: its request_ids, in order, are its key; its
-        options are its `generation_config`'s."""
+        options are its `generation_config`'s, and so is its LoRA `adapter` (`adapter_id`)."""
         asked = sequences_asked("$.generation_config", num_beams=options.num_beams)
         requests = [
             GenerationRequest(
@@ -51,6 +52,8 @@ class BatchRunner:
                 index=i,
                 stream=stream,
                 asked=asked,
+                adapter=adapter,
+                adapter_field="$.generation_config.adapter_id",
             )
             for i, item in enumerate(items)
         ]
@@ -120,6 +123,14 @@ class BatchRunner:
                 put(self._refuse(request, protocol, _duplicate(rid or "")))
                 return
             if rid in known:
+                made_with, asked = known[rid].adapter, self.service.adapter_of(request)
+                if made_with != asked:  # a history continues on the model that made it
+                    put(
+                        self._refuse(
+                            request, protocol, _other_adapter(rid or "", made_with, request)
+                        )
+                    )
+                    return
                 request = msgspec.structs.replace(request, history=known[rid])
             if key is not None:  # this task's own context: its engine requests only
                 AFFINITY.set(affinity_key(key))
@@ -155,6 +166,17 @@ class BatchRunner:
         """A prompt failed before it reached the engine path, counted as that path counts."""
         self.service.metrics.prompt_accepted(protocol).end(error.kind.value)
         return _failed(request.index, error)
+
+
+def _other_adapter(
+    request_id: str, made_with: str | None, request: GenerationRequest
+) -> GenerationError:
+    model = f"the adapter `{made_with}`" if made_with else "the base model"
+    return invalid(
+        f"request_id {request_id!r} was generated with {model}: continue it with the same "
+        f"(or start a new request_id) - at `{request.adapter_field}`",
+        request.adapter_field,
+    )
 
 
 def _merge(into: Delta, delta: Delta) -> None:

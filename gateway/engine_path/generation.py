@@ -78,6 +78,12 @@ class GenerationService:
         self.deadlines = deadlines or Deadlines(0.0)
         self._in_flight: set[tuple[str, str]] = set()
 
+    def adapter_of(self, request: GenerationRequest) -> str | None:
+        """The adapter `request` generates with: None for the base model, however named."""
+        engine = self.holder.engine
+        base = engine.adapters.base if engine is not None else None
+        return None if request.adapter == base else request.adapter
+
     def is_generating(self, request_id: str) -> bool:
         return (current_caller().owner, request_id) in self._in_flight
 
@@ -137,6 +143,8 @@ class GenerationService:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             engine = await self.holder.wait()
             engine.adapters.check(request.adapter, request.adapter_field)
+            if request.adapter == engine.adapters.base:  # the base model, by its name
+                request = replace(request, adapter=None)
             history = await _history(engine, request, self.chat_template)
             yield Queued(request.index, history.token_ids)
             priority = self.classes.of(protocol, request.priority)
@@ -144,7 +152,7 @@ class GenerationService:
             async with self.admission.slot(priority, caller):
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
-                meter = self.metrics.meter(protocol, priority)
+                meter = self.metrics.meter(protocol, priority, request.adapter)
                 steps = _engine_events(engine, request, history, meter, priority)
                 async with aclosing(steps):
                     async for event in steps:
@@ -313,7 +321,7 @@ def _finished(
     step = steps[0]
     is_eos = history.ended_at_eos or step.is_eos
     ids = token_array(step.token_ids)
-    after = History(history.token_ids + ids, history.text + step.text, is_eos)
+    after = History(history.token_ids + ids, history.text + step.text, is_eos, request.adapter)
     return Finished(
         index=request.index,
         history=after,

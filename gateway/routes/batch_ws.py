@@ -38,7 +38,7 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
             outbox.put(encode_frame(frame))
         return
     steps = gateway.batches.run_prompts(
-        batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS
+        batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS, adapter=batch.adapter
     )
     await send_steps(steps, frames, encode_frame, outbox)
 

@@ -63,7 +63,11 @@ async def generate_one(request: Request) -> Response:
     except GenerationError as e:
         return error_response(e)
     steps = gateway.batches.run_prompts(
-        [one.item], one.options, stream=one.stream, protocol=Protocol.API_GENERATE_ONE
+        [one.item],
+        one.options,
+        stream=one.stream,
+        protocol=Protocol.API_GENERATE_ONE,
+        adapter=one.adapter,
     )
     if not one.stream:
         collected = await collect(request, steps)
@@ -110,7 +114,11 @@ async def generate_batch(request: Request) -> Response:
     if not batch.items:
         return error_response(batch.rejected[0].error)
     steps = gateway.batches.run_prompts(
-        batch.items, batch.options, stream=False, protocol=Protocol.API_GENERATE_BATCH
+        batch.items,
+        batch.options,
+        stream=False,
+        protocol=Protocol.API_GENERATE_BATCH,
+        adapter=batch.adapter,
     )
     collected = await collect(request, steps)
     if collected is None:

@@ -44,6 +44,7 @@ class _Packed(msgspec.Struct, array_like=True):
     token_ids: bytes  # int32, little-endian
     text: str
     ended_at_eos: bool
+    adapter: str | None = None  # last, with a default: histories packed before it still read
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -54,7 +55,7 @@ _KEY_ENCODER = msgspec.json.Encoder()
 def pack(histories: dict[str, History]) -> bytes:
     return _ENCODER.encode(
         {
-            rid: _Packed(_le(h.token_ids).tobytes(), h.text, h.ended_at_eos)
+            rid: _Packed(_le(h.token_ids).tobytes(), h.text, h.ended_at_eos, h.adapter)
             for rid, h in histories.items()
         }
     )
@@ -65,7 +66,7 @@ def unpack(raw: bytes) -> dict[str, History]:
     for rid, packed in _DECODER.decode(raw).items():
         ids: array[int] = array("i")
         ids.frombytes(packed.token_ids)
-        histories[rid] = History(_le(ids), packed.text, packed.ended_at_eos)
+        histories[rid] = History(_le(ids), packed.text, packed.ended_at_eos, packed.adapter)
     return histories
 
 
