@@ -31,10 +31,12 @@ TEXT: Schema = {"type": "string"}
 
 
 class Events(NamedTuple):
-    """A server-sent event stream whose events' `data` is JSON of this type (OpenAI's ends
-    with `[DONE]`). Before OpenAPI 3.2, an SSE media type's schema describes one event."""
+    """A server-sent event stream whose events' `data` is JSON of this type; `done`: its last
+    event's data is `[DONE]` instead (OpenAI's). Before OpenAPI 3.2, an SSE media type's
+    schema describes one event."""
 
     data: Any
+    done: bool = False
 
 
 PROMPTS = "Each a {request_id, prompt} object; a bad one fails alone, in the 200 answer"
@@ -111,7 +113,7 @@ OPS = (
         "/v1/chat/completions",
         "OpenAI chat completions",
         ChatRequest,
-        {JSON: openai_answers.Answer, SSE: Events(openai_answers.Answer)},
+        {JSON: openai_answers.Answer, SSE: Events(openai_answers.Answer, done=True)},
         openai_answers.ErrorBody,
         OPENAI_ERRORS,
     ),
@@ -120,7 +122,7 @@ OPS = (
         "/v1/completions",
         "OpenAI completions",
         CompletionRequest,
-        {JSON: openai_answers.Answer, SSE: Events(openai_answers.Answer)},
+        {JSON: openai_answers.Answer, SSE: Events(openai_answers.Answer, done=True)},
         openai_answers.ErrorBody,
         OPENAI_ERRORS,
     ),
@@ -237,7 +239,13 @@ def _types(op: Op) -> list[Any]:
 def _operation(op: Op, refs: dict[Any, Schema]) -> Schema:
     def schema(t: Any, choice: str = "anyOf") -> Schema:
         if isinstance(t, Events):
-            data = {"type": "string", "contentMediaType": JSON, "contentSchema": schema(t.data)}
+            data: Schema = {
+                "type": "string",
+                "contentMediaType": JSON,
+                "contentSchema": schema(t.data),
+            }
+            if t.done:
+                data = {"anyOf": [data, {"const": "[DONE]"}]}
             return {"type": "object", "properties": {"data": data}, "required": ["data"]}
         if isinstance(t, tuple):
             return {choice: [refs[alternative] for alternative in t]}
