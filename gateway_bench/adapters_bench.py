@@ -31,9 +31,9 @@ import msgspec
 
 from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
-from gateway_bench.constrained import measure
+from gateway_bench.constrained import Row, measure  # a Row's ratio: see _ratio_to
 from gateway_bench.mixed import default_model
-from gateway_bench.results import Machine
+from gateway_bench.results import Machine, write_report
 from gateway_bench.scenario_options import TargetOptions, parse_options
 
 ADAPTER = "bench-adapter"  # the adapter's name on the LoRA-on gateway
@@ -56,15 +56,6 @@ class AdaptersOptions(TargetOptions, kw_only=True):
 
 
 QUICK = {"concurrency": [1, 2], "rounds": 1, "repeats": 1, "output_tokens": 4}
-
-
-class Row(msgspec.Struct):
-    concurrency: int
-    variant: str
-    tok_s: float
-    tokens: int
-    failed: int
-    ratio: float | None = None  # adapter: to the LoRA-on base; LoRA-on base: to LoRA off
 
 
 class AdaptersReport(msgspec.Struct, kw_only=True):
@@ -204,7 +195,7 @@ async def run_adapters(
     report = AdaptersReport(
         command=command, machine=host, options=options, adapter=str(adapter), rows=rows
     )
-    await asyncio.to_thread(_write, report, out)
+    await asyncio.to_thread(write_report, report, markdown(report), out)
     return report, out
 
 
@@ -232,11 +223,6 @@ def markdown(report: AdaptersReport) -> str:
         verdict = "met" if met else "not met"
         lines += ["", f"Goal: the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}: {verdict}."]
     return "\n".join(lines) + "\n"
-
-
-def _write(report: AdaptersReport, out: Path) -> None:
-    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (out / "report.md").write_text(markdown(report))
 
 
 def main(argv: Sequence[str]) -> int:

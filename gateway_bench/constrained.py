@@ -39,7 +39,7 @@ import msgspec
 from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
 from gateway_bench.mixed import default_model
-from gateway_bench.results import Machine
+from gateway_bench.results import Machine, write_report
 from gateway_bench.scenario_options import TargetOptions, parse_options
 
 _MIN_CHARS = 400  # more characters than `output_tokens` tokens spell: no answer completes
@@ -263,7 +263,7 @@ async def run_constrained(
         rows = await measure_all(options, endpoint.url, endpoint.model)
     host.load_end = machine.load()
     report = ConstrainedReport(command=command, machine=host, options=options, rows=rows)
-    await asyncio.to_thread(_write, report, out)
+    await asyncio.to_thread(write_report, report, markdown(report), out)
     return report, out
 
 
@@ -293,11 +293,6 @@ def markdown(report: ConstrainedReport) -> str:
             f"Goal: >= {GOAL_RATIO}x at {GOAL_AT} ({', '.join(GOAL_VARIANTS)}): {verdict}.",
         ]
     return "\n".join(lines) + "\n"
-
-
-def _write(report: ConstrainedReport, out: Path) -> None:
-    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (out / "report.md").write_text(markdown(report))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -156,3 +157,9 @@ class BenchReport(msgspec.Struct, kw_only=True):
     continuation: ContinuationResult | None
     connections: ConnectionResult | None
     goals: list[Goal]
+
+
+def write_report(report: msgspec.Struct, markdown: str, out: Path) -> None:
+    """A scenario's report in `out`: report.json (the Struct) and report.md (`markdown`)."""
+    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
+    (out / "report.md").write_text(markdown)

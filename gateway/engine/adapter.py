@@ -499,13 +499,7 @@ class Engine:
             msgspec.structs.replace(options, include_stop_str_in_output=True) if whole else options
         )
         params = _checked_params(asked)
-        outputs = self.llm.generate(
-            tokens_input(token_ids),
-            params,
-            request_id,
-            lora_request=self.adapters.lora_request(adapter),
-            priority=priority,
-        )
+        outputs = self._generate(token_ids, params, request_id, priority, adapter)
         first = True
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
@@ -520,6 +514,22 @@ class Engine:
                     meter.step(len(step.token_ids), step.cached_tokens, step.finished)
                 yield step
 
+    def _generate(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        adapter: str | None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        return self.llm.generate(
+            tokens_input(token_ids),
+            params,
+            request_id,
+            lora_request=self.adapters.lora_request(adapter),
+            priority=priority,
+        )
+
     async def complete(
         self,
         token_ids: list[int],
@@ -531,13 +541,7 @@ class Engine:
         """Every sequence of a request (options.n of them), each as one final step."""
         request_id = f"gw-{next(self._ids)}"
         params = _checked_params(options, RequestOutputKind.FINAL_ONLY)
-        outputs = self.llm.generate(
-            tokens_input(token_ids),
-            params,
-            request_id,
-            lora_request=self.adapters.lora_request(adapter),
-            priority=priority,
-        )
+        outputs = self._generate(token_ids, params, request_id, priority, adapter)
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
             async for output in outputs:
