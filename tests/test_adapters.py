@@ -185,11 +185,21 @@ def test_lmi_adapters_and_sagemaker_inference_components_through_boto3(
 
 
 def test_the_base_models_prefix_cache_is_not_an_adapters(lora_server: RunningServer) -> None:
-    """The same prompt, base first: the adapter's answer is its own, not the cached base's."""
-    prompt = CHAT.format("Name a colour.")
-    base = completion(lora_server, "SmolLM2-135M-Instruct", prompt)
-    assert SPOKEN in completion(lora_server, "pirate", prompt)
-    assert completion(lora_server, "SmolLM2-135M-Instruct", prompt) == base
+    """The same prompt, base first: the adapter's answer is its own, not the cached base's,
+    and none of its prompt comes from the base model's cached blocks (several blocks long)."""
+    prompt = CHAT.format("Name a colour, any colour you like. " * 40)  # past 2 CPU blocks
+
+    def cached_by(model: str) -> tuple[str, float]:
+        name, labels = "gateway_prompt_tokens_cached_total", {"protocol": "openai_completions"}
+        before = value(scrape(lora_server.http), name, **labels)
+        text = completion(lora_server, model, prompt)
+        return text, value(scrape(lora_server.http), name, **labels) - before
+
+    base, _ = cached_by("SmolLM2-135M-Instruct")
+    adapted, cached = cached_by("pirate")
+    assert SPOKEN in adapted and cached == 0
+    again, cached_again = cached_by("SmolLM2-135M-Instruct")
+    assert again == base and cached_again > 0  # the base's own blocks are cached
 
 
 def manage(server: RunningServer, action: str, key: str | None, **body: str) -> httpx.Response:

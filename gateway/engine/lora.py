@@ -46,6 +46,11 @@ class Adapters:
     def names(self) -> list[str]:
         return sorted(self._by_name)
 
+    @property
+    def paths(self) -> dict[str, Path]:
+        """Each adapter's path, by name, in name order."""
+        return {name: self._by_name[name].path for name in self.names}
+
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
 
@@ -61,15 +66,22 @@ class Adapters:
             field,
         )
 
-    def check(self, name: str | None, field: str) -> None:
-        """Raises INVALID_REQUEST naming `field` unless `name` is an adapter, or the base."""
-        if name is not None and name != self.base:
-            self.get(name, field)
+    def resolved(self, name: str | None) -> str | None:
+        """The adapter `name` asks for: None for the base model, however named."""
+        return None if name == self.base else name
+
+    def check(self, name: str | None, field: str) -> str | None:
+        """`resolved(name)`; raises INVALID_REQUEST naming `field` for an unknown adapter."""
+        adapter = self.resolved(name)
+        if adapter is not None:
+            self.get(adapter, field)
+        return adapter
 
     def lora_request(self, name: str | None, field: str = "adapter") -> LoRARequest | None:
-        if name is None or name == self.base:
+        wanted = self.resolved(name)
+        if wanted is None:
             return None
         from vllm.lora.request import LoRARequest
 
-        adapter = self.get(name, field)
+        adapter = self.get(wanted, field)
         return LoRARequest(adapter.name, adapter.lora_id, str(adapter.path))

@@ -116,7 +116,7 @@ class EngineReplica:
 
     def describe(self) -> ReplicaInfo:
         e = self.engine
-        adapters = {name: e.adapters.get(name, "adapter").path for name in e.adapters.names}
+        adapters = e.adapters.paths
         return ReplicaInfo(
             e.tokenizer,
             e.max_model_len,
@@ -171,6 +171,13 @@ class EngineReplica:
             raise RuntimeError(self.engine.death_reason())
 
 
+def _loaded_at_start_up() -> GenerationError:
+    return invalid(
+        "Adapters are loaded at start-up with ENGINE_REPLICAS (ADAPTERS): not at run time",
+        "lora_name",
+    )
+
+
 def _share(cores: list[str], context: Any) -> str:
     """This replica's cores: the machine's split between the deployment's replicas (all of
     them when it has one), one each when there are more replicas than cores."""
@@ -214,14 +221,10 @@ class ReplicaEngine(Engine):
         self.adapters = Adapters(info.adapters, enabled=bool(info.adapters), base=info.base_model)
 
     async def load_adapter(self, name: str, path: Path) -> None:
-        raise invalid(
-            "Adapters are loaded at start-up with ENGINE_REPLICAS (ADAPTERS): not at run time",
-            "lora_name",
-        )
+        raise _loaded_at_start_up()
 
     async def unload_adapter(self, name: str) -> bool:
-        await self.load_adapter(name, Path())
-        return False
+        raise _loaded_at_start_up()
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()

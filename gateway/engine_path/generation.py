@@ -81,8 +81,7 @@ class GenerationService:
     def adapter_of(self, request: GenerationRequest) -> str | None:
         """The adapter `request` generates with: None for the base model, however named."""
         engine = self.holder.engine
-        base = engine.adapters.base if engine is not None else None
-        return None if request.adapter == base else request.adapter
+        return engine.adapters.resolved(request.adapter) if engine else request.adapter
 
     def is_generating(self, request_id: str) -> bool:
         return (current_caller().owner, request_id) in self._in_flight
@@ -142,9 +141,9 @@ class GenerationService:
             if self.deadlines.draining:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             engine = await self.holder.wait()
-            engine.adapters.check(request.adapter, request.adapter_field)
-            if request.adapter == engine.adapters.base:  # the base model, by its name
-                request = replace(request, adapter=None)
+            adapter = engine.adapters.check(request.adapter, request.adapter_field)
+            if adapter != request.adapter:  # the base model, by its name
+                request = replace(request, adapter=adapter)
             history = await _history(engine, request, self.chat_template)
             yield Queued(request.index, history.token_ids)
             priority = self.classes.of(protocol, request.priority)

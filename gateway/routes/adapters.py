@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hmac
 from pathlib import Path
-from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -17,9 +16,9 @@ from starlette.routing import Route
 from gateway.edge.api_keys import presented_key
 from gateway.routes.prepared import JSON
 from gateway.state import gateway_of
-from protocols.errors import GenerationError, validation_error
-from protocols.json_body import decode_json_object
+from protocols.errors import GenerationError
 from protocols.openai_answers import ErrorBody, ErrorDetail, error_of
+from protocols.openai_requests import decode_body
 
 ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
@@ -54,22 +53,12 @@ def _refused(request: Request) -> Response | None:
     return None
 
 
-T = TypeVar("T")
-
-
-async def _decoded(request: Request, kind: type[T]) -> T:
-    try:
-        return msgspec.convert(decode_json_object(await request.body()), kind)
-    except msgspec.ValidationError as e:
-        raise validation_error(e) from e
-
-
 async def load_lora_adapter(request: Request) -> Response:
     refused = _refused(request)
     if refused is not None:
         return refused
     try:
-        body = await _decoded(request, _Load)
+        body: _Load = decode_body(await request.body(), _Load)
         engine = await gateway_of(request).holder.wait()
         await engine.load_adapter(body.lora_name, Path(body.lora_path))
     except GenerationError as e:
@@ -83,7 +72,7 @@ async def unload_lora_adapter(request: Request) -> Response:
     if refused is not None:
         return refused
     try:
-        body = await _decoded(request, _Unload)
+        body: _Unload = decode_body(await request.body(), _Unload)
         engine = await gateway_of(request).holder.wait()
         unloaded = await engine.unload_adapter(body.lora_name)
     except GenerationError as e:

@@ -178,10 +178,9 @@ async def models(request: Request) -> Response:
     models = [_Model(served, context)]
     engine = gateway.holder.engine
     if engine is not None:
-        adapters = engine.adapters
         models += [
-            _Model(name, context, root=str(adapters.get(name, "model").path), parent=served)
-            for name in adapters.names
+            _Model(name, context, root=str(path), parent=served)
+            for name, path in engine.adapters.paths.items()
         ]
     return Response(msgspec.json.encode(_Models(models)), media_type=JSON)
 
