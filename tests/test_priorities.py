@@ -277,8 +277,10 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
         wait_for(lambda: scheduler.running == cap + 1 and all(s.ids for s in streams))
         with connect(server.ws + "/ws") as person:  # an interactive class (1), endless
             person.send(payload(("person", PROMPT), generation_config=LONG))
-            # The newest bulk request is preempted and waits inside the engine.
+            # The newest bulk request is paused: it waits inside the engine, keeping its KV
+            # cache, and is not preempted.
             wait_for(lambda: scheduler.running == cap + 1 and scheduler.waiting == 1)
+            held_at = [len(s.ids) for s in streams]
 
             def seen_in_metrics() -> bool:
                 samples = scrape(server.http)
@@ -286,9 +288,11 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
                 return running == cap + 1 and value(samples, "gateway_engine_waiting") == 1
 
             wait_for(seen_in_metrics)
-        # The person gone, bulk fills the batch again; each stream goes on where it stopped.
+        # The person gone, bulk fills the batch again; each stream goes on where it stopped,
+        # the paused one with nothing to recompute: nothing was preempted.
         wait_for(lambda: scheduler.running == cap + 1 and scheduler.waiting == 0)
-        wait_for(lambda: scheduler.preemptions > preempted)  # counted as it resumes
+        wait_for(lambda: all(len(s.ids) > n + 1 for s, n in zip(streams, held_at, strict=True)))
+        assert scheduler.preemptions == preempted
         for stream in streams:
             stream.stop.set()
         for stream in streams:

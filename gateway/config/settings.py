@@ -41,7 +41,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # Classes at or past BULK_PRIORITY are bulk; while an interactive request runs or waits,
     # bulk holds at most BULK_MAX_RUNNING of the running batch (0: any; auto: by the device,
     # gateway/engine/cpu_defaults.py), in the admission queue and in the engine, whose scheduler
-    # preempts the excess (gateway/engine/bulk_scheduler.py).
+    # pauses the excess (gateway/engine/bulk_scheduler.py).
     bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
     bulk_max_running: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
     # LoRA adapters (docs/ADAPTERS.md): `name=path` pairs, or a directory of adapter

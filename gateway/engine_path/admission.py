@@ -7,7 +7,7 @@ the earliest. While any request ahead of the bulk classes runs
 or waits, bulk requests hold at most `bulk_max_running` slots (0: no cap), which keeps the
 engine's batch small enough for a person's first token to come quickly. Bulk requests already
 past the cap when such a request comes are held back inside the engine (its scheduler,
-gateway/engine/bulk_scheduler.py, preempts them), so they take no slot from it: it may start beside
+gateway/engine/bulk_scheduler.py, pauses them), so they take no slot from it: it may start beside
 them.
 """
 

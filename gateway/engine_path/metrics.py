@@ -188,15 +188,15 @@ class GatewayMetrics:
         self.engine_preemptions = gauge(
             "gateway_engine_preemptions",
             "Requests the engine preempted since it started (each recomputed later): for room "
-            "in the KV cache, or to hold bulk to BULK_MAX_RUNNING",
+            "in the KV cache (the bulk cap's paused requests among them when it is 90% full)",
         )
         self.engine_running = gauge(
             "gateway_engine_running", "The engine's running batch, as its scheduler last said"
         )
         self.engine_waiting = gauge(
             "gateway_engine_waiting",
-            "Requests waiting inside the engine (new, preempted or held back), as its scheduler "
-            "last said",
+            "Requests waiting inside the engine (new, preempted, or bulk held back or paused by "
+            "BULK_MAX_RUNNING), as its scheduler last said",
         )
         self.engine_restarts = gauge(
             "gateway_engine_restarts", "Times the engine died and was rebuilt in this process"
