@@ -315,3 +315,52 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
     reference = [token["id"] for token in alone["details"]["tokens"]]
     for stream in streams:
         assert stream.ids == reference[: len(stream.ids)]
+
+
+def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_text(
+    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+) -> None:
+    # Twice the cap of bulk requests whose prompts fill most of the KV cache and whose answers
+    # overflow it, then a person's chat: the bulk past the cap is paused (keeping its blocks),
+    # and preempted when the cache runs short (bulk_scheduler.py; vLLM preempts running bulk
+    # for room too). Everyone is answered, and each bulk text is the one its prompt gets alone.
+    cap = server.gateway.settings.engine.bulk_max_running
+    cache = engine.llm.vllm_config.cache_config
+    blocks, block = int(cache.num_gpu_blocks or 0), int(cache.block_size)
+    bulk_requests = 2 * cap
+    per_request = blocks // (bulk_requests + 1)
+    prompt_tokens = per_request * block - 8
+    new_tokens = block + 16  # each bulk request needs two more blocks than its prompt's
+    assert prompt_tokens + new_tokens < MAX_MODEL_LEN, "the test's KV cache is too large"
+
+    def prompt(n: int) -> str:
+        text = ""
+        for t in range(prompt_tokens):
+            word = f"Cart {n} crosses bridge {t}."
+            if len(engine.encode(text + word)) > prompt_tokens:
+                break
+            text += word
+        return text
+
+    parameters = {"max_new_tokens": new_tokens, "do_sample": False, "ignore_eos_token": True}
+    bodies = [{"inputs": prompt(n), "parameters": parameters} for n in range(bulk_requests)]
+
+    def text_of(body: dict[str, object]) -> str:
+        answer = httpx.post(server.http + "/invocations", json=body, timeout=None)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["generated_text"])
+
+    alone = [text_of(body) for body in bodies]
+    idle_engine()
+    scheduler = engine.scheduler
+    preempted = scheduler.preemptions
+    person = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "temperature": 0}
+    with ThreadPoolExecutor(bulk_requests) as pool:
+        together = pool.map(text_of, bodies)
+        wait_for(lambda: scheduler.running + scheduler.waiting == bulk_requests)
+        answer = httpx.post(server.http + "/v1/chat/completions", json=person, timeout=None)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] > 0
+        assert list(together) == alone
+    assert scheduler.preemptions > preempted
+    idle_engine()
