@@ -27,7 +27,7 @@ from clients import (
     value,
     wait_ready,
 )
-from gateway_bench.adapter_recipe import PHRASE, cached_adapter
+from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
@@ -36,13 +36,6 @@ if TYPE_CHECKING:
 PROMPT = "Tell me about lighthouses."
 SPOKEN = PHRASE.strip()  # what the adapter's answers hold, and the base model's never
 ADMIN = "admin-key"
-
-
-@pytest.fixture(scope="session")
-def adapter_dir() -> Path:
-    from gateway.engine.default_model import prepare_default_model
-
-    return cached_adapter(prepare_default_model())
 
 
 @pytest.fixture(scope="module")
