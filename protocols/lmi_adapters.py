@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from protocols.errors import GenerationError, invalid
+from protocols.errors import GenerationError, invalid, named
 
 MAX_PAGE = 100  # DJL's ListPagination: the default limit, and the largest
 REGISTER_PARAMETERS = frozenset({"name", "src", "preload", "pin"})
@@ -56,12 +56,13 @@ def not_found(name: str) -> bytes:
 
 
 def djl_field(error: GenerationError) -> GenerationError:
-    """The engine's refusal in DJL's parameter names (`lora_path` is `src` here)."""
-    field = _FIELDS.get(error.field or "", error.field)
-    message = error.message
-    if error.field in _FIELDS and field is not None:
-        message = message.replace(f"`{error.field}`", f"`{field}`")
-    return GenerationError(error.kind, message, field)
+    """The engine's refusal in DJL's parameter names (`lora_path` is `src` here), its message
+    naming the parameter (DJL's error body has no field of its own)."""
+    field = _FIELDS.get(error.field or "")
+    if field is None:
+        return error
+    message = error.message.replace(f"`{error.field}`", f"`{field}`")
+    return GenerationError(error.kind, named(GenerationError(error.kind, message, field)), field)
 
 
 def required(query: Mapping[str, str], key: str) -> str:

@@ -280,6 +280,7 @@ def test_lmi_adapter_management_registers_lists_and_unregisters_with_an_admin_ke
     }
     nowhere = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src="/nowhere")
     assert nowhere.status_code == 400 and "/nowhere" in nowhere.json()["message"]
+    assert nowhere.json()["message"].endswith("- at `src`")
     pinned = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src=src, pin="true")
     assert pinned.status_code == 400 and "pin" in pinned.json()["message"]
     typo = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src=src, scr=src)
