@@ -326,7 +326,7 @@ def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(
 
     fleet = {"r1": _Replica(fails=False), "r2": _Replica(fails=True)}
 
-    async def running() -> dict[str, Any]:
+    async def running(*, required: bool = True) -> dict[str, Any]:
         return dict(fleet)
 
     async def call(replica: _Replica, method: str, adapter: Adapter) -> Any:

@@ -12,6 +12,11 @@ Serve's throughput-optimized mode (`_direct`). Closing a stream cancels the
 remote call, which aborts the engine request in the replica. A replica that dies ends each of
 its running requests with one `engine_unavailable` error (nothing is retried: a stream may
 have sent text already); Serve starts another, and the ring moves only the dead one's keys.
+
+LoRA adapters: ADAPTERS are each replica's from its start, by the same ids. One loaded at run
+time goes to every running replica (or to none: a replica that fails is named, the others
+unload it), and each request carries its adapter whole (name, path, id), so a replica started
+since learns it from the request.
 """
 
 from __future__ import annotations
@@ -211,7 +216,7 @@ class EngineReplica:
             raise RuntimeError(self.engine.death_reason())
 
 
-async def _running_replicas() -> dict[str, Any]:
+async def _running_replicas(*, required: bool = True) -> dict[str, Any]:
     """Each running replica's actor, by its tag, as Serve's controller lists them."""
     from ray.serve.context import _get_global_client
 
@@ -229,7 +234,7 @@ async def _running_replicas() -> dict[str, Any]:
         }
 
     replicas = await asyncio.to_thread(listed)
-    if not replicas:
+    if required and not replicas:
         message = "No engine replica is running (Serve is starting them): try again"
         raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
     return replicas
@@ -308,8 +313,17 @@ class ReplicaEngine(Engine):
         self.adapters = Adapters({}, enabled=info.lora, base=info.base_model)
         for name, path in info.adapters.items():  # by the replicas' ids
             self.adapters.add(name, path, info.adapter_ids.get(name))
+        self._managing = asyncio.Lock()  # one load or unload at a time, on every replica
 
     async def load_adapter(self, name: str, path: Path, lora_id: int | None = None) -> None:
+        async with self._managing:
+            await self._load(name, path, lora_id)
+
+    async def unload_adapter(self, name: str) -> bool:
+        async with self._managing:
+            return await self._unload(name)
+
+    async def _load(self, name: str, path: Path, lora_id: int | None) -> None:
         """Loads the adapter on every running replica, or on none: one that fails (its
         reason named) unloads it from those that loaded it, and the load is refused."""
         if not self.adapters.enabled:
@@ -340,13 +354,13 @@ class ReplicaEngine(Engine):
             raise _not_loaded(adapter, failed, len(replicas))
         self.adapters.add(name, path, adapter.lora_id)
 
-    async def unload_adapter(self, name: str) -> bool:
+    async def _unload(self, name: str) -> bool:
         """No request names it from now on; every running replica frees it. A replica that
         could not (other than one that died, whose engine is gone) is reported."""
         adapter = self.adapters.remove(name)
         if adapter is None:
             return False
-        replicas = await _running_replicas()
+        replicas = await _running_replicas(required=False)  # none running: none holds it
         results = await asyncio.gather(
             *(_call(actor, "unload_adapter", adapter) for actor in replicas.values()),
             return_exceptions=True,
