@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -71,6 +72,15 @@ def server(loop_thread: LoopThread, engine: Engine) -> Iterator[RunningServer]:
     wait_ready(running.http)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def adapter_dir() -> Path:
+    """The test LoRA adapter (it answers gateway_bench.adapter_recipe.PHRASE), made once."""
+    from gateway.engine.default_model import prepare_default_model
+    from gateway_bench.adapter_recipe import cached_adapter
+
+    return cached_adapter(prepare_default_model())
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from clients import (
     value,
     wait_ready,
 )
-from gateway_bench.adapter_recipe import PHRASE, cached_adapter
+from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
@@ -36,13 +36,6 @@ if TYPE_CHECKING:
 PROMPT = "Tell me about lighthouses."
 SPOKEN = PHRASE.strip()  # what the adapter's answers hold, and the base model's never
 ADMIN = "admin-key"
-
-
-@pytest.fixture(scope="session")
-def adapter_dir() -> Path:
-    from gateway.engine.default_model import prepare_default_model
-
-    return cached_adapter(prepare_default_model())
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +250,96 @@ def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
         completion(lora_server, "parrot")
     gone = manage(lora_server, "unload", ADMIN, lora_name="parrot")
     assert gone.status_code == 404 and "parrot" in gone.text
+
+
+def djl(
+    server: RunningServer, method: str, path: str, key: str | None = ADMIN, **query: str
+) -> httpx.Response:
+    """A call to LMI's adapter management API, as a DJL user's script makes it."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = server.http + path
+    return httpx.request(method, url, params=query, headers=headers, timeout=None)
+
+
+def test_lmi_adapter_management_registers_lists_and_unregisters_with_an_admin_key(
+    lora_server: RunningServer, adapter_dir: Path
+) -> None:
+    src = str(adapter_dir)
+    denied = djl(lora_server, "POST", "/adapters", None, name="lmi-parrot", src=src)
+    assert denied.status_code == 401 and denied.json()["code"] == 401
+    assert djl(lora_server, "GET", "/adapters", "user").status_code == 403
+    assert djl(lora_server, "DELETE", "/adapters/pirate", "user").status_code == 403
+    assert SPOKEN in completion(lora_server, "pirate")  # a refused call changed nothing
+
+    missing = djl(lora_server, "POST", "/adapters", name="lmi-parrot")
+    assert missing.status_code == 400
+    assert missing.json() == {
+        "code": 400,
+        "type": "BadRequestException",
+        "message": "The parameter src is required",
+    }
+    nowhere = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src="/nowhere")
+    assert nowhere.status_code == 400 and "/nowhere" in nowhere.json()["message"]
+    assert nowhere.json()["message"].endswith("- at `src`")
+    pinned = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src=src, pin="true")
+    assert pinned.status_code == 400 and "pin" in pinned.json()["message"]
+    typo = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src=src, scr=src)
+    assert typo.status_code == 400 and "scr" in typo.json()["message"]
+
+    registered = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src=src)
+    assert registered.status_code == 200, registered.text
+    assert registered.json() == {"status": "Adapter lmi-parrot registered"}
+    twice = djl(lora_server, "POST", "/adapters", name="lmi-parrot", src=src)
+    assert twice.status_code == 400 and "already loaded" in twice.json()["message"]
+
+    listed = djl(lora_server, "GET", "/models/any-model-name/adapters").json()
+    assert listed == {
+        "adapters": [
+            {"name": "lmi-parrot", "src": src, "preload": True, "pin": False},
+            {"name": "pirate", "src": src, "preload": True, "pin": False},
+        ]
+    }
+    first = djl(lora_server, "GET", "/adapters", limit="1").json()
+    assert first["adapters"] == listed["adapters"][:1] and first["nextPageToken"] == "1"
+    rest = djl(lora_server, "GET", "/adapters", limit="1", next_page_token="1").json()
+    assert rest == {"adapters": listed["adapters"][1:]}
+    described = djl(lora_server, "GET", "/adapters/lmi-parrot")
+    assert described.json() == listed["adapters"][0]
+
+    runtime = sagemaker_runtime(lora_server.http)
+    answer = runtime.invoke_endpoint(
+        EndpointName="e",
+        Body=lmi_body(PROMPT, adapters="lmi-parrot"),
+        ContentType="application/json",
+    )
+    assert SPOKEN in json.loads(answer["Body"].read())["generated_text"]
+
+    updated = djl(lora_server, "POST", "/adapters/lmi-parrot/update", src=src, pin="false")
+    assert updated.json() == {"status": "Adapter lmi-parrot updated"}
+    moved = djl(lora_server, "POST", "/adapters/lmi-parrot/update", src="/elsewhere")
+    assert moved.status_code == 400 and "not supported" in moved.json()["message"]
+
+    gone = djl(lora_server, "DELETE", "/models/m/adapters/lmi-parrot")
+    assert gone.json() == {"status": "Adapter lmi-parrot unregistered"}
+    refused = httpx.post(
+        lora_server.http + "/invocations", content=lmi_body(PROMPT, adapters="lmi-parrot")
+    )
+    assert refused.status_code == 424 and "$.adapters" in refused.text
+    not_found = {
+        "code": 404,
+        "type": "BadRequestException",
+        "message": "The adapter lmi-parrot was not found",
+    }
+    for method, path in (
+        ("GET", "/adapters/lmi-parrot"),
+        ("DELETE", "/adapters/lmi-parrot"),
+        ("POST", "/adapters/lmi-parrot/update"),
+    ):
+        answer_ = djl(lora_server, method, path)
+        assert (answer_.status_code, answer_.json()) == (404, not_found), (method, path)
+    assert [a["name"] for a in djl(lora_server, "GET", "/adapters").json()["adapters"]] == [
+        "pirate"
+    ]
 
 
 def test_the_control_protocols_config_model_names_the_adapter(lora_server: RunningServer) -> None:

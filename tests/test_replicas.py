@@ -3,17 +3,20 @@ default model (eager, one core each), Redis for the histories; the gateway in th
 
 Every protocol through the replicas, each key on one replica (100 keys, over both), an abort
 reaching its replica, and a killed replica: its running request ends with one error, its keys
-move, and their next continuation is recomputed from Redis.
+move, and their next continuation is recomputed from Redis. LoRA is on (the engines are eager
+either way): an adapter loaded at run time reaches every replica, one started since included.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,10 +35,13 @@ from clients import (
     payload,
     wait_for,
 )
+from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
 REPLICAS = 2  # on the session's Ray cluster (tests/ray_cluster.py: `ray_address`)
+ADMIN = "admin-key"
+SPOKEN = PHRASE.strip()  # what the test adapter's answers hold
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +52,17 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def replicas(
-    loop_thread: LoopThread, ray_address: str, redis_server: RedisServer
+    loop_thread: LoopThread, ray_address: str, redis_server: RedisServer, adapter_dir: Path
 ) -> Iterator[RunningServer]:
     from gateway.app import default_loader
 
-    env = {"ENGINE_REPLICAS": str(REPLICAS), "RAY_ADDRESS": ray_address}
+    env = {
+        "ENGINE_REPLICAS": str(REPLICAS),
+        "RAY_ADDRESS": ray_address,
+        "ADAPTERS": f"pirate={adapter_dir}",
+        "MAX_LORA_RANK": "8",
+        "ADMIN_API_KEYS": ADMIN,
+    }
     settings = gateway_settings(**env, REDIS_URL=redis_server.url)
     server = start_server(loop_thread, settings, default_loader(settings))
     wait_for(lambda: health(server)["status"] in ("ready", "failed"))
@@ -224,3 +236,127 @@ def test_a_killed_replica_ends_its_requests_once_and_its_keys_move(
     assert again.status_code == 200, again.text
     assert again.json()[0]["prompt"] == prompt + first["response"]
     assert routed(key_of(continued), "served")[1] == 1
+
+
+def replica_keys() -> dict[str, str]:
+    """A request_id whose key the ring puts on each running replica, by replica."""
+    placed: dict[str, str] = {}
+    while len(placed) < REPLICAS:
+        rid = f"lora-{uuid.uuid4()}"
+        placed.setdefault(routed(key_of(rid), "served")[0], rid)
+    return placed
+
+
+def generated(server: RunningServer, rid: str, **config: Any) -> httpx.Response:
+    prompt = "Tell me about lighthouses."
+    return batch(server, [(rid, prompt)], generation_config={**greedy(12), **config})
+
+
+def load(server: RunningServer, name: str, path: str) -> httpx.Response:
+    body = {"lora_name": name, "lora_path": path}
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    url = server.http + "/v1/load_lora_adapter"
+    return httpx.post(url, json=body, headers=headers, timeout=None)
+
+
+def test_an_adapter_loaded_at_run_time_reaches_every_replica(
+    replicas: RunningServer, adapter_dir: Path
+) -> None:
+    wait_for(lambda: replica_states() == [{"RUNNING": REPLICAS}])  # the killed one replaced
+    nowhere = load(replicas, "parrot", "/nowhere")
+    assert nowhere.status_code == 400, nowhere.text
+    error = nowhere.json()["error"]
+    assert (
+        error["param"] == "lora_path"
+        and f"on {REPLICAS} of {REPLICAS} engine replicas" in (error["message"])
+    )
+    assert "loaded on none" in error["message"]
+
+    assert load(replicas, "parrot", str(adapter_dir)).status_code == 200
+    for rid in replica_keys().values():  # each replica answers with it, and the base without
+        for adapter in ("parrot", "pirate"):
+            answer = generated(replicas, f"{rid}-{adapter}", adapter_id=adapter)
+            assert answer.status_code == 200 and SPOKEN in answer.json()[0]["response"]
+        assert SPOKEN not in generated(replicas, f"{rid}-base").json()[0]["response"]
+
+    # A replica started after the load (Serve replacing a killed one) serves it too.
+    placed = replica_keys()
+    victim = next(iter(placed))
+    os.kill(routed(key_of(placed[victim]), "served")[2], signal.SIGKILL)
+
+    def replaced() -> bool:
+        try:
+            tags = {routed(f"new-{uuid.uuid4()}", "served")[0] for _ in range(20)}
+        except Exception:
+            return False
+        return replica_states() == [{"RUNNING": REPLICAS}] and victim not in tags
+
+    wait_for(replaced)
+    for rid in replica_keys().values():
+        answer = generated(replicas, f"{rid}-after", adapter_id="parrot")
+        assert answer.status_code == 200 and SPOKEN in answer.json()[0]["response"], answer.text
+
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    listed = httpx.get(replicas.http + "/adapters", headers=headers, timeout=None).json()
+    assert [a["name"] for a in listed["adapters"]] == ["parrot", "pirate"]
+    gone = httpx.delete(replicas.http + "/adapters/parrot", headers=headers, timeout=None)
+    assert gone.json() == {"status": "Adapter parrot unregistered"}
+    refused = generated(replicas, f"gone-{uuid.uuid4()}", adapter_id="parrot")
+    assert refused.status_code == 422 and "$.generation_config.adapter_id" in refused.text
+    for rid in replica_keys().values():  # pirate, loaded at start-up, still on both
+        answer = generated(replicas, f"{rid}-pirate-after", adapter_id="pirate")
+        assert SPOKEN in answer.json()[0]["response"]
+
+
+class _Replica:
+    """A replica's adapter calls, without an engine: the load fails where `fails`."""
+
+    def __init__(self, fails: bool) -> None:
+        self.fails = fails
+        self.loaded: set[str] = set()
+
+
+def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gateway.engine import replicas as module
+    from gateway.engine.lora import Adapter
+    from gateway.engine.replicas import ReplicaEngine, ReplicaFailure, ReplicaInfo
+    from protocols.errors import GenerationError, invalid
+
+    fleet = {"r1": _Replica(fails=False), "r2": _Replica(fails=True)}
+
+    async def running(*, required: bool = True) -> dict[str, Any]:
+        return dict(fleet)
+
+    async def call(replica: _Replica, method: str, adapter: Adapter) -> Any:
+        if method == "unload_adapter":
+            replica.loaded.discard(adapter.name)
+            return None
+        if replica.fails:
+            return ReplicaFailure.of(
+                invalid("lora rank 64 is greater than max_lora_rank 8", "lora_path")
+            )
+        replica.loaded.add(adapter.name)
+        return None
+
+    monkeypatch.setattr(module, "_running_replicas", running)
+    monkeypatch.setattr(module, "_call", call)
+
+    class Tokenizer:
+        all_special_ids: tuple[int, ...] = ()
+
+    info = ReplicaInfo(Tokenizer(), 2048, "float32", "", frozenset(), lora=True)
+    engine = ReplicaEngine(None, info, lambda: None)
+    with pytest.raises(GenerationError) as refused:
+        asyncio.run(engine.load_adapter("parrot", tmp_path))
+    assert refused.value.field == "lora_path"
+    assert "on 1 of 2 engine replicas (r2: lora rank 64" in refused.value.message
+    assert "loaded on none" in refused.value.message
+    assert fleet["r1"].loaded == set() and "parrot" not in engine.adapters
+
+    fleet["r2"].fails = False
+    asyncio.run(engine.load_adapter("parrot", tmp_path))
+    assert "parrot" in engine.adapters and all(r.loaded == {"parrot"} for r in fleet.values())
+    assert asyncio.run(engine.unload_adapter("parrot"))
+    assert "parrot" not in engine.adapters and all(not r.loaded for r in fleet.values())

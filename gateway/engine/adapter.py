@@ -306,9 +306,10 @@ class Engine:
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
         return cls(llm, llm.model_config.max_model_len, reason, view, adapters)
 
-    async def load_adapter(self, name: str, path: Path) -> None:
+    async def load_adapter(self, name: str, path: Path, lora_id: int | None = None) -> None:
         """Serves `name` from `path` from now on (vLLM loads it at once, so a bad adapter is
-        refused here), or raises INVALID_REQUEST naming the field at fault."""
+        refused here), or raises INVALID_REQUEST naming the field at fault. `lora_id`: the id
+        it has elsewhere (an engine replica's adapter has the gateway's id)."""
         from vllm.lora.request import LoRARequest
 
         if not self.adapters.enabled:
@@ -323,7 +324,7 @@ class Engine:
             check_adapter_path(name, path)
         except ConfigError as e:
             raise invalid(str(e), "lora_path") from e
-        adapter = self.adapters.add(name, path)
+        adapter = self.adapters.add(name, path, lora_id)
         try:
             await self.llm.add_lora(LoRARequest(name, adapter.lora_id, str(path)))
         except Exception as e:

@@ -34,13 +34,23 @@ class Adapters:
         for name, path in adapters.items():
             self.add(name, path)
 
-    def add(self, name: str, path: Path) -> Adapter:
-        adapter = Adapter(name, path, next(self._ids))
+    def add(self, name: str, path: Path, lora_id: int | None = None) -> Adapter:
+        """Serves `name` from `path`, by a new id unless `lora_id` names the one it has
+        elsewhere (an engine replica's adapter has the gateway's id)."""
+        adapter = Adapter(name, path, next(self._ids) if lora_id is None else lora_id)
         self._by_name[name] = adapter
         return adapter
 
     def remove(self, name: str) -> Adapter | None:
         return self._by_name.pop(name, None)
+
+    def find(self, name: str) -> Adapter | None:
+        return self._by_name.get(name)
+
+    @property
+    def ids(self) -> dict[str, int]:
+        """Each adapter's id, by name."""
+        return {name: adapter.lora_id for name, adapter in self._by_name.items()}
 
     @property
     def names(self) -> list[str]:

@@ -12,6 +12,11 @@ Serve's throughput-optimized mode (`_direct`). Closing a stream cancels the
 remote call, which aborts the engine request in the replica. A replica that dies ends each of
 its running requests with one `engine_unavailable` error (nothing is retried: a stream may
 have sent text already); Serve starts another, and the ring moves only the dead one's keys.
+
+LoRA adapters: ADAPTERS are each replica's from its start, by the same ids. One loaded at run
+time goes to every running replica (or to none: a replica that fails is named, the others
+unload it), and each request carries its adapter whole (name, path, id), so a replica started
+since learns it from the request.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
+import random
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,11 +42,12 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from gateway.config.settings import Settings
+from gateway.config.adapters import check_adapter_name
+from gateway.config.settings import ConfigError, Settings
 from gateway.engine.adapter import Engine, EngineStep, SchedulerView
 from gateway.engine.affinity import AFFINITY
 from gateway.engine.loader import local_loader
-from gateway.engine.lora import Adapters
+from gateway.engine.lora import Adapter, Adapters
 from gateway.engine.meter import Meter
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
@@ -86,6 +95,8 @@ class ReplicaInfo(msgspec.Struct, frozen=True):
     eos_token_ids: frozenset[int]
     adapters: dict[str, Path] = msgspec.field(default_factory=dict)  # the replica's, by name
     base_model: str = ""  # the name that asks for no adapter
+    adapter_ids: dict[str, int] = msgspec.field(default_factory=dict)  # the same in each replica
+    lora: bool = False  # LoRA on: adapters may be loaded at run time
 
 
 class EngineReplica:
@@ -125,6 +136,8 @@ class EngineReplica:
             e.eos_token_ids,
             adapters,
             e.adapters.base,
+            e.adapters.ids,
+            e.adapters.enabled,
         )
 
     def served(self, key: str) -> tuple[str, int, int]:
@@ -134,10 +147,40 @@ class EngineReplica:
     def unfinished_requests(self) -> int:
         return self.engine.unfinished_requests()
 
+    async def load_adapter(self, adapter: Adapter) -> ReplicaFailure | None:
+        """Loads `adapter` by the gateway's id (None: loaded); a name this replica knew by
+        another id is an adapter the gateway unloaded since, replaced."""
+        known = self.engine.adapters.find(adapter.name)
+        if known is not None and known.lora_id != adapter.lora_id:
+            self.engine.adapters.remove(adapter.name)
+        try:
+            await self.engine.load_adapter(adapter.name, adapter.path, adapter.lora_id)
+        except GenerationError as e:
+            return ReplicaFailure.of(e)
+        return None
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        known = self.engine.adapters.find(adapter.name)
+        if known is not None and known.lora_id == adapter.lora_id:
+            self.engine.adapters.remove(adapter.name)
+        await self.engine.llm.remove_lora(adapter.lora_id)
+
+    def _known(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The request's adapter by its name, known here: a replica that started after the
+        adapter was loaded (Serve replacing a dead one) learns it from the request, and vLLM
+        loads it from its path with its first request."""
+        adapter = kwargs.get("adapter")
+        if isinstance(adapter, Adapter):
+            if self.engine.adapters.find(adapter.name) != adapter:
+                self.engine.adapters.add(adapter.name, adapter.path, adapter.lora_id)
+            kwargs["adapter"] = adapter.name
+        return kwargs
+
     async def stream(
         self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
     ) -> AsyncGenerator[EngineStep | ReplicaFailure, None]:
         self._count()
+        kwargs = self._known(kwargs)
         steps = self.engine.stream(token_ids, options, None, *args, **kwargs)
         try:
             async for step in steps:
@@ -151,6 +194,7 @@ class EngineReplica:
         self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
     ) -> list[EngineStep] | ReplicaFailure:
         self._count()
+        kwargs = self._known(kwargs)
         try:
             return await self.engine.complete(token_ids, options, None, *args, **kwargs)
         except GenerationError as e:
@@ -160,6 +204,7 @@ class EngineReplica:
         self, token_ids: list[int], options: SamplingOptions, *args: Any, **kwargs: Any
     ) -> list[EngineStep] | ReplicaFailure:
         self._count()
+        kwargs = self._known(kwargs)
         try:
             return await self.engine.beam_search(token_ids, options, None, *args, **kwargs)
         except GenerationError as e:
@@ -171,11 +216,58 @@ class EngineReplica:
             raise RuntimeError(self.engine.death_reason())
 
 
-def _loaded_at_start_up() -> GenerationError:
-    return invalid(
-        "Adapters are loaded at start-up with ENGINE_REPLICAS (ADAPTERS): not at run time",
-        "lora_name",
+async def _running_replicas(*, required: bool = True) -> dict[str, Any]:
+    """Each running replica's actor, by its tag, as Serve's controller lists them."""
+    from ray.serve.context import _get_global_client
+
+    def listed() -> dict[str, Any]:
+        client = _get_global_client()
+        if client is None:
+            return {}
+        details = client.get_serve_details()
+        deployments = details["applications"][APP]["deployments"].values()
+        return {
+            r["replica_id"]: ray.get_actor(r["actor_name"], namespace="serve")
+            for d in deployments
+            for r in d["replicas"]
+            if r["state"] == "RUNNING"
+        }
+
+    replicas = await asyncio.to_thread(listed)
+    if required and not replicas:
+        message = "No engine replica is running (Serve is starting them): try again"
+        raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
+    return replicas
+
+
+async def _call(actor: Any, method: str, *args: Any) -> Any:
+    """`method` of one replica, on its actor: Serve's handle routes a call to one replica of
+    its choosing, and adapters go to all. A request as Serve's own router sends it."""
+    from ray.serve._private.common import RequestMetadata
+
+    metadata = RequestMetadata(
+        request_id=uuid.uuid4().hex,
+        internal_request_id=uuid.uuid4().hex,
+        call_method=method,
+        app_name=APP,
     )
+    return await actor.handle_request.remote(pickle.dumps(metadata), *args)
+
+
+def _not_loaded(adapter: Adapter, failed: dict[str, Any], replicas: int) -> GenerationError:
+    reasons = []
+    field = "lora_path"
+    for tag, failure in failed.items():
+        if isinstance(failure, ReplicaFailure):
+            field = failure.field or field
+            reasons.append(f"{tag}: {failure.message}")
+        else:
+            reasons.append(f"{tag}: {failure}")
+    message = (
+        f"The adapter at {adapter.path} could not be loaded on {len(failed)} of {replicas} "
+        f"engine replicas ({'; '.join(reasons)}): it is loaded on none"
+    )
+    return invalid(message, field)
 
 
 def _share(cores: list[str], context: Any) -> str:
@@ -218,13 +310,81 @@ class ReplicaEngine(Engine):
         self._on_shutdown = on_shutdown
         self._running = 0
         self.scheduler = SchedulerView()  # stays empty: each replica's engine counts its own
-        self.adapters = Adapters(info.adapters, enabled=bool(info.adapters), base=info.base_model)
+        self.adapters = Adapters({}, enabled=info.lora, base=info.base_model)
+        for name, path in info.adapters.items():  # by the replicas' ids
+            self.adapters.add(name, path, info.adapter_ids.get(name))
+        self._managing = asyncio.Lock()  # one load or unload at a time, on every replica
 
-    async def load_adapter(self, name: str, path: Path) -> None:
-        raise _loaded_at_start_up()
+    async def load_adapter(self, name: str, path: Path, lora_id: int | None = None) -> None:
+        async with self._managing:
+            await self._load(name, path, lora_id)
 
     async def unload_adapter(self, name: str) -> bool:
-        raise _loaded_at_start_up()
+        async with self._managing:
+            return await self._unload(name)
+
+    async def _load(self, name: str, path: Path, lora_id: int | None) -> None:
+        """Loads the adapter on every running replica, or on none: one that fails (its
+        reason named) unloads it from those that loaded it, and the load is refused."""
+        if not self.adapters.enabled:
+            raise invalid("LoRA is off on this server: start it with ENABLE_LORA=true", "lora_name")
+        if name in self.adapters or name == self.adapters.base:
+            raise invalid(f"The adapter `{name}` is already loaded", "lora_name")
+        try:
+            check_adapter_name(name)
+        except ConfigError as e:
+            raise invalid(str(e), "lora_name") from e
+        # Ids apart from the start-up adapters' (1, 2, ...) and, drawn at random, from those
+        # of another gateway on the same replicas.
+        adapter = Adapter(name, path, lora_id or random.randrange(1 << 20, 1 << 31))
+        replicas = await _running_replicas()
+        results = await asyncio.gather(
+            *(_call(actor, "load_adapter", adapter) for actor in replicas.values()),
+            return_exceptions=True,
+        )
+        failed = {
+            tag: result for tag, result in zip(replicas, results, strict=True) if result is not None
+        }
+        if failed:
+            loaded = [replicas[tag] for tag in replicas if tag not in failed]
+            await asyncio.gather(
+                *(_call(actor, "unload_adapter", adapter) for actor in loaded),
+                return_exceptions=True,
+            )
+            raise _not_loaded(adapter, failed, len(replicas))
+        self.adapters.add(name, path, adapter.lora_id)
+
+    async def _unload(self, name: str) -> bool:
+        """No request names it from now on; every running replica frees it. A replica that
+        could not (other than one that died, whose engine is gone) is reported."""
+        adapter = self.adapters.remove(name)
+        if adapter is None:
+            return False
+        replicas = await _running_replicas(required=False)  # none running: none holds it
+        results = await asyncio.gather(
+            *(_call(actor, "unload_adapter", adapter) for actor in replicas.values()),
+            return_exceptions=True,
+        )
+        kept = {
+            tag: str(result)
+            for tag, result in zip(replicas, results, strict=True)
+            if isinstance(result, BaseException) and not isinstance(result, RayActorError)
+        }
+        if kept:
+            where = "; ".join(f"{tag}: {reason}" for tag, reason in kept.items())
+            message = (
+                f"The adapter `{name}` is unloaded (no request may name it), but engine "
+                f"replicas could not free it: {where}"
+            )
+            raise GenerationError(ErrorKind.ENGINE_ERROR, message, "lora_name")
+        return True
+
+    def _identified(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The request's adapter whole (name, path, id), not its name: whichever replica
+        serves it knows it then, one started since it was loaded too."""
+        name = kwargs.get("adapter")
+        adapter = self.adapters.find(name) if isinstance(name, str) else None
+        return kwargs if adapter is None else {**kwargs, "adapter": adapter}
 
     def _routed(self, method: str, *, stream: bool = False) -> Any:
         key = AFFINITY.get()
@@ -269,7 +429,7 @@ class ReplicaEngine(Engine):
         **kwargs: Any,
     ) -> AsyncGenerator[EngineStep, None]:
         call = self._routed("stream", stream=True)
-        response = call.remote(list(token_ids), options, *args, **kwargs)
+        response = call.remote(list(token_ids), options, *args, **self._identified(kwargs))
         async with self._remote(len(token_ids), meter, response.cancel):
             async for item in response:
                 _raised(item)
@@ -287,7 +447,9 @@ class ReplicaEngine(Engine):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> list[EngineStep]:
-        response = self._routed(method).remote(list(token_ids), options, *args, **kwargs)
+        response = self._routed(method).remote(
+            list(token_ids), options, *args, **self._identified(kwargs)
+        )
         async with self._remote(len(token_ids), meter, response.cancel):
             found = await response
             _raised(found)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 from starlette.requests import Request
@@ -20,7 +21,12 @@ from protocols.errors import GenerationError
 from protocols.openai_answers import ErrorBody, ErrorDetail, error_of
 from protocols.openai_requests import decode_body
 
-ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+# Open to the API-key check (API_KEYS): these routes check ADMIN_API_KEYS themselves. LMI's
+# adapter management routes (gateway/routes/lmi_adapters.py) are `/adapters...` and
+# `/models/{model_name}/adapters...`; nothing else lives under `/models/`.
+ADMIN_PATHS = frozenset(
+    {"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters", "/adapters/*", "/models/*"}
+)
 
 
 class _Load(msgspec.Struct, forbid_unknown_fields=True):
@@ -38,19 +44,31 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> Re
     return Response(body, status, media_type=JSON)
 
 
-def _refused(request: Request) -> Response | None:
-    """None for an admin key; else 401 (no key) or 403 (a key that is not an admin's)."""
+class Refusal(NamedTuple):
+    status: int  # 401 or 403
+    message: str
+    kind: str  # OpenAI's error type
+
+
+def admin_refusal(request: Request) -> Refusal | None:
+    """None for a key of ADMIN_API_KEYS; else why not: 401 (no key) or 403 (a key that is not
+    an admin's, or no ADMIN_API_KEYS at all). Every adapter management route asks this."""
     admins = [k.strip() for k in gateway_of(request).settings.admin_api_keys.split(",")]
     admins = [k for k in admins if k]
     if not admins:
         message = "Adapters are loaded at start-up only: ADMIN_API_KEYS names no admin key"
-        return _error(403, message, "permission_error")
+        return Refusal(403, message, "permission_error")
     key = presented_key(request.scope)
     if key is None:
-        return _error(401, "An admin key is required (ADMIN_API_KEYS)", "authentication_error")
+        return Refusal(401, "An admin key is required (ADMIN_API_KEYS)", "authentication_error")
     if not any(hmac.compare_digest(key.encode(), a.encode()) for a in admins):
-        return _error(403, "This key may not manage adapters", "permission_error")
+        return Refusal(403, "This key may not manage adapters", "permission_error")
     return None
+
+
+def _refused(request: Request) -> Response | None:
+    refusal = admin_refusal(request)
+    return None if refusal is None else _error(*refusal)
 
 
 async def load_lora_adapter(request: Request) -> Response:
