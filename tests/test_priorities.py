@@ -325,6 +325,7 @@ def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_tex
     # and preempted when the cache runs short (bulk_scheduler.py; vLLM preempts running bulk
     # for room too). Everyone is answered, and each bulk text is the one its prompt gets alone.
     cap = server.gateway.settings.engine.bulk_max_running
+    assert cap == 4  # the test engine's (serving.py)
     cache = engine.llm.vllm_config.cache_config
     blocks, block = int(cache.num_gpu_blocks or 0), int(cache.block_size)
     bulk_requests = 2 * cap
@@ -343,7 +344,9 @@ def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_tex
         return text
 
     parameters = {"max_new_tokens": new_tokens, "do_sample": False, "ignore_eos_token": True}
-    bodies = [{"inputs": prompt(n), "parameters": parameters} for n in range(bulk_requests)]
+    bodies: list[dict[str, object]] = [
+        {"inputs": prompt(n), "parameters": parameters} for n in range(bulk_requests)
+    ]
 
     def text_of(body: dict[str, object]) -> str:
         answer = httpx.post(server.http + "/invocations", json=body, timeout=None)
