@@ -33,7 +33,6 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats
 
 from gateway.config.adapters import (
-    check_adapter_name,
     check_adapter_path,
     configured_adapters,
     lora_enabled,
@@ -312,14 +311,7 @@ class Engine:
         it has elsewhere (an engine replica's adapter has the gateway's id)."""
         from vllm.lora.request import LoRARequest
 
-        if not self.adapters.enabled:
-            raise invalid("LoRA is off on this server: start it with ENABLE_LORA=true", "lora_name")
-        if name in self.adapters or name == self.adapters.base:
-            raise invalid(f"The adapter `{name}` is already loaded", "lora_name")
-        try:
-            check_adapter_name(name)
-        except ConfigError as e:
-            raise invalid(str(e), "lora_name") from e
+        self.adapters.check_new(name)
         try:
             check_adapter_path(name, path)
         except ConfigError as e:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.config.adapters import check_adapter_name
+from gateway.config.settings import ConfigError
 from protocols.errors import invalid
 
 if TYPE_CHECKING:
@@ -33,6 +35,17 @@ class Adapters:
         self._by_name: dict[str, Adapter] = {}
         for name, path in adapters.items():
             self.add(name, path)
+
+    def check_new(self, name: str) -> None:
+        """Raises INVALID_REQUEST naming `lora_name` unless `name` may be loaded at run time."""
+        if not self.enabled:
+            raise invalid("LoRA is off on this server: start it with ENABLE_LORA=true", "lora_name")
+        if name in self or name == self.base:
+            raise invalid(f"The adapter `{name}` is already loaded", "lora_name")
+        try:
+            check_adapter_name(name)
+        except ConfigError as e:
+            raise invalid(str(e), "lora_name") from e
 
     def add(self, name: str, path: Path, lora_id: int | None = None) -> Adapter:
         """Serves `name` from `path`, by a new id unless `lora_id` names the one it has

@@ -42,8 +42,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from gateway.config.adapters import check_adapter_name
-from gateway.config.settings import ConfigError, Settings
+from gateway.config.settings import Settings
 from gateway.engine.adapter import Engine, EngineStep, SchedulerView
 from gateway.engine.affinity import AFFINITY
 from gateway.engine.loader import local_loader
@@ -326,14 +325,7 @@ class ReplicaEngine(Engine):
     async def _load(self, name: str, path: Path, lora_id: int | None) -> None:
         """Loads the adapter on every running replica, or on none: one that fails (its
         reason named) unloads it from those that loaded it, and the load is refused."""
-        if not self.adapters.enabled:
-            raise invalid("LoRA is off on this server: start it with ENABLE_LORA=true", "lora_name")
-        if name in self.adapters or name == self.adapters.base:
-            raise invalid(f"The adapter `{name}` is already loaded", "lora_name")
-        try:
-            check_adapter_name(name)
-        except ConfigError as e:
-            raise invalid(str(e), "lora_name") from e
+        self.adapters.check_new(name)
         # Ids apart from the start-up adapters' (1, 2, ...) and, drawn at random, from those
         # of another gateway on the same replicas.
         adapter = Adapter(name, path, lora_id or random.randrange(1 << 20, 1 << 31))

@@ -61,6 +61,17 @@ async def _engine(request: Request) -> Engine | Response:
     return engine
 
 
+async def _named_adapter(request: Request) -> tuple[Engine, str] | Response:
+    """The engine and the adapter the path names, once it is served; else DJL's refusal."""
+    engine = await _engine(request)
+    if isinstance(engine, Response):
+        return engine
+    name = request.path_params["adapter_name"]
+    if name not in engine.adapters:
+        return Response(not_found(name), 404, media_type=JSON)
+    return engine, name
+
+
 def _item(engine: Engine, name: str) -> AdapterItem:
     return AdapterItem(name, str(engine.adapters.paths[name]))
 
@@ -91,12 +102,10 @@ async def adapters(request: Request) -> Response:
 
 async def adapter(request: Request) -> Response:
     """GET describes, DELETE unregisters."""
-    engine = await _engine(request)
-    if isinstance(engine, Response):
-        return engine
-    name = request.path_params["adapter_name"]
-    if name not in engine.adapters:
-        return Response(not_found(name), 404, media_type=JSON)
+    named = await _named_adapter(request)
+    if isinstance(named, Response):
+        return named
+    engine, name = named
     if request.method == "GET":
         return _json(_item(engine, name))
     try:
@@ -111,12 +120,10 @@ async def adapter(request: Request) -> Response:
 async def update(request: Request) -> Response:
     """DJL's update changes `preload` and `pin` (the gateway has neither to change) and
     refuses a new `src`, as DJL's vLLM handler does."""
-    engine = await _engine(request)
-    if isinstance(engine, Response):
-        return engine
-    name = request.path_params["adapter_name"]
-    if name not in engine.adapters:
-        return Response(not_found(name), 404, media_type=JSON)
+    named = await _named_adapter(request)
+    if isinstance(named, Response):
+        return named
+    engine, name = named
     query = dict(request.query_params)
     try:
         only(query, UPDATE_PARAMETERS)
