@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
+from openai.types.responses import FunctionToolParam, ResponseInputText
+from redis_server import RedisServer, running_redis
 
 from serving import RunningServer
 
@@ -24,6 +26,17 @@ BLOCK = 128  # tokens per KV block on vLLM's CPU backend: the cache holds whole 
 
 def client(server: RunningServer, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=server.http + "/v1", api_key=key, max_retries=0)
+
+
+def texts(items: Any) -> list[str]:
+    """The text of each message among a page of input items."""
+    return [
+        part.text
+        for item in items.data
+        if item.type == "message"
+        for part in item.content
+        if isinstance(part, ResponseInputText)
+    ]
 
 
 def test_a_response_whole(server: RunningServer) -> None:
@@ -134,12 +147,10 @@ def test_retrieve_input_items_and_delete(server: RunningServer) -> None:
     assert got.id == made.id and got.output_text == made.output_text
     assert got.usage == made.usage
     items = api.responses.input_items.list(made.id)
-    texts = [item.content[0].text for item in items.data if item.type == "message"]
-    assert texts == ["Say a number.", "Hello."]  # newest first, OpenAI's default
+    assert texts(items) == ["Say a number.", "Hello."]  # newest first, OpenAI's default
     ascending = api.responses.input_items.list(made.id, order="asc", limit=1)
-    assert [i.content[0].text for i in ascending.data if i.type == "message"] == ["Hello."]
-    assert ascending.has_more
-    assert api.responses.delete(made.id) is None
+    assert texts(ascending) == ["Hello."] and ascending.has_more
+    api.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError) as caught:
         api.responses.retrieve(made.id)
     assert caught.value.status_code == 404
@@ -185,6 +196,43 @@ def test_a_response_belongs_to_the_key_that_made_it(
     assert mine.responses.retrieve(made.id).id == made.id  # still there for its own key
 
 
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+def test_with_redis_a_second_gateway_continues_and_deletes_a_response(
+    make_server: Callable[..., RunningServer], redis_server: RedisServer
+) -> None:
+    """Stored responses live in the shared store: another gateway (a restart, a replica) reads
+    and continues them on its key, and another key does not find them there either."""
+    keys = f"{KEY},{OTHER}"
+    first = make_server(REDIS_URL=redis_server.url, API_KEYS=keys)
+    second = make_server(REDIS_URL=redis_server.url, API_KEYS=keys)
+    rules = " ".join(f"Rule {i}: answer briefly and politely, in plain English." for i in range(40))
+    made = client(first, KEY).responses.create(
+        model=MODEL, input=rules + " Name a colour.", max_output_tokens=8, temperature=0
+    )
+    assert made.usage is not None
+    again = client(second, KEY).responses.retrieve(made.id)
+    assert again.output_text == made.output_text
+    with pytest.raises(openai.NotFoundError):
+        client(second, OTHER).responses.retrieve(made.id)
+    continued = client(second, KEY).responses.create(
+        model=MODEL,
+        input="Another one.",
+        previous_response_id=made.id,
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert continued.usage is not None
+    assert continued.usage.input_tokens_details.cached_tokens >= made.usage.total_tokens - BLOCK
+    client(first, KEY).responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client(second, KEY).responses.retrieve(made.id)
+
+
 def test_text_format_json_schema_gives_json_that_validates(server: RunningServer) -> None:
     schema = {
         "type": "object",
@@ -218,7 +266,7 @@ def test_text_format_json_schema_gives_json_that_validates(server: RunningServer
 
 def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer) -> None:
     api = client(server)
-    weather = {
+    weather: FunctionToolParam = {
         "type": "function",
         "name": "get_weather",
         "description": "The weather in a city",
@@ -227,11 +275,12 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
             "properties": {"city": {"type": "string"}},
             "required": ["city"],
         },
+        "strict": True,
     }
     called = api.responses.create(
         model=MODEL,
         input="What is the weather in Paris?",
-        tools=[weather],  # type: ignore[list-item]
+        tools=[weather],
         tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=40,
         temperature=0,
@@ -275,7 +324,10 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
         ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
         ({"input": "Hi", "background": True}, "background"),
         ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
-        ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+        (
+            {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format.schema",
+        ),
         ({"input": "Hi", "metadata": {"k": 1}}, "metadata[...]"),
         ({"input": "Hi", "tools": [{"type": "function", "name": "no spaces"}]}, "tools[0].name"),
     ],
