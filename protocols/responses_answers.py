@@ -177,6 +177,20 @@ def document(response: ResponseObject) -> bytes:
     return _ENCODER.encode(response)
 
 
+class ResponseEvent(msgspec.Struct):
+    """What every event of a stream has (its other fields depend on its `type`); its SSE
+    `event:` line names the type too."""
+
+    type: str
+    sequence_number: int
+
+
+class DeletedResponse(msgspec.Struct):
+    id: str
+    object: str = "response.deleted"
+    deleted: bool = True
+
+
 class EventStream:
     """One response's server-sent events, numbered from 0 in the order they are made."""
 
@@ -265,7 +279,7 @@ def not_found(response_id: str) -> bytes:
 
 
 def deleted(response_id: str) -> bytes:
-    return _ENCODER.encode({"id": response_id, "object": "response.deleted", "deleted": True})
+    return _ENCODER.encode(DeletedResponse(response_id))
 
 
 def error_body(error: GenerationError) -> tuple[int, bytes]:

@@ -17,6 +17,7 @@ import pytest
 from openai.types.responses import FunctionToolParam, ResponseInputText
 from redis_server import RedisServer, running_redis
 
+from protocols.responses_answers import input_items
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -194,6 +195,9 @@ def test_a_response_belongs_to_the_key_that_made_it(
     with pytest.raises(openai.NotFoundError):
         theirs.responses.delete(made.id)
     assert mine.responses.retrieve(made.id).id == made.id  # still there for its own key
+    with pytest.raises(openai.AuthenticationError) as refused:
+        client(guarded, "sk-not-a-key").responses.retrieve(made.id)
+    assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
 
 
 @pytest.fixture
@@ -339,6 +343,16 @@ def test_bad_input_is_400_naming_the_field(
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+def test_input_items_page_after_an_item() -> None:
+    items = [{"id": f"item_{i}", "type": "message"} for i in range(5)]
+    page = json.loads(input_items(items, order="asc", after="item_1", limit=2))
+    assert [i["id"] for i in page["data"]] == ["item_2", "item_3"]
+    assert (page["first_id"], page["last_id"], page["has_more"]) == ("item_2", "item_3", True)
+    newest = json.loads(input_items(items, order="desc", after=None, limit=20))
+    assert [i["id"] for i in newest["data"]] == [f"item_{i}" for i in range(4, -1, -1)]
+    assert not newest["has_more"]
 
 
 def test_an_unknown_id_is_404_in_openais_shape(server: RunningServer) -> None:
