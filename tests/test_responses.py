@@ -266,6 +266,14 @@ def test_text_format_json_schema_gives_json_that_validates(server: RunningServer
         temperature=0,
     )
     assert isinstance(json.loads(anything.output_text), dict)
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client(server).responses.create(
+            model=MODEL,
+            input="Hi",
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "no-such"}}},
+            max_output_tokens=4,
+        )
+    assert caught.value.body["param"] == "text.format.schema"  # type: ignore[index]
 
 
 def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer) -> None:
