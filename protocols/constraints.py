@@ -11,6 +11,8 @@ the request gave it in, so a constraint the engine cannot compile is refused nam
   "value": <schema, or its JSON text>}`, `{"type": "json_schema", "value": {"name", "schema"}}`,
   `{"type": "regex", "value": <pattern>}`;
 - OpenAI's `response_format` (`text`, `json_object`, `json_schema`), beside TGI's forms;
+- OpenAI's Responses API `text.format`: the same three, the schema's fields flat
+  (`{"type": "json_schema", "name", "schema", "strict"}`);
 - vLLM's `structured_outputs` (`json`, `regex`, `choice`, `grammar`, `json_object`), which
   vLLM's server and LMI (passing its parameters through to vLLM) take;
 - LMI's `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`: the same, as LMI took
@@ -195,6 +197,32 @@ def response_format(fmt: ResponseFormat, field: str = "response_format") -> Cons
             return Constraint("json", schema, f"{field}.json_schema.schema")
         case _:
             raise invalid(f"`{fmt.type}` needs its `value` - at `{field}.value`", f"{field}.value")
+
+
+class TextFormat(msgspec.Struct, kw_only=True):
+    """The Responses API's `text.format`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: Any = msgspec.field(default=None, name="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+def text_format(fmt: TextFormat, field: str = "text.format") -> Constraint | None:
+    """The constraint a Responses request's `text.format` asks for (None: free text)."""
+    match fmt.type:
+        case "text":
+            return None
+        case "json_object":
+            return Constraint("json", ANY_OBJECT, field)
+        case "json_schema":
+            if fmt.schema_ is None:
+                raise invalid(
+                    f"json_schema needs its `schema` - at `{field}.schema`", f"{field}.schema"
+                )
+            where = f"{field}.schema"
+            return Constraint("json", schema_text(fmt.schema_, where), where)
 
 
 # --- vLLM's `structured_outputs`, and LMI's `guided_*` ----------

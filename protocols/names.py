@@ -17,3 +17,4 @@ class Protocol(enum.StrEnum):
     TGI = "tgi"  # TGI's POST /, /generate, /generate_stream
     OPENAI_CHAT = "openai_chat"  # POST /v1/chat/completions (also TGI's Messages API)
     OPENAI_COMPLETIONS = "openai_completions"  # POST /v1/completions
+    OPENAI_RESPONSES = "openai_responses"  # POST /v1/responses (OpenAI's Responses API)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 
-def sse_event(data: bytes) -> bytes:
-    """One event: `data: <json>` on a single line (clients read line by line), then a blank line.
+def sse_event(data: bytes, event: str | None = None) -> bytes:
+    """One event: `data: <json>` on a single line (clients read line by line), then a blank line;
+    with `event`, an `event: <name>` line first (the Responses API's typed events).
 
     `data` must hold no newline; msgspec's JSON encoder never writes one.
     """
-    return b"data: " + data + b"\n\n"
+    named = b"event: " + event.encode() + b"\n" if event else b""
+    return named + b"data: " + data + b"\n\n"

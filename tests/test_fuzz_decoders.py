@@ -30,6 +30,7 @@ from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
 from protocols.lmi import InvalidPayload, decode_lmi, is_chat
 from protocols.openai_requests import ChatRequest, CompletionRequest, decode_chat, decode_completion
+from protocols.responses_requests import ResponsesRequest, decode_responses
 from protocols.rest_generate import _OnePayload, decode_generate_batch, decode_one
 from protocols.tgi import decode_tgi
 
@@ -74,6 +75,20 @@ DECODERS: dict[str, tuple[Callable[[Raw], object], dict[str, Any]]] = {
     "openai.completion": (
         lambda raw: decode_completion(_bytes(raw), 2048),
         {"prompt": ["Hi", "b"], "max_tokens": 4, "n": 2, "stop": ["x"]},
+    ),
+    "openai.responses": (
+        lambda raw: decode_responses(_bytes(raw), 2048),
+        {
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "x"},
+            ],
+            "max_output_tokens": 4,
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "text": {"format": {"type": "json_object"}},
+            "metadata": {"a": "b"},
+        },
     ),
     "control.client": (
         control.decode_client,
@@ -281,6 +296,7 @@ TYPED: dict[str, Typed] = {
     "tgi": _typed("tgi", tgi._Payload),
     "openai.chat": _typed("openai.chat", ChatRequest),
     "openai.completion": _typed("openai.completion", CompletionRequest),
+    "openai.responses": _typed("openai.responses", ResponsesRequest),
     "control.config": _typed("control.client", control.Config),
     "control.modify": Typed(
         control.decode_client, control.Control, {"type": "control", "action": "modify"}

@@ -42,7 +42,7 @@ from serving import RunningServer
 
 TOKENS = 3  # the most any example may generate, per sequence
 SEQUENCES = 2  # n, best_of, num_beams
-BUDGETS = {"max_new_tokens", "max_tokens", "max_completion_tokens"}
+BUDGETS = {"max_new_tokens", "max_tokens", "max_completion_tokens", "max_output_tokens"}
 COUNTS = {"n", "best_of", "num_beams"}
 CHECKS = [
     not_a_server_error,
@@ -89,9 +89,9 @@ def _budgeted(path: str, body: Any) -> Any:
     body = _cut(body)
     if not isinstance(body, dict):
         return body
-    if "messages" in body or path in ("/v1/completions", "/v1/generate"):
+    if "messages" in body or path in ("/v1/completions", "/v1/generate", "/v1/responses"):
         if not BUDGETS & set(body):
-            body["max_tokens"] = TOKENS
+            body["max_output_tokens" if path == "/v1/responses" else "max_tokens"] = TOKENS
         return body
     nested = "generation_config" if path.startswith("/api/") else "parameters"
     inner = body.get(nested)
@@ -170,6 +170,7 @@ VALID: dict[str, dict[str, Any]] = {
         "generation_config": {"max_new_tokens": 1},
     },
     "RestRequest": {"prompt": "Hi", "max_tokens": 1},
+    "ResponsesRequest": {"input": "Hi", "max_output_tokens": 1},
 }
 
 

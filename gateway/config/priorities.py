@@ -21,6 +21,7 @@ DEFAULT_CLASSES: Mapping[Protocol, int] = {
     Protocol.WS_EVENTS: INTERACTIVE,
     Protocol.V1_GENERATE: INTERACTIVE,
     Protocol.OPENAI_CHAT: INTERACTIVE,
+    Protocol.OPENAI_RESPONSES: INTERACTIVE,
     Protocol.TGI: INTERACTIVE,
     Protocol.WS: STANDARD,
     Protocol.API_GENERATE_ONE: STANDARD,

@@ -11,7 +11,14 @@ from protocols import control, lmi, openai_answers, rest_generate, tgi
 from protocols.errors import GenerationError, named
 
 CLOSE_POLICY_VIOLATION = 1008  # a WebSocket refused: no key, or a page of another origin
-_OPENAI = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize")
+_OPENAI = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+)
 _LMI = ("/invocations", "/predictions/", "/endpoints/")
 _TGI = frozenset({"/", "/generate", "/generate_stream", "/info"})
 

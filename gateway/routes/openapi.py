@@ -20,9 +20,19 @@ from starlette.routing import Route
 
 from gateway.routes.health import Health
 from gateway.routes.openai import _Models
-from protocols import control, eventstream, lmi, openai_answers, rest_generate, tgi, tokenize
+from protocols import (
+    control,
+    eventstream,
+    lmi,
+    openai_answers,
+    responses_answers,
+    rest_generate,
+    tgi,
+    tokenize,
+)
 from protocols.batch_payload import PayloadSettings
 from protocols.openai_requests import ChatRequest, CompletionRequest
+from protocols.responses_requests import ResponsesRequest
 
 Schema = dict[str, Any]
 JSON = "application/json"
@@ -62,6 +72,7 @@ class Op(NamedTuple):
 
 
 OPENAI_ERRORS = (400, 401, 404, 409, 413, 422, 429, 500, 503)
+STORED_ERRORS = (400, 401, 404, 503)  # a stored response's: unknown (or another key's) is 404
 GATEWAY_ERRORS = (401, 409, 413, 422, 429, 500, 503)  # edge/http_errors.py
 # A tuple is a choice: `anyOf` in an answer, `oneOf` in a body (msgspec cannot express a
 # union of untagged Structs).
@@ -134,6 +145,42 @@ OPS = (
         {JSON: _Models},
         openai_answers.ErrorBody,
         (401,),
+    ),
+    Op(
+        "post",
+        "/v1/responses",
+        "OpenAI Responses API: one turn, whole or as typed events",
+        ResponsesRequest,
+        {JSON: responses_answers.ResponseObject, SSE: Events(responses_answers.ResponseEvent)},
+        openai_answers.ErrorBody,
+        OPENAI_ERRORS,
+    ),
+    Op(
+        "get",
+        "/v1/responses/{response_id}",
+        "A stored response",
+        None,
+        {JSON: responses_answers.ResponseObject},
+        openai_answers.ErrorBody,
+        STORED_ERRORS,
+    ),
+    Op(
+        "delete",
+        "/v1/responses/{response_id}",
+        "Delete a stored response",
+        None,
+        {JSON: responses_answers.DeletedResponse},
+        openai_answers.ErrorBody,
+        STORED_ERRORS,
+    ),
+    Op(
+        "get",
+        "/v1/responses/{response_id}/input_items",
+        "A stored response's input items",
+        None,
+        {JSON: responses_answers.InputItems},
+        openai_answers.ErrorBody,
+        STORED_ERRORS,
     ),
     Op(
         "post",

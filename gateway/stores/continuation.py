@@ -8,6 +8,8 @@ dropped. A dropped key is unknown again: its next request starts afresh from its
 
 `HistoryStore` is what the gateway asks of a store; `InProcessStore` keeps histories in this
 process (the default), `gateway/stores/redis_store.py` in Redis (REDIS_URL), shared by gateways.
+The same store keeps documents: opaque bytes by key (a stored Responses API response, its token
+history inside), under the same bounds and idle time, in a key space of their own.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from protocols.events import History
 
 Key = tuple[str, ...]
+V = TypeVar("V")
 
 
 class Claim(Protocol):
@@ -37,6 +40,14 @@ class HistoryStore(Protocol):
     async def load(self, key: Key) -> dict[str, History] | None: ...
 
     async def save(self, key: Key, histories: dict[str, History]) -> None: ...
+
+    async def load_document(self, key: Key) -> bytes | None: ...
+
+    async def save_document(self, key: Key, document: bytes) -> None: ...
+
+    async def delete_document(self, key: Key) -> bool:
+        """False: there was none."""
+        ...
 
     async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
         """Marks the ids as generating until `release`; those already marked are refused."""
@@ -60,14 +71,24 @@ class InProcessStore:
     """This process's histories. Its claims refuse nothing: one process needs no more than
     GenerationService's own in-flight check."""
 
-    def __init__(self, store: ContinuationStore) -> None:
+    def __init__(self, store: ContinuationStore, documents: DocumentStore | None = None) -> None:
         self.store = store
+        self.documents = documents or DocumentStore(store.max_entries, store.idle_seconds)
 
     async def load(self, key: Key) -> dict[str, History] | None:
         return self.store.get(key)
 
     async def save(self, key: Key, histories: dict[str, History]) -> None:
         self.store.put(key, histories)
+
+    async def load_document(self, key: Key) -> bytes | None:
+        return self.documents.get(key)
+
+    async def save_document(self, key: Key, document: bytes) -> None:
+        self.documents.put(key, document)
+
+    async def delete_document(self, key: Key) -> bool:
+        return self.documents.delete(key)
 
     async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
         return _NoClaim()
@@ -79,19 +100,22 @@ class InProcessStore:
         return None
 
 
-class ContinuationStore:
+class Bounded(Generic[V]):
+    """Values by key, at most `max_entries` (the least recently used go first), each dropped
+    after `idle_seconds` unused."""
+
     def __init__(
         self, max_entries: int, idle_seconds: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.max_entries = max_entries
         self.idle_seconds = idle_seconds
         self._clock = clock
-        self._entries: OrderedDict[Key, tuple[float, dict[str, History]]] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[float, V]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: Key) -> dict[str, History] | None:
+    def get(self, key: Key) -> V | None:
         self._drop_idle()
         found = self._entries.get(key)
         if found is None:
@@ -100,10 +124,10 @@ class ContinuationStore:
         self._entries.move_to_end(key)
         return found[1]
 
-    def put(self, key: Key, histories: dict[str, History]) -> None:
+    def put(self, key: Key, value: V) -> None:
         if self.max_entries == 0:
             return
-        self._entries[key] = (self._clock(), histories)
+        self._entries[key] = (self._clock(), value)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -116,3 +140,15 @@ class ContinuationStore:
             if used > deadline:
                 return
             del self._entries[oldest_key]
+
+    def delete(self, key: Key) -> bool:
+        self._drop_idle()
+        return self._entries.pop(key, None) is not None
+
+
+class ContinuationStore(Bounded[dict[str, History]]):
+    """Histories per continuation key."""
+
+
+class DocumentStore(Bounded[bytes]):
+    """Documents per key (stored responses)."""

@@ -3,10 +3,11 @@
 One Redis key per continuation key, `llm-gateway:history:<the key as JSON>`, holding per
 request_id its token ids packed 4 bytes each (little-endian), its text and its EOS flag
 (msgpack). The idle limit is the key's TTL, renewed by every read (GETEX) and write (SET PX);
-how many keys Redis keeps is its own `maxmemory` policy's business. A request_id generating is
-`llm-gateway:running:<[owner, id] as JSON>`, taken with SET NX PX (redis-py's `Lock`): another
-gateway's SET fails, so it refuses the id. The lease is renewed while the request runs, so a
-gateway that dies frees its ids within one lease.
+how many keys Redis keeps is its own `maxmemory` policy's business. A document (a stored
+response) is `llm-gateway:document:<its key as JSON>`, its bytes as given, with the same TTL.
+A request_id generating is `llm-gateway:running:<[owner, id] as JSON>`, taken with SET NX PX
+(redis-py's `Lock`): another gateway's SET fails, so it refuses the id. The lease is renewed
+while the request runs, so a gateway that dies frees its ids within one lease.
 
 Redis unreachable: every call raises `GenerationError(engine_unavailable)` naming it; nothing
 else in the gateway depends on it.
@@ -82,6 +83,10 @@ def history_key(key: Key) -> str:
     return PREFIX + "history:" + _KEY_ENCODER.encode(list(key)).decode()
 
 
+def document_key(key: Key) -> str:
+    return PREFIX + "document:" + _KEY_ENCODER.encode(list(key)).decode()
+
+
 def running_key(owner: str, request_id: str) -> str:
     return PREFIX + "running:" + _KEY_ENCODER.encode([owner, request_id]).decode()
 
@@ -127,6 +132,18 @@ class RedisStore:
     async def save(self, key: Key, histories: dict[str, History]) -> None:
         with self._reaching():
             await self.redis.set(history_key(key), pack(histories), px=self.idle_ms)
+
+    async def load_document(self, key: Key) -> bytes | None:
+        with self._reaching():
+            return cast(bytes | None, await self.redis.getex(document_key(key), px=self.idle_ms))
+
+    async def save_document(self, key: Key, document: bytes) -> None:
+        with self._reaching():
+            await self.redis.set(document_key(key), document, px=self.idle_ms)
+
+    async def delete_document(self, key: Key) -> bool:
+        with self._reaching():
+            return bool(await self.redis.delete(document_key(key)))
 
     async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
         locks: list[Lock] = []

@@ -1,0 +1,154 @@
+"""The Responses API's turns over the one engine path: a stored response, and the prompt of a
+turn that continues one (`previous_response_id`).
+
+A stored response keeps, beside the response object and its input items, the conversation so
+far (every message, this turn's answer last, as the chat template receives them; never the
+`instructions`, which OpenAI does not carry over) and the whole sequence of the turn as token
+ids with their text in the template. The next turn renders its conversation (its own
+instructions, the stored messages, its new input); when that text begins with the stored
+sequence's text, its prompt is the stored token ids followed by the new text's tokens, so
+vLLM's prefix cache finds every whole block of the history and only the new tokens cost
+compute, as request_id continuation does for the seed protocols. A rendering that does not
+begin so (other instructions, another adapter) is tokenized whole: still correct, the cache
+then serves whatever prefix matches.
+
+Stored responses live in the continuation store (gateway/stores/: in this process, or in Redis
+with REDIS_URL), under its bounds and idle time, keyed by their owner (the caller's API key), so
+another key does not find them.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from typing import Any
+
+import msgspec
+
+from gateway.edge.caller import current_caller
+from gateway.engine.adapter import Engine
+from gateway.engine_path.generation import tokenized
+from gateway.stores.continuation import HistoryStore, Key
+from protocols.events import Finished, History, token_array
+from protocols.generation import GenerationRequest
+from protocols.responses_requests import ResponsesCall
+
+
+class StoredResponse(msgspec.Struct, kw_only=True):
+    response: bytes  # the response object (JSON) as GET answers it
+    items: list[dict[str, Any]]  # its input items, as input_items lists them
+    conversation: list[dict[str, Any]]  # every message so far, this turn's answer last
+    token_ids: bytes  # the whole sequence (prompt and answer), int32 little-endian
+    text: str  # those tokens' text in the chat template
+    adapter: str | None = None
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(StoredResponse)
+
+
+def _packed(ids: array[int]) -> bytes:
+    if sys.byteorder == "big":
+        ids = array("i", ids)
+        ids.byteswap()
+    return ids.tobytes()
+
+
+def _unpacked(raw: bytes) -> array[int]:
+    ids: array[int] = array("i")
+    ids.frombytes(raw)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids
+
+
+class Turn(msgspec.Struct, frozen=True):
+    """A turn ready for the engine: its request (the prompt as a history of token ids), the
+    conversation it continues (with its new messages) and the prompt's template text."""
+
+    request: GenerationRequest
+    conversation: list[dict[str, Any]]
+    text: str
+    continued: bool  # its prompt begins with the previous response's token ids
+
+
+class Responses:
+    """Stored responses, each private to its owner."""
+
+    def __init__(self, store: HistoryStore, chat_template: str | None = None) -> None:
+        self.store = store
+        self.chat_template = chat_template
+
+    @staticmethod
+    def _key(response_id: str) -> Key:
+        return ("response", current_caller().owner, response_id)
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        raw = await self.store.load_document(self._key(response_id))
+        return None if raw is None else _DECODER.decode(raw)
+
+    async def delete(self, response_id: str) -> bool:
+        return await self.store.delete_document(self._key(response_id))
+
+    async def save(
+        self,
+        response_id: str,
+        response: bytes,
+        call: ResponsesCall,
+        turn: Turn,
+        done: Finished,
+        answer: dict[str, Any],
+        engine: Engine,
+    ) -> None:
+        """The response, and what its next turn continues: the sequence after `done`."""
+        assert done.history is not None
+        prompt_ids = turn.request.history.token_ids if turn.request.history else array("i")
+        generated = done.history.token_ids[len(prompt_ids) :]
+        text = turn.text + engine.decode(generated.tolist())
+        stored = StoredResponse(
+            response=response,
+            items=list(call.items),
+            conversation=[*turn.conversation, answer],
+            token_ids=_packed(done.history.token_ids),
+            text=text,
+            adapter=done.history.adapter,
+        )
+        await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
+
+    async def turn(
+        self, engine: Engine, call: ResponsesCall, previous: StoredResponse | None
+    ) -> Turn:
+        """The turn's prompt: the previous response's token ids and the new text's, when the
+        rendered conversation begins with the previous sequence's text."""
+        conversation = [*(previous.conversation if previous else []), *call.messages]
+        system = [{"role": "system", "content": call.instructions}] if call.instructions else []
+        request = call.request
+        rendered = engine.render_chat(
+            [*system, *conversation], tools=request.tools, chat_template=self.chat_template
+        )
+        adapter = engine.adapters.check(request.adapter, request.adapter_field)
+        if (
+            previous is not None
+            and rendered.startswith(previous.text)
+            and previous.adapter == adapter
+        ):
+            rest = rendered[len(previous.text) :]
+            new = await tokenized(rest, _encode_plain(engine))
+            ids = _unpacked(previous.token_ids) + token_array(new)
+            continued = True
+        else:
+            ids = token_array(await tokenized(rendered, engine.encode))
+            continued = False
+        history = History(ids, rendered)
+        request = msgspec.structs.replace(request, history=history)
+        return Turn(request, conversation, rendered, continued)
+
+
+def _encode_plain(engine: Engine) -> Any:
+    """The tokenizer without the special tokens it adds at a text's start (a BOS): the text
+    follows tokens already there."""
+
+    def encode(text: str) -> list[int]:
+        return list(engine.tokenizer.encode(text, add_special_tokens=False))
+
+    return encode
