@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from control_client import Message, config, receive, tokens_of, until
@@ -44,7 +45,7 @@ def running(server: RunningServer) -> int:
     )
 
 
-def started(ws: ClientConnection, tokens: int, **parameters: object) -> tuple[str, list[Message]]:
+def started(ws: ClientConnection, tokens: int, **parameters: Any) -> tuple[str, list[Message]]:
     """A greedy generation started, and its first `tokens` token messages."""
     ws.send(config(STORY, temperature=0, ignore_eos=True, **parameters))
     init = until(ws, "init")[-1]
