@@ -140,3 +140,17 @@ def test_without_reattach_seconds_a_drop_stops_the_generation_as_the_spec_says(
         with pytest.raises(ConnectionClosed) as closed:
             late.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+def test_a_draining_gateway_stops_detached_generations_at_once(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    """No client could come back (new WebSockets are refused while draining), so a detached
+    generation does not hold the drain open for DRAIN_SECONDS."""
+    server = make_server(REATTACH_SECONDS="600", DRAIN_SECONDS="600")
+    with control_ws(server) as first:
+        started(first, 2, max_tokens=UNENDING)
+    wait_for(lambda: waiting(server) == 1)
+    server.drain()
+    wait_for(server.stopped)
+    assert waiting(server) == 0 and running(server) == 0
