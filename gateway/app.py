@@ -30,6 +30,7 @@ from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
+from gateway.engine_path.reattach import Detached
 from gateway.engine_path.sequences import SequenceBounds
 from gateway.routes import ROUTES
 from gateway.routes.adapters import ADMIN_PATHS
@@ -96,8 +97,18 @@ def create_app(
             settings.feedback_max_text_bytes, settings.feedback_per_minute
         )
         batches = BatchRunner(service, store)
+        detached = Detached(settings.reattach_seconds, settings.max_running_requests)
+        drain.on_draining(detached.stop_all)
         gateway = Gateway(
-            settings, holder, service, batches, feedback, feedback_limits, drain, tool_parsing
+            settings,
+            holder,
+            service,
+            batches,
+            feedback,
+            feedback_limits,
+            drain,
+            tool_parsing,
+            detached,
         )
         app.state.gateway = gateway
         try:

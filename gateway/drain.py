@@ -27,6 +27,7 @@ class Drain:
         self.deadlines = deadlines
         self.seconds = seconds
         self._closers: set[Closer] = set()
+        self._starters: list[Closer] = []
 
     @property
     def draining(self) -> bool:
@@ -38,8 +39,14 @@ class Drain:
         self._closers.add(close)
         return lambda: self._closers.discard(close)
 
+    def on_draining(self, start: Closer) -> None:
+        """`start` runs as the drain begins (detached generations stop: no client can come
+        back for them once new connections are refused)."""
+        self._starters.append(start)
+
     async def run(self) -> None:
         self.deadlines.draining = True
+        await asyncio.gather(*(start() for start in self._starters), return_exceptions=True)
         running = self.deadlines.active
         log.info("draining: %d prompts running, %g s to finish", running, self.seconds)
         try:

@@ -14,6 +14,7 @@ from gateway.engine.holder import EngineHolder
 from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.generation import GenerationService
+from gateway.engine_path.reattach import Detached
 from gateway.stores.feedback import FeedbackStore
 
 if TYPE_CHECKING:  # drain -> refusals -> the routes, which import this module
@@ -32,6 +33,7 @@ class Gateway:
     feedback_limits: FeedbackLimits
     drain: Drain
     tool_parsing: ToolParsing  # tool_choice auto's parser, when configured
+    detached: Detached  # control-protocol generations waiting for their client to reattach
 
 
 def gateway_of(connection: HTTPConnection) -> Gateway:

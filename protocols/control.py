@@ -97,7 +97,15 @@ class Feedback(_ClientMessage, tag="feedback"):
     position: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] | None = None
 
 
-ClientMessage = Config | Control | Feedback
+class Reattach(_ClientMessage, tag="reattach"):
+    """An extension (docs/CONTROL.md, "Reattaching"): a client whose connection dropped takes
+    its generation back, with the token messages after the first `received` it already has."""
+
+    request_id: str
+    received: Annotated[int, Meta(ge=0)] = 0
+
+
+ClientMessage = Config | Control | Feedback | Reattach
 
 # --- server -> client ----------------------------------------------------------------------
 

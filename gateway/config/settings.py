@@ -78,6 +78,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # and how long a paused generation waits for `resume` before it ends.
     feedback_db: str = ""
     pause_timeout_seconds: PositiveFloat = 300.0
+    # How long a generation whose WebSocket dropped waits for its client to `reattach`
+    # (docs/CONTROL.md, "Reattaching"); 0: a disconnect stops the generation, as the spec says.
+    reattach_seconds: Annotated[float, Meta(ge=0)] = 0.0
     # Feedback kept (docs/SECURITY.md): a message's `text`, a key's messages a minute (0: no
     # limit), and the database file, past which new feedback is refused.
     feedback_max_text_bytes: Positive = 16 * 1024

@@ -3,7 +3,9 @@
 A session holds at most one generation. Its engine request runs as a task; `stop`, `pause`,
 `modify` and `regenerate` cancel that task (which aborts the engine request) and keep the
 generation's token history, so `resume` and `modify` resubmit it and vLLM's prefix cache
-serves the tokens already computed. Messages go out through `send`.
+serves the tokens already computed. Messages go out through `send`. With a `Replay`, a session
+whose connection dropped can be detached (its generation goes on for nobody) and attached to
+another connection, which first gets what it missed (docs/CONTROL.md, "Reattaching").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gateway.config.settings import Settings, served_model_name
 from gateway.edge.caller import current_caller
 from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine_path.generation import GenerationService
+from gateway.engine_path.replay import Replay
 from gateway.stores.feedback import FeedbackRecord, FeedbackStore, FeedbackStoreFull
 from protocols.control import (
     CANCELLED,
@@ -35,6 +38,7 @@ from protocols.control import (
     Init,
     LogprobEntry,
     ModelInfo,
+    Reattach,
     ServerMessage,
     Status,
     Token,
@@ -91,13 +95,15 @@ class ControlSession:
         feedback_limits: FeedbackLimits,
         send: Callable[[ServerMessage], None],
         protocol: Protocol = Protocol.CONTROL,
+        replay: Replay | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
         self.feedback = feedback
         self.feedback_limits = feedback_limits
         self.protocol = protocol
-        self.send = send
+        self._deliver: Callable[[ServerMessage], None] | None = send  # None: detached
+        self.replay = replay
         self.state: State = "new"
         self.model = served_model_name(settings.engine)
         self._config: Config | None = None
@@ -126,8 +132,48 @@ class ControlSession:
                     await self._regenerate()
                 case Feedback():
                     await self._feedback(message)
+                case Reattach():  # taken by the route when REATTACH_SECONDS is on
+                    raise invalid(
+                        "Reattaching is off on this server (REATTACH_SECONDS=0)", "$.type"
+                    )
         except GenerationError as e:
             self.refuse(e)
+
+    def send(self, message: ServerMessage) -> None:
+        """To the connection attached; kept for one that reattaches, when there is a replay."""
+        if self.replay is not None:
+            self.replay.keep(message, ended=self.state == "done")
+        if self._deliver is not None:
+            self._deliver(message)
+
+    @property
+    def request_id(self) -> str | None:
+        """The generation a client may reattach to: announced, and running or paused."""
+        if self.state not in ("generating", "paused") or self._gen is None:
+            return None
+        return self._gen.announced_id
+
+    def detach(self) -> None:
+        """The connection dropped: the generation goes on, its messages only kept."""
+        self._deliver = None
+
+    def attach(self, send: Callable[[ServerMessage], None], received: int) -> None:
+        """Another connection takes the generation over: a `status` (`reattached`), the token
+        messages after the first `received`, the terminal message if it ended, then the rest
+        as it comes. Nothing can come between the missed messages and the new ones."""
+        assert self.replay is not None and self._gen is not None
+        if received > self.replay.token_messages:
+            raise invalid(
+                f"`received` is {received}, but the generation has sent "
+                f"{self.replay.token_messages} token messages",
+                "$.received",
+            )
+        gen = self._gen
+        done = f"reattached after {received} of {self.replay.token_messages} token messages"
+        send(self._status("reattached", gen, done))
+        for message in self.replay.since(received):
+            send(message)
+        self._deliver = send
 
     def refuse(self, error: GenerationError) -> None:
         """An error about a client message (one that could not be decoded too): it names the

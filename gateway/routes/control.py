@@ -5,14 +5,17 @@ session says, in order (gateway/routes/outbox.py: a client that does not read ha
 generation end with a `memory_pressure` error and the connection closed with 1008). While the
 engine loads, the client gets `status` messages. The REST route is a session that receives
 one `config`, answered as JSON or, with `stream`, as SSE carrying the same messages, through
-the same bounded queue.
+the same bounded queue. With REATTACH_SECONDS, a WebSocket whose client drops leaves its
+running generation waiting (gateway/engine_path/reattach.py), and a `reattach` on another
+connection makes that generation's session the connection's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 
 import msgspec
 from prometheus_client import Counter
@@ -21,9 +24,11 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from gateway.edge.caller import current_caller
 from gateway.edge.http_errors import status_of
 from gateway.engine.holder import EngineHolder
 from gateway.engine_path.control_session import ControlSession
+from gateway.engine_path.reattach import Detached
 from gateway.routes.outbox import (
     POLICY_VIOLATION,
     BoundedQueue,
@@ -39,6 +44,7 @@ from protocols.control import (
     Config,
     Error,
     Init,
+    Reattach,
     ServerMessage,
     Status,
     decode_client,
@@ -57,26 +63,39 @@ STATUS_INTERVAL_SECONDS = 1.0
 NO_CACHE = {"Cache-Control": "no-cache"}
 
 
+@dataclass
+class _Connection:
+    """One WebSocket's session: its own, or the one it reattached to."""
+
+    session: ControlSession
+
+
 async def control_ws(websocket: WebSocket) -> None:
     gateway = gateway_of(websocket)
     metrics = gateway.service.metrics
     await websocket.accept()
     outbox = Outbox(websocket, gateway.settings.max_queued_bytes_per_connection)
+
+    def deliver(message: ServerMessage) -> None:
+        outbox.put(encode(message))
+
     session = ControlSession(
         gateway.settings,
         gateway.service,
         gateway.feedback,
         gateway.feedback_limits,
-        lambda message: outbox.put(encode(message)),
+        deliver,
+        replay=gateway.detached.replay(),
     )
+    connection = _Connection(session)
     ticker = asyncio.create_task(_loading_status(gateway.holder, session))
     connections = metrics.connections.labels(Protocol.CONTROL)
     connections.inc()
     forget = gateway.drain.on_drained(lambda: close_going_away(outbox))
-    reader = asyncio.create_task(_read(websocket, session, outbox))
+    reader = asyncio.create_task(_read(websocket, connection, outbox, gateway.detached, deliver))
     try:
         if await until_overflow(reader, outbox):
-            await session.abort(outbox.why)
+            await connection.session.abort(outbox.why)
             metrics.not_reading_closes.labels(Protocol.CONTROL).inc()
             outbox.close(POLICY_VIOLATION, outbox.why)
             await outbox.closed()
@@ -84,19 +103,27 @@ async def control_ws(websocket: WebSocket) -> None:
         forget()
         connections.dec()
         reader.cancel()
-        await session.close()
         ticker.cancel()
         await asyncio.gather(reader, ticker, return_exceptions=True)
+        # The generation stops, or waits for its client (REATTACH_SECONDS).
+        await gateway.detached.leave(connection.session, current_caller().owner)
         await outbox.stop()
 
 
-async def _read(websocket: WebSocket, session: ControlSession, outbox: Outbox) -> None:
+async def _read(
+    websocket: WebSocket,
+    connection: _Connection,
+    outbox: Outbox,
+    detached: Detached,
+    deliver: Callable[[ServerMessage], None],
+) -> None:
     """Each client message to the session, in order, until the client leaves (or is closed
-    for sending something other than a `config` first)."""
+    for sending something other than a `config`, or a `reattach`, first)."""
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
             return
+        session = connection.session
         decoded: ClientMessage | None = None
         try:
             decoded = decode_client(message.get("text") or message.get("bytes") or b"")
@@ -104,6 +131,12 @@ async def _read(websocket: WebSocket, session: ControlSession, outbox: Outbox) -
             if session.state != "new" or e.field != "$.type":  # a bad config may be retried
                 session.refuse(e)
                 continue
+        if isinstance(decoded, Reattach) and detached.enabled:
+            try:
+                connection.session = _reattach(session, decoded, detached, deliver)
+            except GenerationError as e:
+                session.refuse(e)
+            continue
         if session.state == "new" and not isinstance(decoded, Config):
             first = invalid("The first message must be a `config` message", "$.type")
             session.send(error_message(first, recoverable=False, recovery_action="reconnect"))
@@ -112,6 +145,19 @@ async def _read(websocket: WebSocket, session: ControlSession, outbox: Outbox) -
             return
         if decoded is not None:
             await session.handle(decoded)
+
+
+def _reattach(
+    own: ControlSession,
+    message: Reattach,
+    detached: Detached,
+    deliver: Callable[[ServerMessage], None],
+) -> ControlSession:
+    """The detached generation `message` names, now this connection's (what it missed sent
+    first); the connection's own session must have nothing running or paused."""
+    if own.state in ("generating", "paused"):
+        raise invalid("A generation is in progress here: send `stop` before a `reattach`", "$.type")
+    return detached.take(message.request_id, current_caller().owner, message.received, deliver)
 
 
 async def _loading_status(holder: EngineHolder, session: ControlSession) -> None:

@@ -1,0 +1,156 @@
+"""REATTACH_SECONDS: a control-protocol client whose connection drops takes its generation back
+(docs/CONTROL.md, "Reattaching")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from control_client import Message, config, receive, tokens_of, until
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+
+from clients import CHAT, UNENDING, connect, wait_for
+from serving import RunningServer
+
+STORY = CHAT.format("Write a long, detailed story about a dragon and a village.")
+ALICE, BOB = "sk-alice-secret", "sk-bob-secret"
+KEYS = f"{ALICE}:alice,{BOB}:bob"
+
+
+def reattach(request_id: str, received: int | None = None) -> str:
+    body: Message = {"type": "reattach", "request_id": request_id}
+    if received is not None:
+        body["received"] = received
+    return json.dumps(body)
+
+
+def control_ws(server: RunningServer, key: str | None = None) -> ClientConnection:
+    return connect(server.ws + "/generate", subprotocols=[f"bearer.{key}"] if key else None)
+
+
+def waiting(server: RunningServer) -> int:
+    """Generations waiting for their client to reattach."""
+    return server.loop.call(lambda: len(server.gateway.detached))
+
+
+def running(server: RunningServer) -> int:
+    """Requests holding an engine slot (gateway_running_requests), and the engine's own."""
+    engine = server.gateway.holder.engine
+    assert engine is not None
+    return server.loop.call(
+        lambda: server.gateway.service.admission.running + engine.unfinished_requests()
+    )
+
+
+def started(ws: ClientConnection, tokens: int, **parameters: Any) -> tuple[str, list[Message]]:
+    """A greedy generation started, and its first `tokens` token messages."""
+    ws.send(config(STORY, temperature=0, ignore_eos=True, **parameters))
+    init = until(ws, "init")[-1]
+    return init["request_id"], [until(ws, "token")[-1] for _ in range(tokens)]
+
+
+def test_a_dropped_client_reattaches_and_gets_every_token_once(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    server = make_server(REATTACH_SECONDS="600", API_KEYS=KEYS)
+    with control_ws(server, ALICE) as first:
+        request_id, before = started(first, 3, max_tokens=48)
+    wait_for(lambda: waiting(server) == 1)  # the server saw the drop; the generation runs on
+
+    with control_ws(server, BOB) as other:
+        other.send(reattach(request_id))
+        refused = receive(other)
+    assert refused["type"] == "error" and refused["error"] == "invalid_request"
+    assert refused["field"] == "$.request_id" and refused["recoverable"] is True
+
+    with control_ws(server, ALICE) as again:
+        again.send(reattach("gen_000000000000"))
+        unknown = receive(again)
+        assert unknown["type"] == "error" and unknown["field"] == "$.request_id"
+        again.send(reattach(request_id, received=10_000))
+        too_many = receive(again)
+        assert too_many["type"] == "error" and too_many["field"] == "$.received"
+
+        again.send(reattach(request_id, received=len(before)))
+        ack = receive(again)
+        assert ack["type"] == "status" and ack["operation"] == "reattached"
+        with control_ws(server, ALICE) as second:  # one connection holds it at a time
+            second.send(reattach(request_id))
+            taken = receive(second)
+        assert taken["type"] == "error" and taken["field"] == "$.request_id"
+        after = until(again, "completion", "error")
+
+    completion = after[-1]
+    assert completion["type"] == "completion" and completion["request_id"] == request_id
+    texts = [m["token"] for m in before + tokens_of(after)]
+    assert "".join(texts) == completion["generated_text"]
+    assert completion["usage"]["completion_tokens"] == 48
+    assert tokens_of(after)[-1]["finished"] is True
+    assert [m["generated_text"] for m in tokens_of(after)][-1] == completion["generated_text"]
+    wait_for(lambda: waiting(server) == 0 and running(server) == 0)
+
+
+def test_reattaching_from_the_start_replays_every_token_message(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    server = make_server(REATTACH_SECONDS="600")
+    with control_ws(server) as first:
+        request_id, before = started(first, 2, max_tokens=24)
+    wait_for(lambda: waiting(server) == 1)
+    with control_ws(server) as again:
+        again.send(reattach(request_id))  # `received` left out: everything from the start
+        after = until(again, "completion", "error")
+    assert after[0]["operation"] == "reattached"
+    replayed = tokens_of(after)
+    assert replayed[: len(before)] == before  # as they were sent, generated_text included
+    assert "".join(m["token"] for m in replayed) == after[-1]["generated_text"]
+
+
+def test_the_grace_period_ending_stops_the_generation_in_the_engine(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    server = make_server(REATTACH_SECONDS="3")
+    with control_ws(server) as first:
+        request_id, _ = started(first, 2, max_tokens=UNENDING)
+    wait_for(lambda: waiting(server) == 1)
+    assert running(server) > 0  # it runs on, detached
+    wait_for(lambda: waiting(server) == 0 and running(server) == 0)
+    with control_ws(server) as late:
+        late.send(reattach(request_id))
+        refused = receive(late)
+    assert refused["type"] == "error" and refused["field"] == "$.request_id"
+
+
+def test_without_reattach_seconds_a_drop_stops_the_generation_as_the_spec_says(
+    server: RunningServer,
+) -> None:
+    assert server.gateway.settings.reattach_seconds == 0
+    with control_ws(server) as first:
+        request_id, _ = started(first, 2, max_tokens=UNENDING)
+    wait_for(lambda: running(server) == 0)
+    assert waiting(server) == 0
+    with control_ws(server) as late:
+        late.send(reattach(request_id))
+        refused = receive(late)
+        assert refused["type"] == "error" and refused["field"] == "$.type"
+        assert refused["recoverable"] is False  # a first message that is not a config
+        with pytest.raises(ConnectionClosed) as closed:
+            late.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+def test_a_draining_gateway_stops_detached_generations_at_once(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    """No client could come back (new WebSockets are refused while draining), so a detached
+    generation does not hold the drain open for DRAIN_SECONDS."""
+    server = make_server(REATTACH_SECONDS="600", DRAIN_SECONDS="600")
+    with control_ws(server) as first:
+        started(first, 2, max_tokens=UNENDING)
+    wait_for(lambda: waiting(server) == 1)
+    server.drain()
+    wait_for(server.stopped)
+    assert waiting(server) == 0 and running(server) == 0
