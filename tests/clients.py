@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as _connect
+from websockets.sync.connection import Connection
 from websockets.typing import Origin, Subprotocol
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -44,11 +44,11 @@ def payload(*prompts: tuple[str, str], **fields: Any) -> str:
 
 def connect(
     url: str, subprotocols: list[str] | None = None, origin: str | None = None
-) -> ClientConnection:
+) -> Connection:
     """A websockets client with no opening deadline and no keepalive pings (no clocks); a
     browser's page would send its `origin`."""
     offered = [Subprotocol(s) for s in subprotocols] if subprotocols else None
-    connection: ClientConnection = _connect(
+    connection: Connection = _connect(
         url,
         open_timeout=None,
         ping_interval=None,
@@ -64,7 +64,7 @@ def wait_for(condition: Callable[[], object]) -> None:
         time.sleep(POLL)
 
 
-def frames_until_done(ws: ClientConnection, request_ids: set[str]) -> list[list[dict[str, Any]]]:
+def frames_until_done(ws: Connection, request_ids: set[str]) -> list[list[dict[str, Any]]]:
     """Every frame until each request_id has had its terminal event."""
     frames: list[list[dict[str, Any]]] = []
     waiting = set(request_ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 Message = dict[str, Any]
 
@@ -24,13 +24,13 @@ def control(action: str, **parameters: Any) -> str:
     return json.dumps(body)
 
 
-def receive(ws: ClientConnection) -> Message:
+def receive(ws: Connection) -> Message:
     """The next message, however long it takes to come."""
     message: Message = json.loads(ws.recv())
     return message
 
 
-def until(ws: ClientConnection, *types: str) -> list[Message]:
+def until(ws: Connection, *types: str) -> list[Message]:
     """Every message up to and including the first one of `types`."""
     seen: list[Message] = []
     while True:

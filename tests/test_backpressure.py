@@ -27,8 +27,8 @@ import pytest
 from control_client import config
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close
-from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
+from websockets.sync.connection import Connection
 
 from clients import (
     CHAT,
@@ -171,7 +171,7 @@ def small_socket(port: int) -> socket.socket:
     return sock
 
 
-def not_reading(server: RunningServer, path: str) -> ClientConnection:
+def not_reading(server: RunningServer, path: str) -> Connection:
     """A websockets client that stops reading its socket once one message waits for `recv`."""
     return ws_connect(
         server.ws + path,
@@ -182,7 +182,7 @@ def not_reading(server: RunningServer, path: str) -> ClientConnection:
     )
 
 
-def read_until_closed(ws: ClientConnection) -> tuple[list[Any], Close]:
+def read_until_closed(ws: Connection) -> tuple[list[Any], Close]:
     """Every message the server sent, then how it closed."""
     messages: list[Any] = []
     try:

@@ -24,7 +24,7 @@ from contextlib import closing, contextmanager
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import CHAT, UNENDING, connect, frames_until_done, payload, wait_for
 from gateway.edge.connections import OWN_FILES
@@ -105,9 +105,9 @@ def _held(
 
 
 @contextmanager
-def _websocket(server: RunningServer) -> Iterator[ClientConnection]:
+def _websocket(server: RunningServer) -> Iterator[Connection]:
     """A `/ws` connection, opened as `_held` opens its own."""
-    opened: list[ClientConnection] = []
+    opened: list[Connection] = []
 
     def attempt() -> bool:
         try:

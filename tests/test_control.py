@@ -8,7 +8,7 @@ import httpx
 import pytest
 from control_client import Message, config, control, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import CHAT, UNENDING, connect
 from serving import RunningServer
@@ -200,7 +200,7 @@ def test_chat_messages_are_rendered_with_the_models_template(server: RunningServ
     assert rest.status_code == 200 and rest.json()["usage"]["completion_tokens"] == 3
 
 
-def ending(ws: ClientConnection, *controls: str) -> tuple[list[Message], Message]:
+def ending(ws: Connection, *controls: str) -> tuple[list[Message], Message]:
     """The token messages of a generation (the `controls` sent after its second), and its
     completion."""
     messages = until(ws, "token") + until(ws, "token") if controls else []

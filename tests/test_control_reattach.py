@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from control_client import Message, config, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import CHAT, UNENDING, connect, wait_for
 from serving import RunningServer
@@ -27,7 +27,7 @@ def reattach(request_id: str, received: int | None = None) -> str:
     return json.dumps(body)
 
 
-def control_ws(server: RunningServer, key: str | None = None) -> ClientConnection:
+def control_ws(server: RunningServer, key: str | None = None) -> Connection:
     return connect(server.ws + "/generate", subprotocols=[f"bearer.{key}"] if key else None)
 
 
@@ -45,7 +45,7 @@ def running(server: RunningServer) -> int:
     )
 
 
-def started(ws: ClientConnection, tokens: int, **parameters: Any) -> tuple[str, list[Message]]:
+def started(ws: Connection, tokens: int, **parameters: Any) -> tuple[str, list[Message]]:
     """A greedy generation started, and its first `tokens` token messages."""
     ws.send(config(STORY, temperature=0, ignore_eos=True, **parameters))
     init = until(ws, "init")[-1]

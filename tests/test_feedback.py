@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from control_client import Message, config, receive, until
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import CHAT, connect
 from gateway.edge.feedback_limits import FeedbackLimits
@@ -98,19 +98,19 @@ def feedback(rating: float = 1, **fields: Any) -> str:
 
 
 @contextmanager
-def generated(server: RunningServer, key: str | None = None) -> Iterator[ClientConnection]:
+def generated(server: RunningServer, key: str | None = None) -> Iterator[Connection]:
     """A control connection (with the key), after one generation: feedback needs one."""
     with connect(server.ws + "/generate", subprotocols=[f"bearer.{key}"] if key else None) as ws:
         generate(ws)
         yield ws
 
 
-def generate(ws: ClientConnection) -> None:
+def generate(ws: Connection) -> None:
     ws.send(config(PROMPT, max_tokens=1, temperature=0))
     until(ws, "completion")
 
 
-def answer_to(ws: ClientConnection, message: str) -> Message:
+def answer_to(ws: Connection, message: str) -> Message:
     ws.send(message)
     return receive(ws)
 

@@ -16,7 +16,7 @@ from control_client import config, control
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import connect
 from serving import RunningServer
@@ -49,7 +49,7 @@ FUZZ = settings(
 )
 
 
-def _batch_answered(ws: ClientConnection) -> None:
+def _batch_answered(ws: Connection) -> None:
     """`/ws`: frames (JSON arrays of events) until every request_id has its terminal event."""
     open_ids: set[Any] = set()
     while True:
@@ -66,7 +66,7 @@ def _batch_answered(ws: ClientConnection) -> None:
             return
 
 
-def _events_answered(ws: ClientConnection) -> None:
+def _events_answered(ws: Connection) -> None:
     """`/ws/events`: until every START echoed has a COMPLETE or an ERROR."""
     open_ids: set[Any] = set()
     errors = 0
@@ -83,7 +83,7 @@ def _events_answered(ws: ClientConnection) -> None:
             return
 
 
-def _control_answered(ws: ClientConnection) -> None:
+def _control_answered(ws: Connection) -> None:
     """`/generate`: a first message that is no config is an error, then close 1008; a bad
     config is an error the client may correct."""
     first = json.loads(ws.recv())
@@ -99,7 +99,7 @@ def _control_answered(ws: ClientConnection) -> None:
         first = json.loads(ws.recv())
 
 
-ROUTES: dict[str, Callable[[ClientConnection], None]] = {
+ROUTES: dict[str, Callable[[Connection], None]] = {
     "/ws": _batch_answered,
     "/ws/events": _events_answered,
     "/generate": _control_answered,
@@ -154,7 +154,7 @@ def test_oversize_messages_close_1009(make_server: Callable[..., RunningServer],
     _healthy(small)
 
 
-def _error(ws: ClientConnection) -> dict[str, Any]:
+def _error(ws: Connection) -> dict[str, Any]:
     message: dict[str, Any] = json.loads(ws.recv())
     assert message["type"] == "error", message
     return message

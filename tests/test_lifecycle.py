@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import CHAT, UNENDING, connect, frames_until_done, greedy, payload, wait_for
 from serving import LoopThread, RunningServer, gateway_settings, loading_server, start_server
@@ -21,7 +21,7 @@ LONG = greedy(UNENDING, ignore_eos=True)
 PROMPT = CHAT.format("Write a very long essay about rivers.")
 
 
-def recv_until(ws: ClientConnection, kind: str) -> list[dict[str, object]]:
+def recv_until(ws: Connection, kind: str) -> list[dict[str, object]]:
     while True:
         frame = json.loads(ws.recv())
         if any(e["type"] == kind for e in frame):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import (
     CHAT,
@@ -77,7 +77,7 @@ def chat(tokens: int = 4) -> dict[str, object]:
 
 
 @contextmanager
-def holding_the_slot(server: RunningServer, key: str | None = None) -> Iterator[ClientConnection]:
+def holding_the_slot(server: RunningServer, key: str | None = None) -> Iterator[Connection]:
     """A generation that holds the one slot until the block ends (its client leaves)."""
     subprotocols = [f"bearer.{key}"] if key else None
     with connect(server.ws + "/ws", subprotocols=subprotocols) as holder:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from websockets.sync.client import ClientConnection
+from websockets.sync.connection import Connection
 
 from clients import CHAT, MAX_MODEL_LEN, UNENDING, connect
 from protocols.ws_events import Complete, Progress, Start, decode_frame
@@ -23,7 +23,7 @@ def start(event_id: str, data: str = PROMPT, **parameters: Any) -> Event:
     return event
 
 
-def frames_until_complete(ws: ClientConnection, ids: set[str]) -> list[list[Event]]:
+def frames_until_complete(ws: Connection, ids: set[str]) -> list[list[Event]]:
     frames: list[list[Event]] = []
     waiting = set(ids)
     while waiting:
