@@ -32,7 +32,7 @@ SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 Step = list[Event]
 
 
-def _context(gateway: Gateway) -> int:
+def context_length(gateway: Gateway) -> int:
     engine = gateway.holder.engine
     return engine.max_model_len if engine is not None else gateway.settings.engine.max_model_len
 
@@ -59,7 +59,7 @@ async def prepare(
     decode = decode_chat if chat else decode_completion
     tools: ToolCalling | None = None
     try:
-        call = decode(raw, _context(gateway))
+        call = decode(raw, context_length(gateway))
         if call.token_prompts:
             engine = await gateway.holder.wait()  # its tokenizer spells the prompts
             call = spelled(call, engine.vocabulary, engine.decode)
@@ -98,13 +98,9 @@ async def prepare(
             return _error(failed.error())
         done = [o for o in outcomes if isinstance(o, Finished)]
         return Whole(200, encoder.document(done), JSON)
-    head = await open_stream(request, steps, _has_output)
-    if head is None:
-        return CLIENT_GONE
-    refused = _refusal(head)
-    if refused is not None:
-        await steps.aclose()
-        return refused
+    head = await opened_stream(request, steps)
+    if isinstance(head, Whole):
+        return head
     chunks = _chunks(head, steps, encoder)
     media_type = JSON_LINES if lines else SSE
     return Streamed(media_type, chunks, closer(chunks, steps), None if lines else SSE_HEADERS)
@@ -112,6 +108,19 @@ async def prepare(
 
 def _has_output(step: Step) -> bool:
     return any(isinstance(e, Delta | Finished | Failed) for e in step)
+
+
+async def opened_stream(request: Request, steps: AsyncGenerator[Step, None]) -> list[Step] | Whole:
+    """A stream's steps up to its first output, or the answer instead of a stream: the
+    client gone, or a prompt refused before anything streamed (with its status)."""
+    head = await open_stream(request, steps, _has_output)
+    if head is None:
+        return CLIENT_GONE
+    refused = _refusal(head)
+    if refused is not None:
+        await steps.aclose()
+        return refused
+    return head
 
 
 def _refusal(head: list[Step]) -> Whole | None:
@@ -174,7 +183,7 @@ class _Models(msgspec.Struct):
 async def models(request: Request) -> Response:
     gateway = gateway_of(request)
     served = served_model_name(gateway.settings.engine)
-    context = _context(gateway)
+    context = context_length(gateway)
     models = [_Model(served, context)]
     engine = gateway.holder.engine
     if engine is not None:

@@ -18,9 +18,9 @@ from gateway.config.settings import served_model_name
 from gateway.engine.adapter import Engine
 from gateway.engine.tool_calls import ToolCalling
 from gateway.engine_path.responses import Responses, StoredResponse, Turn
-from gateway.routes.openai import SSE, SSE_HEADERS, Step, _context, _has_output, _refusal
+from gateway.routes.openai import SSE, SSE_HEADERS, Step, context_length, opened_stream
 from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Prepared, Streamed, Whole, to_response
-from gateway.routes.streaming import chained, closer, collect, open_stream
+from gateway.routes.streaming import chained, closer, collect
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError, invalid
 from protocols.events import Delta, Failed, Finished
@@ -96,7 +96,7 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
     responses = _responses(gateway)
     tools: ToolCalling | None = None
     try:
-        call = decode_responses(raw, _context(gateway))
+        call = decode_responses(raw, context_length(gateway))
         engine = await gateway.holder.wait()
         served = served_model_name(gateway.settings.engine)
         why = unknown_model(call.model, served, engine.adapters.names)
@@ -132,13 +132,9 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
         except GenerationError as e:
             return _error(e)
         return Whole(200, document(response), JSON)
-    head = await open_stream(request, steps, _has_output)
-    if head is None:
-        return CLIENT_GONE
-    refused = _refusal(head)
-    if refused is not None:
-        await steps.aclose()
-        return refused
+    head = await opened_stream(request, steps)
+    if isinstance(head, Whole):
+        return head
     chunks = _chunks(head, steps, answer)
     return Streamed(SSE, chunks, closer(chunks, steps), SSE_HEADERS)
 
