@@ -52,11 +52,13 @@ def resolve_dtype(
     return "float32", "the CPU has no native bfloat16 (no avx512_bf16 or amx_bf16): float32"
 
 
-# While a request ahead of bulk is present, bulk holds at most this many of a CPU engine's
-# running batch (BULK_MAX_RUNNING=auto): a CPU step's time grows with its batch, so a chat's
-# first token waits for every bulk sequence. On 2 cores, 16 of 64 running batch requests
-# brought a chat's TTFT p50 from 4.4x its idle time to 1.7x, the batch keeping 0.75 of its
-# tok/s (docs/BENCHMARKS.md). A GPU's decode step hardly grows with its batch: no cap there.
+# While a request ahead of bulk is present, bulk takes part in at most this many of a CPU
+# engine's steps' sequences (BULK_MAX_RUNNING=auto; the rest are paused): a CPU step's time
+# grows with its batch, so a chat's first token waits for every bulk sequence. On 2 cores, 16
+# of 64 running batch requests brought a chat's TTFT p50 1.2-1.9x below no cap in every shape
+# of chat traffic measured (steady, sporadic, bursts), for 0.5-0.96x the batch's tok/s while
+# chats were present (docs/BENCHMARKS.md, issue 30). A GPU's decode step hardly grows with its
+# batch: no cap there.
 CPU_BULK_MAX_RUNNING = 16
 
 
