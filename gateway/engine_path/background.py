@@ -1,0 +1,115 @@
+"""Background responses (the Responses API's `background: true`): generations that run with no
+client attached (docs/OPENAI.md, "Background responses").
+
+Each runs in a task of its own, made in its creator's context (its caller: its key's limits, its
+admission slot), and puts its typed events, in order, into the event log
+(gateway/stores/event_log.py), where any number of readers find them. A response ends by
+itself (its terminal event is its last), by `cancel` (its engine request aborted, then the
+terminal event its `Ending` makes), or when the gateway stops: the drain lets it finish within
+DRAIN_SECONDS and ends it like any prompt (the route makes that `incomplete`), and `settled`
+holds the drain's end until its terminal event is kept; an app that stops without a drain
+ends what still runs through its `Ending`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+from gateway.stores.continuation import Key
+from gateway.stores.event_log import EventLog
+from protocols.errors import GenerationError
+
+log = logging.getLogger(__name__)
+# A response's events, a few at a time, each batch with whether its terminal event is among them.
+Events = AsyncGenerator[tuple[Sequence[bytes], bool], None]
+# Why it ended early ("cancelled", "shutdown") and the next sequence number -> its terminal event
+# (the response's stored state saved first).
+Ending = Callable[[str, int], Awaitable[bytes]]
+
+
+@dataclass
+class _Run:
+    ending: Ending
+    count: int = 0  # events kept so far
+    why: str = "shutdown"
+    finishing: bool = False  # its last event came: nothing left to stop
+    task: asyncio.Task[None] | None = None
+    writing: asyncio.Future[None] | None = field(default=None)
+
+
+class Background:
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+        self._running: dict[Key, _Run] = {}
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    async def start(self, key: Key, events: Events, ending: Ending) -> None:
+        """Keeps the response's first events, then runs the rest in a task of its own."""
+        run = _Run(ending)
+        try:
+            first, last = await anext(events)
+            run.finishing = last
+            await self._keep(key, run, first)
+        except BaseException:
+            await events.aclose()
+            raise
+        self._running[key] = run
+        run.task = asyncio.create_task(self._run(key, run, events))
+
+    async def _keep(self, key: Key, run: _Run, events: Sequence[bytes]) -> None:
+        await self.events.append(key, run.count, events)
+        run.count += len(events)
+
+    async def _run(self, key: Key, run: _Run, events: Events) -> None:
+        try:
+            try:
+                async for made, last in events:
+                    run.finishing = last
+                    run.writing = asyncio.ensure_future(self._keep(key, run, made))
+                    await asyncio.shield(run.writing)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                await events.aclose()  # aborts the engine request
+                if run.writing is not None:
+                    await asyncio.gather(run.writing, return_exceptions=True)
+                if not run.finishing:  # its terminal event did not come: say why it ended
+                    await self._keep(key, run, [await run.ending(run.why, run.count)])
+            await self.events.end(key)
+        except GenerationError as e:  # the store cannot be reached: readers end with the TTL
+            log.warning("a background response's events could not be kept: %s", e.message)
+        finally:
+            self._running.pop(key, None)
+
+    async def cancel(self, key: Key) -> bool:
+        """Stops it (its engine request aborted) and waits until its last event is kept; False
+        when it does not run in this process."""
+        run = self._running.get(key)
+        if run is None or run.task is None:
+            return False
+        if not run.finishing:
+            run.why = "cancelled"
+            run.task.cancel()
+        await asyncio.shield(asyncio.gather(run.task, return_exceptions=True))
+        return True
+
+    async def settled(self) -> None:
+        """Returns once every response that runs has kept its last event (the drain's end)."""
+        tasks = [run.task for run in self._running.values() if run.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """The app stops: what still runs ends through its `Ending` ("shutdown")."""
+        runs = list(self._running.values())
+        for run in runs:
+            if run.task is not None and not run.finishing:
+                run.task.cancel()
+        with suppress(Exception):
+            await self.settled()
