@@ -101,7 +101,7 @@ def test_a_reader_that_leaves_stops_reading() -> None:
         await log.append(KEY, 0, [b"e0"])
         reader = log.read(KEY, -1)
         assert await anext(reader) == b"e0"
-        await reader.aclose()  # type: ignore[attr-defined]
+        await reader.aclose()
 
     asyncio.run(check())
 

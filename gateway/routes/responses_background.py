@@ -5,7 +5,7 @@ each as it comes, to its end; `POST /v1/responses/{id}/cancel` stops it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing, suppress
 
 from starlette.requests import Request
@@ -97,9 +97,10 @@ def _streamed(background: Background, key: Key, after: int) -> Streamed:
     return Streamed(SSE, chunks, closer(chunks), SSE_HEADERS)
 
 
-async def _read(events: AsyncIterator[bytes]) -> AsyncGenerator[Chunk, None]:
-    async for event in events:
-        yield Chunk(event)
+async def _read(events: AsyncGenerator[bytes, None]) -> AsyncGenerator[Chunk, None]:
+    async with aclosing(events):
+        async for event in events:
+            yield Chunk(event)
 
 
 def starting_after(given: str | None) -> int:

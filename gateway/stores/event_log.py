@@ -12,7 +12,7 @@ except those still being written (at most one per running background response);
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from gateway.stores.continuation import Bounded, Key
@@ -30,7 +30,7 @@ class EventLog(Protocol):
         """No event follows: readers stop after the last."""
         ...
 
-    def read(self, key: Key, after: int) -> AsyncIterator[bytes]:
+    def read(self, key: Key, after: int) -> AsyncGenerator[bytes, None]:
         """The events numbered above `after`, waiting for each until the log ends; none for a
         log nobody keeps."""
         ...
@@ -72,7 +72,7 @@ class InProcessEventLog:
             log.ended = True
             log.notify()
 
-    async def read(self, key: Key, after: int) -> AsyncIterator[bytes]:
+    async def read(self, key: Key, after: int) -> AsyncGenerator[bytes, None]:
         log = self._find(key)
         if log is None:
             return

@@ -12,7 +12,7 @@ at the end, or when the stream is gone. The stream's TTL is the idle time of the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -53,7 +53,7 @@ class RedisEventLog:
                 pipe.pexpire(name, self.idle_ms)
                 await pipe.execute()
 
-    async def read(self, key: Key, after: int) -> AsyncIterator[bytes]:
+    async def read(self, key: Key, after: int) -> AsyncGenerator[bytes, None]:
         name = events_key(key)
         last = f"1-{after}" if after >= 0 else "0-0"
         while True:
