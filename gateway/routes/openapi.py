@@ -160,8 +160,7 @@ OPS = (
     Op(
         "get",
         "/v1/responses/{response_id}",
-        "A stored response; with stream=true, a background response's events after "
-        "starting_after",
+        "A stored response; with stream=true, a background response's events after starting_after",
         None,
         {JSON: responses_answers.ResponseObject, SSE: Events(responses_answers.ResponseEvent)},
         openai_answers.ErrorBody,
