@@ -48,6 +48,23 @@ async def written_while_read(log: EventLog) -> None:
     assert await collected(log.read(KEY, -1)) == []
 
 
+def test_a_redis_writer_learns_with_its_next_events_that_another_gateway_asked_it_to_stop(
+    redis_server: RedisServer,
+) -> None:
+    async def check() -> None:
+        store = RedisStore(redis_server.url, 60)
+        writer, other = RedisEventLog(store), RedisEventLog(store)
+        assert await writer.append(KEY, 0, [b"e0"]) is False
+        assert await other.ask_to_stop(KEY) is True
+        assert await writer.append(KEY, 1, [b"e1"]) is True
+        await writer.end(KEY)
+        await writer.delete(KEY)
+        await store.close()
+
+    asyncio.run(check())
+    assert redis_server.client.keys("*") == []  # deleted with its events
+
+
 def test_in_process_readers_get_every_event_once_in_order() -> None:
     asyncio.run(written_while_read(in_process()))
 

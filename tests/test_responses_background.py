@@ -169,6 +169,25 @@ def test_with_redis_a_reader_on_another_gateway_gets_the_same_events(
     assert text_of(theirs) == client(second, KEY).responses.retrieve(made.id).output_text
 
 
+def test_with_redis_cancel_on_another_gateway_stops_it_where_it_runs(
+    make_server: Callable[..., RunningServer], redis_server: RedisServer
+) -> None:
+    first = make_server(REDIS_URL=redis_server.url)
+    second = make_server(REDIS_URL=redis_server.url)
+    made = client(first).responses.create(
+        model=MODEL, input=STORY, max_output_tokens=1500, temperature=0, background=True
+    )
+    with client(second).responses.retrieve(made.id, stream=True) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                break
+        assert client(second).responses.cancel(made.id).status == "cancelled"
+        last: Any = list(stream)[-1]
+    assert last.type == "response.cancelled"
+    wait_for(lambda: running(first) == 0)
+    assert client(first).responses.retrieve(made.id).status == "cancelled"
+
+
 def test_a_drain_ends_a_background_response_incomplete_saying_so(
     make_server: Callable[..., RunningServer], redis_server: RedisServer
 ) -> None:

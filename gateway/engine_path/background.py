@@ -4,11 +4,12 @@ client attached (docs/OPENAI.md, "Background responses").
 Each runs in a task of its own, made in its creator's context (its caller: its key's limits, its
 admission slot), and puts its typed events, in order, into the event log
 (gateway/stores/event_log.py), where any number of readers find them. A response ends by
-itself (its terminal event is its last), by `cancel` (its engine request aborted, then the
-terminal event its `Ending` makes), or when the gateway stops: the drain lets it finish within
-DRAIN_SECONDS and ends it like any prompt (the route makes that `incomplete`), and `settled`
-holds the drain's end until its terminal event is kept; an app that stops without a drain
-ends what still runs through its `Ending`.
+itself (its terminal event is its last); by `cancel` (its engine request aborted, then the
+terminal event its `Ending` makes; a `cancel` on another gateway sharing the Redis reaches it
+through the event log, seen with its next kept event); or when the gateway stops: the drain
+lets it finish within DRAIN_SECONDS and ends it like any prompt (the route makes that
+`incomplete`), and `settled` holds the drain's end until its terminal event is kept; an app
+that stops without a drain ends what still runs through its `Ending`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from contextlib import suppress
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 
 from gateway.stores.continuation import Key
@@ -29,6 +30,7 @@ Events = AsyncGenerator[tuple[Sequence[bytes], bool], None]
 # Why it ended early ("cancelled", "shutdown") and the next sequence number -> its terminal event
 # (the response's stored state saved first).
 Ending = Callable[[str, int], Awaitable[bytes]]
+UNTIL_THE_END = 2**62  # a sequence number no response reaches: a read that returns at the end
 
 
 @dataclass
@@ -37,6 +39,8 @@ class _Run:
     count: int = 0  # events kept so far
     why: str = "shutdown"
     finishing: bool = False  # its last event came: nothing left to stop
+    stopping: bool = False  # its task was cancelled once: never again
+    asked: bool = False  # a gateway sharing the store asked it to stop (`cancel` there)
     task: asyncio.Task[None] | None = None
     writing: asyncio.Future[None] | None = field(default=None)
 
@@ -63,7 +67,8 @@ class Background:
         run.task = asyncio.create_task(self._run(key, run, events))
 
     async def _keep(self, key: Key, run: _Run, events: Sequence[bytes]) -> None:
-        await self.events.append(key, run.count, events)
+        if await self.events.append(key, run.count, events):
+            run.asked = True
         run.count += len(events)
 
     async def _run(self, key: Key, run: _Run, events: Events) -> None:
@@ -73,15 +78,18 @@ class Background:
                     run.finishing = last
                     run.writing = asyncio.ensure_future(self._keep(key, run, made))
                     await asyncio.shield(run.writing)
+                    if run.asked and not run.finishing:
+                        run.why = "cancelled"
+                        break
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
+            if not run.finishing:  # its terminal event did not come: say why it ended
                 await events.aclose()  # aborts the engine request
                 if run.writing is not None:
                     await asyncio.gather(run.writing, return_exceptions=True)
-                if not run.finishing:  # its terminal event did not come: say why it ended
-                    await self._keep(key, run, [await run.ending(run.why, run.count)])
+                await self._keep(key, run, [await run.ending(run.why, run.count)])
             await self.events.end(key)
         except GenerationError as e:  # the store cannot be reached: readers end with the TTL
             log.warning("a background response's events could not be kept: %s", e.message)
@@ -89,16 +97,29 @@ class Background:
             self._running.pop(key, None)
 
     async def cancel(self, key: Key) -> bool:
-        """Stops it (its engine request aborted) and waits until its last event is kept; False
-        when it does not run in this process."""
+        """Stops it (its engine request aborted) and waits until its last event is kept.
+
+        One running on another gateway sharing the store is asked to stop there (it does at
+        its next event) and waited for as its readers wait; False when it runs nowhere this
+        process can reach."""
         run = self._running.get(key)
         if run is None or run.task is None:
-            return False
-        if not run.finishing:
-            run.why = "cancelled"
-            run.task.cancel()
+            if not await self.events.ask_to_stop(key):
+                return False
+            async with aclosing(self.events.read(key, UNTIL_THE_END)) as rest:
+                async for _ in rest:
+                    pass
+            return True
+        self._stop(run, "cancelled")
         await asyncio.shield(asyncio.gather(run.task, return_exceptions=True))
         return True
+
+    @staticmethod
+    def _stop(run: _Run, why: str) -> None:
+        if run.task is not None and not run.finishing and not run.stopping:
+            run.stopping = True
+            run.why = why
+            run.task.cancel()
 
     async def settled(self) -> None:
         """Returns once every response that runs has kept its last event (the drain's end)."""
@@ -107,9 +128,7 @@ class Background:
 
     async def close(self) -> None:
         """The app stops: what still runs ends through its `Ending` ("shutdown")."""
-        runs = list(self._running.values())
-        for run in runs:
-            if run.task is not None and not run.finishing:
-                run.task.cancel()
+        for run in list(self._running.values()):
+            self._stop(run, "shutdown")
         with suppress(Exception):
             await self.settled()

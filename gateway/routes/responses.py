@@ -140,11 +140,12 @@ async def delete(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     gateway = gateway_of(request)
     responses = _responses(gateway)
-    key = responses.events_key(response_id)
     try:
-        await gateway.background.cancel(key)  # a background response deleted stops
+        stored = await responses.load(response_id)
+        if stored is not None:  # a background response deleted stops first
+            await responses_background.stop(gateway, responses, response_id, stored.response)
         gone = await responses.delete(response_id)
-        await gateway.background.events.delete(key)
+        await gateway.background.events.delete(responses.events_key(response_id))
     except GenerationError as e:
         return to_response(_error(e))
     if not gone:

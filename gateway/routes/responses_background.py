@@ -32,6 +32,8 @@ from protocols.responses_answers import (
 )
 from protocols.sse import split_events
 
+RUNNING = ("queued", "in_progress")
+
 
 def _accepted(step: Step) -> bool:
     """The prompt passed its checks (it waits for the engine), or it failed."""
@@ -127,7 +129,7 @@ def stream_stored(
 
 
 async def cancel(gateway: Gateway, responses: Responses, response_id: str) -> Prepared:
-    """Stops a background response here; cancelling one that ended answers it as it is."""
+    """Stops a background response; cancelling one that ended answers it as it is."""
     stored = await responses.load(response_id)
     if stored is None:
         return Whole(404, not_found(response_id), JSON)
@@ -136,12 +138,23 @@ async def cancel(gateway: Gateway, responses: Responses, response_id: str) -> Pr
             "Only responses created with `background: true` can be cancelled", "response_id"
         )
         return error_answer(refused)
-    await gateway.background.cancel(responses.events_key(response_id))
-    again = await responses.load(response_id)
-    kept = again.response if again is not None else stored.response
-    if status_of(kept).status in ("queued", "in_progress"):
+    kept = await stop(gateway, responses, response_id, stored.response)
+    if status_of(kept).status in RUNNING:
         refused = invalid(
-            "This response runs on another gateway process; cancel it there", "response_id"
+            "This response runs on a gateway process this one cannot reach (without a shared "
+            "Redis); cancel it there",
+            "response_id",
         )
         return Whole(409, error_of(refused)[1], JSON)
-    return Whole(200, bytes(kept), JSON)
+    return Whole(200, kept, JSON)
+
+
+async def stop(gateway: Gateway, responses: Responses, response_id: str, kept: bytes) -> bytes:
+    """A background response that runs stopped (here, or on another gateway sharing the
+    Redis), and its stored state then."""
+    if status_of(kept).status not in RUNNING:
+        return kept
+    if not await gateway.background.cancel(responses.events_key(response_id)):
+        return kept
+    again = await responses.load(response_id)
+    return bytes(again.response) if again is not None else kept

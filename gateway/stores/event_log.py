@@ -22,8 +22,14 @@ class EventLog(Protocol):
     """Every method may raise a `GenerationError` (engine_unavailable) naming the store when it
     cannot be reached."""
 
-    async def append(self, key: Key, first: int, events: Sequence[bytes]) -> None:
-        """`events` numbered from `first`, which is the count appended so far."""
+    async def append(self, key: Key, first: int, events: Sequence[bytes]) -> bool:
+        """`events` numbered from `first`, which is the count appended so far; True when a
+        gateway sharing the log asked its writer to stop (`ask_to_stop`)."""
+        ...
+
+    async def ask_to_stop(self, key: Key) -> bool:
+        """Asks the writer, on whichever gateway, to stop at its next `append`; False when no
+        other gateway shares this log."""
         ...
 
     async def end(self, key: Key) -> None:
@@ -57,7 +63,7 @@ class InProcessEventLog:
     def _find(self, key: Key) -> _Log | None:
         return self._writing.get(key) or self._kept.get(key)
 
-    async def append(self, key: Key, first: int, events: Sequence[bytes]) -> None:
+    async def append(self, key: Key, first: int, events: Sequence[bytes]) -> bool:
         log = self._writing.get(key)
         if log is None:
             log = self._writing[key] = _Log()
@@ -65,6 +71,10 @@ class InProcessEventLog:
         assert first == len(log.events), (first, len(log.events))
         log.events.extend(events)
         log.notify()
+        return False
+
+    async def ask_to_stop(self, key: Key) -> bool:
+        return False  # its writer is in this process: `Background` stops it itself
 
     async def end(self, key: Key) -> None:
         log = self._writing.pop(key, None) or self._kept.get(key)

@@ -7,7 +7,9 @@ An event's entry id is `1-<its sequence_number>`, so a reader starting after N r
 XREAD a second at a time (no polling between events: Redis answers as an entry comes) and stop
 at the end, or when the stream is gone. The stream's TTL is the idle time of the histories
 (CONTINUATION_IDLE_SECONDS), renewed by every write; its length is bounded by its response's
-(one event per streamed delta and a few more).
+(one event per streamed delta and a few more). A `cancel` on a gateway that does not run the
+response sets `llm-gateway:stop:<the key>`, which the writer reads in the same transaction as
+its next events.
 """
 
 from __future__ import annotations
@@ -30,20 +32,32 @@ def events_key(key: Key) -> str:
     return PREFIX + "events:" + _KEY_ENCODER.encode(list(key)).decode()
 
 
+def stop_key(key: Key) -> str:
+    """Set by `ask_to_stop`: the writer, on whichever gateway, sees it with its next events."""
+    return PREFIX + "stop:" + _KEY_ENCODER.encode(list(key)).decode()
+
+
 class RedisEventLog:
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self.redis: Redis = store.redis
         self.idle_ms = store.idle_ms
 
-    async def append(self, key: Key, first: int, events: Sequence[bytes]) -> None:
+    async def append(self, key: Key, first: int, events: Sequence[bytes]) -> bool:
         name = events_key(key)
         with self.store.reaching():
             async with self.redis.pipeline(transaction=True) as pipe:
                 for n, event in enumerate(events, first):
                     pipe.xadd(name, {"e": event}, id=f"1-{n}")
                 pipe.pexpire(name, self.idle_ms)
-                await pipe.execute()
+                pipe.exists(stop_key(key))  # in the same round trip: no cost of its own
+                answers = await pipe.execute()
+        return bool(answers[-1])
+
+    async def ask_to_stop(self, key: Key) -> bool:
+        with self.store.reaching():
+            await self.redis.set(stop_key(key), b"1", px=self.idle_ms)
+        return True
 
     async def end(self, key: Key) -> None:
         name = events_key(key)
@@ -56,6 +70,9 @@ class RedisEventLog:
     async def read(self, key: Key, after: int) -> AsyncGenerator[bytes, None]:
         name = events_key(key)
         last = f"1-{after}" if after >= 0 else "0-0"
+        with self.store.reaching():
+            if not await self.redis.exists(name):
+                return
         while True:
             with self.store.reaching():
                 found = cast(list[Any], await self.redis.xread({name: last}, block=BLOCK_MS))
@@ -70,4 +87,4 @@ class RedisEventLog:
 
     async def delete(self, key: Key) -> None:
         with self.store.reaching():
-            await self.redis.delete(events_key(key))
+            await self.redis.delete(events_key(key), stop_key(key))
