@@ -27,7 +27,8 @@ from protocols.errors import GenerationError
 log = logging.getLogger(__name__)
 # A response's events, a few at a time, each batch with whether its terminal event is among them.
 Events = AsyncGenerator[tuple[Sequence[bytes], bool], None]
-# Why it ended early ("cancelled", "shutdown") and the next sequence number -> its terminal event
+# Why it ended early ("cancelled", "shutdown", "error") and the next sequence number -> its
+# terminal event
 # (the response's stored state saved first).
 Ending = Callable[[str, int], Awaitable[bytes]]
 UNTIL_THE_END = 2**62  # a sequence number no response reaches: a read that returns at the end
@@ -85,6 +86,9 @@ class Background:
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
+            except Exception:  # a bug: its readers still get an end
+                log.exception("a background response failed")
+                run.why = "error"
             if not run.finishing:  # its terminal event did not come: say why it ended
                 await events.aclose()  # aborts the engine request
                 if run.writing is not None:

@@ -18,13 +18,14 @@ from gateway.routes.responses_events import Answer, answer_events, error_answer
 from gateway.routes.streaming import closer, open_stream
 from gateway.state import Gateway
 from gateway.stores.continuation import Key
-from protocols.errors import GenerationError, invalid
+from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import Failed, Started
 from protocols.openai_answers import error_of
 from protocols.responses_answers import (
     SHUTDOWN,
     cancelled,
     document,
+    failed,
     interrupted,
     not_found,
     status_of,
@@ -85,6 +86,9 @@ def _ending(answer: Answer) -> Ending:
     async def ending(why: str, sequence_number: int) -> bytes:
         if why == "cancelled":
             response = cancelled(answer.response)
+        elif why == "error":
+            error = GenerationError(ErrorKind.ENGINE_ERROR, "The generation failed")
+            response = failed(answer.response, error)
         else:
             response = interrupted(answer.response, SHUTDOWN)
         with suppress(GenerationError):  # the event still says how it ended
