@@ -40,10 +40,9 @@ class _Run:
     count: int = 0  # events kept so far
     why: str = "shutdown"
     finishing: bool = False  # its last event came: nothing left to stop
-    stopping: bool = False  # its task was cancelled once: never again
     asked: bool = False  # a gateway sharing the store asked it to stop (`cancel` there)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: stop it, saying `why`
     task: asyncio.Task[None] | None = None
-    writing: asyncio.Future[None] | None = field(default=None)
 
 
 class Background:
@@ -73,31 +72,38 @@ class Background:
         run.count += len(events)
 
     async def _run(self, key: Key, run: _Run, events: Events) -> None:
+        """Keeps each batch as it comes, until the last, or until it is asked to stop: then
+        its generation is closed (its engine request aborted) and its `Ending` kept. A batch
+        being kept is never interrupted, so every event is kept once, in order."""
+        stopped = asyncio.ensure_future(run.stop.wait())
         try:
             try:
-                async for made, last in events:
-                    run.finishing = last
-                    run.writing = asyncio.ensure_future(self._keep(key, run, made))
-                    await asyncio.shield(run.writing)
-                    if run.asked and not run.finishing:
+                while not run.finishing:
+                    coming = asyncio.ensure_future(_next(events))
+                    await asyncio.wait({coming, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    if not coming.done():
+                        coming.cancel()  # thrown into the generation: it ends there
+                        await asyncio.gather(coming, return_exceptions=True)
+                        break
+                    made = coming.result()
+                    if made is None:
+                        break
+                    run.finishing = made[1]
+                    await self._keep(key, run, made[0])
+                    if run.asked:
                         run.why = "cancelled"
                         break
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
             except Exception:  # a bug: its readers still get an end
                 log.exception("a background response failed")
                 run.why = "error"
+            await events.aclose()  # ended, or its engine request aborted
             if not run.finishing:  # its terminal event did not come: say why it ended
-                await events.aclose()  # aborts the engine request
-                if run.writing is not None:
-                    await asyncio.gather(run.writing, return_exceptions=True)
                 await self._keep(key, run, [await run.ending(run.why, run.count)])
             await self.events.end(key)
         except GenerationError as e:  # the store cannot be reached: readers end with the TTL
             log.warning("a background response's events could not be kept: %s", e.message)
         finally:
+            stopped.cancel()
             self._running.pop(key, None)
 
     async def cancel(self, key: Key) -> bool:
@@ -120,10 +126,9 @@ class Background:
 
     @staticmethod
     def _stop(run: _Run, why: str) -> None:
-        if run.task is not None and not run.finishing and not run.stopping:
-            run.stopping = True
+        if not run.stop.is_set():
             run.why = why
-            run.task.cancel()
+            run.stop.set()
 
     async def settled(self) -> None:
         """Returns once every response that runs has kept its last event (the drain's end)."""
@@ -136,3 +141,11 @@ class Background:
             self._stop(run, "shutdown")
         with suppress(Exception):
             await self.settled()
+
+
+async def _next(events: Events) -> tuple[Sequence[bytes], bool] | None:
+    """The next batch, or None at the end."""
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return None
