@@ -137,7 +137,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         options=constrained(options, constraint),
         tools=tool_use.tools if tool_use is not None else None,
         prompt_field="input",
-        stream=body.stream,
+        stream=body.stream or body.background,  # a background response's readers stream it
         priority=body.priority,
         constraint_field=_field(constraint),
     )
