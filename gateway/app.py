@@ -26,6 +26,7 @@ from gateway.engine.holder import EngineHolder
 from gateway.engine.loader import EngineLoader, local_loader
 from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.admission import Admission
+from gateway.engine_path.background import Background
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
 from gateway.engine_path.generation import GenerationService
@@ -35,7 +36,7 @@ from gateway.engine_path.sequences import SequenceBounds
 from gateway.routes import ROUTES
 from gateway.routes.adapters import ADMIN_PATHS
 from gateway.state import Gateway
-from gateway.stores.configured import open_store
+from gateway.stores.configured import open_event_log, open_store
 from gateway.stores.feedback import FeedbackStore, feedback_path
 from protocols.names import Protocol
 
@@ -99,6 +100,8 @@ def create_app(
         batches = BatchRunner(service, store)
         detached = Detached(settings.reattach_seconds, settings.max_running_requests)
         drain.on_draining(detached.stop_all)
+        background = Background(open_event_log(settings, store))
+        drain.on_drained(background.settled)  # their terminal events kept before the exit
         gateway = Gateway(
             settings,
             holder,
@@ -109,11 +112,13 @@ def create_app(
             drain,
             tool_parsing,
             detached,
+            background,
         )
         app.state.gateway = gateway
         try:
             yield {"gateway": gateway}
         finally:
+            await background.close()
             await store.close()
             if owns_engine:
                 await holder.stop()

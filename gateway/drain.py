@@ -34,8 +34,9 @@ class Drain:
         return self.deadlines.draining
 
     def on_drained(self, close: Closer) -> Callable[[], None]:
-        """A WebSocket's `close` (send what is queued, then close with 1001) runs at the drain's
-        end; the returned function forgets it, when the connection ends first."""
+        """`close` runs at the drain's end, once every prompt ended: a WebSocket's (send what is
+        queued, then close with 1001), the background responses' (their terminal events kept);
+        the returned function forgets it, when the connection ends first."""
         self._closers.add(close)
         return lambda: self._closers.discard(close)
 

@@ -12,6 +12,7 @@ from gateway.config.settings import Settings
 from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine.holder import EngineHolder
 from gateway.engine.tool_calls import ToolParsing
+from gateway.engine_path.background import Background
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.reattach import Detached
@@ -34,6 +35,7 @@ class Gateway:
     drain: Drain
     tool_parsing: ToolParsing  # tool_choice auto's parser, when configured
     detached: Detached  # control-protocol generations waiting for their client to reattach
+    background: Background  # the Responses API's background responses, and their events
 
 
 def gateway_of(connection: HTTPConnection) -> Gateway:

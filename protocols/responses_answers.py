@@ -19,7 +19,8 @@ from protocols.sse import sse_event
 from protocols.tool_calls import ToolAnswers
 
 _ENCODER = msgspec.json.Encoder()
-Status = Literal["in_progress", "completed", "incomplete", "failed"]
+Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+SHUTDOWN = "server_shutdown"  # incomplete_details.reason of a background response a drain ended
 
 
 def new_id(prefix: str) -> str:
@@ -173,6 +174,31 @@ def failed(response: ResponseObject, error: GenerationError) -> ResponseObject:
     )
 
 
+def cancelled(response: ResponseObject) -> ResponseObject:
+    return msgspec.structs.replace(response, status="cancelled")
+
+
+def interrupted(response: ResponseObject, reason: str) -> ResponseObject:
+    """Ended before its end (the gateway shut down): incomplete, with the reason."""
+    return msgspec.structs.replace(
+        response, status="incomplete", incomplete_details=IncompleteDetails(reason)
+    )
+
+
+class StatusOf(msgspec.Struct):
+    """What a stored response's JSON says of its state."""
+
+    status: Status
+    background: bool = False
+
+
+_STATUS = msgspec.json.Decoder(StatusOf)
+
+
+def status_of(document: bytes) -> StatusOf:
+    return _STATUS.decode(document)
+
+
 def document(response: ResponseObject) -> bytes:
     return _ENCODER.encode(response)
 
@@ -205,6 +231,12 @@ class EventStream:
     def opening(self, response: ResponseObject) -> bytes:
         return self.event("response.created", response=response) + self.event(
             "response.in_progress", response=response
+        )
+
+    def queued(self, response: ResponseObject) -> bytes:
+        """A background response's first events: made, and waiting for the engine."""
+        return self.event("response.created", response=response) + self.event(
+            "response.queued", response=response
         )
 
     def text_opening(self, item_id: str, output_index: int) -> bytes:
@@ -243,11 +275,27 @@ class EventStream:
         )
 
     def completed(self, response: ResponseObject) -> bytes:
-        kind = "response.incomplete" if response.status == "incomplete" else "response.completed"
-        return self.event(kind, response=response)
+        """The terminal event of a response that ended: named after its status."""
+        return self.event(_TERMINAL[response.status], response=response)
 
     def failed(self, response: ResponseObject) -> bytes:
         return self.event("response.failed", response=response)
+
+
+_TERMINAL = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    # The SDK's stream types have no event for it: OpenAI's webhook event's name.
+    "cancelled": "response.cancelled",
+}
+
+
+def terminal_event(response: ResponseObject, sequence_number: int) -> bytes:
+    """The terminal event numbered `sequence_number`, made outside the response's stream."""
+    events = EventStream()
+    events.sequence_number = sequence_number
+    return events.completed(response)
 
 
 class InputItems(msgspec.Struct):

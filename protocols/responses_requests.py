@@ -2,7 +2,8 @@
 I/O). `input` is a string or a list of items: messages (`content` a string or text parts),
 `function_call` and `function_call_output` items; `tools` are function tools only. Fields this
 server does not know are ignored, as the chat route ignores them; what it knows but does not
-serve (built-in tools, images, files, `background`, `conversation`) is refused naming the field.
+serve (built-in tools, images, files, `conversation`, `background` without `store`) is refused
+naming the field.
 """
 
 from __future__ import annotations
@@ -106,14 +107,15 @@ class ResponsesCall(msgspec.Struct, frozen=True, kw_only=True):
     previous_response_id: str | None
     store: bool
     stream: bool
+    background: bool
     tool_use: ToolUse | None
     echo: dict[str, Any]
 
 
 def decode_responses(raw: bytes, context: int) -> ResponsesCall:
     body: ResponsesRequest = decode_body(raw, ResponsesRequest)
-    if body.background:
-        raise invalid("`background` responses are not served yet", "background")
+    if body.background and not body.store:
+        raise invalid("A `background` response is stored: `store` must be true", "background")
     if body.conversation is not None:
         raise invalid(
             "Conversations are not served: continue with `previous_response_id`", "conversation"
@@ -135,7 +137,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         options=constrained(options, constraint),
         tools=tool_use.tools if tool_use is not None else None,
         prompt_field="input",
-        stream=body.stream,
+        stream=body.stream or body.background,  # a background response's readers stream it
         priority=body.priority,
         constraint_field=_field(constraint),
     )
@@ -146,6 +148,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id,
         "store": body.store,
+        "background": body.background,
         "temperature": temperature,
         "top_p": options.top_p,
         "text": {"format": msgspec.to_builtins(fmt) if fmt else {"type": "text"}},
@@ -162,6 +165,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         previous_response_id=body.previous_response_id,
         store=body.store,
         stream=body.stream,
+        background=body.background,
         tool_use=tool_use,
         echo=echo,
     )

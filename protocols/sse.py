@@ -11,3 +11,8 @@ def sse_event(data: bytes, event: str | None = None) -> bytes:
     """
     named = b"event: " + event.encode() + b"\n" if event else b""
     return named + b"data: " + data + b"\n\n"
+
+
+def split_events(data: bytes) -> list[bytes]:
+    """The events `sse_event` framed, one by one."""
+    return [event + b"\n\n" for event in data.split(b"\n\n")[:-1]]

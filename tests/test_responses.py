@@ -334,7 +334,7 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
         ({"input": [{"role": "robot", "content": "Hi"}]}, "input[0].role"),
         ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
-        ({"input": "Hi", "background": True}, "background"),
+        ({"input": "Hi", "background": True, "store": False}, "background"),
         ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
         (
             {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}},

@@ -83,6 +83,11 @@ class Responses:
     def _key(response_id: str) -> Key:
         return ("response", current_caller().owner, response_id)
 
+    @staticmethod
+    def events_key(response_id: str) -> Key:
+        """Where a background response's events are kept (gateway/stores/event_log.py)."""
+        return ("events", current_caller().owner, response_id)
+
     async def load(self, response_id: str) -> StoredResponse | None:
         raw = await self.store.load_document(self._key(response_id))
         return None if raw is None else _DECODER.decode(raw)
@@ -112,6 +117,23 @@ class Responses:
             token_ids=_packed(done.history.token_ids),
             text=text,
             adapter=done.history.adapter,
+        )
+        await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
+
+    async def save_state(
+        self, response_id: str, response: bytes, call: ResponsesCall, turn: Turn
+    ) -> None:
+        """A response that has no end yet, or ended without one (a background response queued,
+        in progress, cancelled, ended by a shutdown): a turn that continues it continues its
+        prompt."""
+        ids = turn.request.history.token_ids if turn.request.history else array("i")
+        stored = StoredResponse(
+            response=response,
+            items=list(call.items),
+            conversation=list(turn.conversation),
+            token_ids=_packed(ids),
+            text=turn.text,
+            adapter=turn.request.adapter,
         )
         await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
 

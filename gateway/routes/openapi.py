@@ -60,7 +60,8 @@ class _BatchPayload(PayloadSettings, forbid_unknown_fields=True, kw_only=True):
 
 class Op(NamedTuple):
     """One operation: its body's type, its 200 answers by media type, its errors' type and
-    statuses (a media type maps to a type, or to a ready schema for text)."""
+    statuses (a media type maps to a type, or to a ready schema for text), and its query
+    parameters (name, schema)."""
 
     method: str
     path: str
@@ -69,6 +70,7 @@ class Op(NamedTuple):
     ok: dict[str, Any]
     error: Any
     statuses: tuple[int, ...]
+    query: tuple[tuple[str, Schema], ...] = ()
 
 
 OPENAI_ERRORS = (400, 401, 404, 409, 413, 422, 429, 500, 503)
@@ -158,11 +160,15 @@ OPS = (
     Op(
         "get",
         "/v1/responses/{response_id}",
-        "A stored response",
+        "A stored response; with stream=true, a background response's events after starting_after",
         None,
-        {JSON: responses_answers.ResponseObject},
+        {JSON: responses_answers.ResponseObject, SSE: Events(responses_answers.ResponseEvent)},
         openai_answers.ErrorBody,
         STORED_ERRORS,
+        (
+            ("stream", {"type": "boolean"}),
+            ("starting_after", {"type": "integer", "minimum": -1}),
+        ),
     ),
     Op(
         "delete",
@@ -172,6 +178,15 @@ OPS = (
         {JSON: responses_answers.DeletedResponse},
         openai_answers.ErrorBody,
         STORED_ERRORS,
+    ),
+    Op(
+        "post",
+        "/v1/responses/{response_id}/cancel",
+        "Cancel a background response",
+        None,
+        {JSON: responses_answers.ResponseObject},
+        openai_answers.ErrorBody,
+        (*STORED_ERRORS, 409),
     ),
     Op(
         "get",
@@ -305,10 +320,12 @@ def _operation(op: Op, refs: dict[Any, Schema]) -> Schema:
         responses[str(status)] = {"description": "Error", "content": content}
     operation: Schema = {"summary": op.summary, "responses": responses}
     names = [part[1:-1] for part in op.path.split("/") if part.startswith("{")]
-    if names:
-        operation["parameters"] = [
-            {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
-        ]
+    parameters = [
+        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+    ]
+    parameters += [{"name": n, "in": "query", "schema": s} for n, s in op.query]
+    if parameters:
+        operation["parameters"] = parameters
     if op.body is not None:
         body = _content({JSON: schema(op.body, "oneOf")})
         operation["requestBody"] = {"required": True, "content": body}

@@ -1,9 +1,11 @@
-"""The history store the settings ask for: Redis with REDIS_URL, else this process's own."""
+"""The stores the settings ask for: Redis with REDIS_URL, else this process's own."""
 
 from __future__ import annotations
 
 from gateway.config.settings import Settings
 from gateway.stores.continuation import ContinuationStore, HistoryStore, InProcessStore
+from gateway.stores.event_log import EventLog, InProcessEventLog
+from gateway.stores.redis_events import RedisEventLog
 from gateway.stores.redis_store import RedisStore
 
 
@@ -14,3 +16,10 @@ def open_store(settings: Settings) -> HistoryStore:
     return InProcessStore(
         ContinuationStore(settings.continuation_max_entries, settings.continuation_idle_seconds)
     )
+
+
+def open_event_log(settings: Settings, store: HistoryStore) -> EventLog:
+    """Background responses' events beside the histories: in the same Redis, or this process."""
+    if isinstance(store, RedisStore):
+        return RedisEventLog(store)
+    return InProcessEventLog(settings.continuation_max_entries, settings.continuation_idle_seconds)

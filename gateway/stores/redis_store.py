@@ -112,7 +112,7 @@ class RedisStore:
         )
 
     @contextmanager
-    def _reaching(self) -> Iterator[None]:
+    def reaching(self) -> Iterator[None]:
         try:
             yield
         except RedisError as e:
@@ -125,31 +125,31 @@ class RedisStore:
         )
 
     async def load(self, key: Key) -> dict[str, History] | None:
-        with self._reaching():
+        with self.reaching():
             raw = cast(bytes | None, await self.redis.getex(history_key(key), px=self.idle_ms))
         return None if raw is None else unpack(raw)
 
     async def save(self, key: Key, histories: dict[str, History]) -> None:
-        with self._reaching():
+        with self.reaching():
             await self.redis.set(history_key(key), pack(histories), px=self.idle_ms)
 
     async def load_document(self, key: Key) -> bytes | None:
-        with self._reaching():
+        with self.reaching():
             return cast(bytes | None, await self.redis.getex(document_key(key), px=self.idle_ms))
 
     async def save_document(self, key: Key, document: bytes) -> None:
-        with self._reaching():
+        with self.reaching():
             await self.redis.set(document_key(key), document, px=self.idle_ms)
 
     async def delete_document(self, key: Key) -> bool:
-        with self._reaching():
+        with self.reaching():
             return bool(await self.redis.delete(document_key(key)))
 
     async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
         locks: list[Lock] = []
         refused: set[str] = set()
         try:
-            with self._reaching():
+            with self.reaching():
                 for rid in request_ids:
                     lock = self.redis.lock(
                         running_key(owner, rid), self.lease_seconds, thread_local=False

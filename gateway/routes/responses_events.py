@@ -1,0 +1,156 @@
+"""One response being made, and its typed server-sent events: what a streamed response sends
+and a background response keeps (gateway/routes/responses.py, responses_background.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import suppress
+
+import msgspec
+
+from gateway.engine.adapter import Engine
+from gateway.engine.tool_calls import ToolCalling
+from gateway.engine_path.deadlines import SHUTTING_DOWN
+from gateway.engine_path.responses import Responses, Turn
+from gateway.routes.openai import Step
+from gateway.routes.prepared import JSON, Chunk, Whole
+from gateway.routes.streaming import chained
+from protocols.errors import GenerationError
+from protocols.events import Delta, Failed, Finished, Started
+from protocols.openai_answers import error_of
+from protocols.responses_answers import (
+    SHUTDOWN,
+    EventStream,
+    ResponseObject,
+    document,
+    failed,
+    finished,
+    interrupted,
+    new_id,
+    opened,
+    turn_of,
+)
+from protocols.responses_requests import ResponsesCall
+
+
+def error_answer(error: GenerationError) -> Whole:
+    status, body = error_of(error)
+    return Whole(status, body, JSON)
+
+
+class Answer:
+    """One response being made: its id, its object so far, and what it keeps when stored."""
+
+    def __init__(
+        self,
+        call: ResponsesCall,
+        turn: Turn,
+        model: str,
+        engine: Engine,
+        responses: Responses,
+        tools: ToolCalling | None,
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.call = call
+        self.turn = turn
+        self.engine = engine
+        self.responses = responses
+        self.tools = tools
+        self.draining = draining
+        self.id = new_id("resp")
+        self.message_id = new_id("msg")
+        self.response = opened(self.id, model, call.echo)
+        if call.background:
+            self.response = msgspec.structs.replace(self.response, status="queued")
+
+    async def finish(self, done: Finished) -> ResponseObject:
+        """The finished response, stored (when asked) before anyone is told it is done."""
+        turn = turn_of(done, self.message_id, self.tools)
+        self.response = finished(self.response, done, turn)
+        if self.call.store:
+            await self.responses.save(
+                self.id,
+                document(self.response),
+                self.call,
+                self.turn,
+                done,
+                turn.message,
+                self.engine,
+            )
+        return self.response
+
+    async def keep(self, response: ResponseObject) -> ResponseObject:
+        """A state with no Finished (a background response's progress or early end), stored."""
+        self.response = response
+        await self.responses.save_state(self.id, document(response), self.call, self.turn)
+        return response
+
+
+async def answer_events(
+    head: list[Step], rest: AsyncIterator[Step], answer: Answer
+) -> AsyncGenerator[Chunk, None]:
+    """The typed events: the text streams as it comes; with tools the output is read for calls
+    at its end, and its items come then. A background response is first `queued`, and
+    `in_progress` once the engine takes it; one the drain ends is `incomplete`."""
+    events = EventStream()
+    background = answer.call.background
+    if background:
+        yield Chunk(events.queued(answer.response))
+    else:
+        yield Chunk(events.opening(answer.response))
+        if answer.tools is None:
+            yield Chunk(events.text_opening(answer.message_id, 0))
+    async for step in chained(head, rest):
+        for event in step:
+            match event:
+                case Started() if background:
+                    progress = msgspec.structs.replace(answer.response, status="in_progress")
+                    with suppress(
+                        GenerationError
+                    ):  # its state is kept at its end; the events tell it meanwhile
+                        await answer.keep(progress)
+                    opening = events.event("response.in_progress", response=progress)
+                    if answer.tools is None:
+                        opening += events.text_opening(answer.message_id, 0)
+                    yield Chunk(opening)
+                case Delta(text=text) if text and answer.tools is None:
+                    yield Chunk(events.text_delta(answer.message_id, 0, text))
+                case Finished():
+                    try:
+                        response = await answer.finish(event)
+                    except GenerationError as e:
+                        yield Chunk(events.failed(failed(answer.response, e)), e.message)
+                        return
+                    yield Chunk(_items(events, response, answer.tools is None))
+                    yield Chunk(events.completed(response))
+                    return
+                case Failed():
+                    yield Chunk(await _failure(events, answer, event), event.message)
+                    return
+
+
+async def _failure(events: EventStream, answer: Answer, event: Failed) -> bytes:
+    """A failed response; a background one the drain ended is `incomplete`, saying so."""
+    error = event.error()
+    ended = answer.call.background and answer.draining() and event.message == SHUTTING_DOWN
+    response = interrupted(answer.response, SHUTDOWN) if ended else failed(answer.response, error)
+    if answer.call.background:
+        with suppress(
+            GenerationError
+        ):  # the store cannot be reached: the event still says how it ended
+            await answer.keep(response)
+    return events.completed(response)
+
+
+def _items(events: EventStream, response: ResponseObject, opened: bool) -> bytes:
+    """Each output item's end; the items not yet opened (a tool call's answer) open first."""
+    out = b""
+    for index, item in enumerate(response.output):
+        if not opened:
+            if item["type"] == "message":
+                out += events.text_opening(item["id"], index)
+                out += events.text_delta(item["id"], index, item["content"][0]["text"])
+            else:
+                out += events.event("response.output_item.added", output_index=index, item=item)
+        out += events.item_done(index, item)
+    return out
