@@ -27,6 +27,16 @@ MAX_MODEL_LEN = 2048  # the test servers' context (serving.gateway_settings)
 # A generation that cannot end by itself in practice: ignore_eos with every token the context
 # allows (vLLM stops at the end of the context). Tests that need one running stop it.
 UNENDING = MAX_MODEL_LEN
+# A JSON schema the default model answers "which city, and is it a capital?" in.
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "is_capital": {"type": "boolean"},
+    },
+    "required": ["city", "is_capital"],
+    "additionalProperties": False,
+}
 POLL = 0.05  # seconds between two looks at a condition; never a bound
 
 T = TypeVar("T")

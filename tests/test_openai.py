@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from clients import CHAT, wait_ready
+from clients import CHAT, CITY_SCHEMA, wait_ready
 from serving import (
     LoopThread,
     RunningServer,
@@ -208,15 +208,7 @@ def test_huggingface_hub_chat_completion(server: RunningServer) -> None:
 
 
 def test_json_schema_output_parses_and_validates(server: RunningServer) -> None:
-    schema = {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 20},
-            "is_capital": {"type": "boolean"},
-        },
-        "required": ["city", "is_capital"],
-        "additionalProperties": False,
-    }
+    schema = CITY_SCHEMA
     answer = client(server).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Give the capital of France as JSON."}],

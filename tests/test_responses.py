@@ -17,6 +17,7 @@ import pytest
 from openai.types.responses import FunctionToolParam, ResponseInputText
 from redis_server import RedisServer, running_redis
 
+from clients import CITY_SCHEMA
 from protocols.responses_answers import input_items
 from serving import RunningServer
 
@@ -238,15 +239,7 @@ def test_with_redis_a_second_gateway_continues_and_deletes_a_response(
 
 
 def test_text_format_json_schema_gives_json_that_validates(server: RunningServer) -> None:
-    schema = {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 20},
-            "is_capital": {"type": "boolean"},
-        },
-        "required": ["city", "is_capital"],
-        "additionalProperties": False,
-    }
+    schema = CITY_SCHEMA
     response = client(server).responses.create(
         model=MODEL,
         input="Give the capital of France as JSON.",
