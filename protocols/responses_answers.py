@@ -16,7 +16,7 @@ from protocols.errors import GenerationError
 from protocols.events import Finished
 from protocols.openai_answers import ErrorBody, ErrorDetail, error_of
 from protocols.sse import sse_event
-from protocols.tool_calls import ToolAnswers
+from protocols.tool_calls import ToolAnswers, history_fields
 
 _ENCODER = msgspec.json.Encoder()
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -140,9 +140,13 @@ def turn_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Turn:
     if tools is not None:
         parsed = tools.message(0, text, reason)
         text = parsed.content or ""
-        message = {"role": "assistant", "content": text}
-        if parsed.tool_calls:
-            message["tool_calls"] = [msgspec.to_builtins(c) for c in parsed.tool_calls]
+        # its calls as the chat template reads them (arguments as objects), as the chat
+        # route's history and this API's `function_call` input items give them
+        message = {
+            "role": "assistant",
+            "content": text,
+            **history_fields("assistant", parsed.tool_calls, None, 0),
+        }
         calls = [
             {
                 "id": new_id("fc"),

@@ -18,7 +18,9 @@ from openai.types.responses import FunctionToolParam, ResponseInputText
 from redis_server import RedisServer, running_redis
 
 from clients import CITY_SCHEMA
-from protocols.responses_answers import input_items
+from protocols.events import Finished, GeneratedSequence, History, token_array
+from protocols.responses_answers import input_items, turn_of
+from protocols.tool_calls import CalledFunction, ParsedDelta, ParsedMessage, ToolCall
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -354,6 +356,35 @@ def test_input_items_page_after_an_item() -> None:
     newest = json.loads(input_items(items, order="desc", after=None, limit=20))
     assert [i["id"] for i in newest["data"]] == [f"item_{i}" for i in range(4, -1, -1)]
     assert not newest["has_more"]
+
+
+class OneCall:
+    """Tool answers that read every text as one call of `get_weather`."""
+
+    def message(self, index: int, text: str, finish_reason: str) -> ParsedMessage:
+        call = ToolCall(id="call_1", function=CalledFunction("get_weather", '{"city": "Paris"}'))
+        return ParsedMessage(None, [call], "tool_calls")
+
+    def delta(
+        self, index: int, text: str, token_ids: list[int], finish_reason: str | None
+    ) -> ParsedDelta:
+        raise NotImplementedError
+
+
+def test_a_turns_calls_reach_the_next_turns_template_as_the_chat_routes_do() -> None:
+    """The stored assistant message: its calls' arguments as objects, transformers' convention
+    (a template that writes `arguments | tojson` would quote a string again)."""
+    done = Finished(0, History(token_array([1, 2]), "x"), [GeneratedSequence("x", 1, "stop")], 1, 0)
+    turn = turn_of(done, "msg_1", OneCall())
+    [item] = turn.output
+    assert item["type"] == "function_call" and item["arguments"] == '{"city": "Paris"}'
+    assert turn.message["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        }
+    ]
 
 
 def test_an_unknown_id_is_404_in_openais_shape(server: RunningServer) -> None:
