@@ -14,7 +14,7 @@ import msgspec
 
 from protocols.errors import GenerationError
 from protocols.events import Finished
-from protocols.openai_answers import ErrorBody, ErrorDetail, error_of
+from protocols.openai_answers import ErrorBody, ErrorDetail
 from protocols.sse import sse_event
 from protocols.tool_calls import ToolAnswers, history_fields
 
@@ -322,17 +322,13 @@ def input_items(items: list[dict[str, Any]], *, order: str, after: str | None, l
     return _ENCODER.encode(InputItems(page, first, last, len(ordered) > limit))
 
 
-def not_found(response_id: str) -> bytes:
-    """OpenAI's 404 for an id it does not know (or that another key made)."""
-    detail = ErrorDetail(
-        f"Response with id '{response_id}' not found.", "invalid_request_error", None, None
-    )
-    return _ENCODER.encode(ErrorBody(detail))
+def not_found(response_id: str, param: str | None = None) -> bytes:
+    """OpenAI's 404 for an id it does not know (or that another key made); `param`
+    `previous_response_id` when a request's continues it."""
+    whose = "Previous response" if param == "previous_response_id" else "Response"
+    message = f"{whose} with id '{response_id}' not found."
+    return _ENCODER.encode(ErrorBody(ErrorDetail(message, "invalid_request_error", param, None)))
 
 
 def deleted(response_id: str) -> bytes:
     return _ENCODER.encode(DeletedResponse(response_id))
-
-
-def error_body(error: GenerationError) -> tuple[int, bytes]:
-    return error_of(error)

@@ -177,6 +177,8 @@ def test_store_false_keeps_nothing(server: RunningServer) -> None:
             model=MODEL, input="Go on.", previous_response_id=made.id, max_output_tokens=4
         )
     assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    expected = f"Previous response with id '{made.id}' not found."
+    assert caught.value.body["message"] == expected  # type: ignore[index]
 
 
 def test_a_response_belongs_to_the_key_that_made_it(
