@@ -222,10 +222,12 @@ class DeletedResponse(msgspec.Struct):
 
 
 class EventStream:
-    """One response's server-sent events, numbered from 0 in the order they are made."""
+    """One response's server-sent events, numbered from 0 in the order they are made;
+    `ended` once its terminal event is made."""
 
     def __init__(self) -> None:
         self.sequence_number = 0
+        self.ended = False
 
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -280,9 +282,11 @@ class EventStream:
 
     def completed(self, response: ResponseObject) -> bytes:
         """The terminal event of a response that ended: named after its status."""
+        self.ended = True
         return self.event(_TERMINAL[response.status], response=response)
 
     def failed(self, response: ResponseObject) -> bytes:
+        self.ended = True
         return self.event("response.failed", response=response)
 
 

@@ -87,12 +87,13 @@ class Answer:
 
 
 async def answer_events(
-    head: list[Step], rest: AsyncIterator[Step], answer: Answer
+    head: list[Step], rest: AsyncIterator[Step], answer: Answer, events: EventStream | None = None
 ) -> AsyncGenerator[Chunk, None]:
-    """The typed events: the text streams as it comes; with tools the output is read for calls
-    at its end, and its items come then. A background response is first `queued`, and
-    `in_progress` once the engine takes it; one the drain ends is `incomplete`."""
-    events = EventStream()
+    """The typed events (made by `events`, which says when the terminal one was): the text
+    streams as it comes; with tools the output is read for calls at its end, and its items come
+    then. A background response is first `queued`, and `in_progress` once the engine takes it;
+    one the drain ends is `incomplete`."""
+    events = events or EventStream()
     background = answer.call.background
     if background:
         yield Chunk(events.queued(answer.response))
