@@ -19,7 +19,6 @@ another key does not find them.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from typing import Any
 
@@ -28,7 +27,7 @@ import msgspec
 from gateway.edge.caller import current_caller
 from gateway.engine.adapter import Engine
 from gateway.engine_path.generation import tokenized
-from gateway.stores.continuation import HistoryStore, Key
+from gateway.stores.continuation import HistoryStore, Key, packed_ids, unpacked_ids
 from protocols.events import Finished, History, token_array
 from protocols.generation import GenerationRequest
 from protocols.responses_requests import ResponsesCall
@@ -45,21 +44,6 @@ class StoredResponse(msgspec.Struct, kw_only=True):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(StoredResponse)
-
-
-def _packed(ids: array[int]) -> bytes:
-    if sys.byteorder == "big":
-        ids = array("i", ids)
-        ids.byteswap()
-    return ids.tobytes()
-
-
-def _unpacked(raw: bytes) -> array[int]:
-    ids: array[int] = array("i")
-    ids.frombytes(raw)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ids
 
 
 class Turn(msgspec.Struct, frozen=True):
@@ -114,7 +98,7 @@ class Responses:
             response=response,
             items=list(call.items),
             conversation=[*turn.conversation, answer],
-            token_ids=_packed(done.history.token_ids),
+            token_ids=packed_ids(done.history.token_ids),
             text=text,
             adapter=done.history.adapter,
         )
@@ -131,7 +115,7 @@ class Responses:
             response=response,
             items=list(call.items),
             conversation=list(turn.conversation),
-            token_ids=_packed(ids),
+            token_ids=packed_ids(ids),
             text=turn.text,
             adapter=turn.request.adapter,
         )
@@ -156,7 +140,7 @@ class Responses:
         ):
             rest = rendered[len(previous.text) :]
             new = await tokenized(rest, _encode_plain(engine))
-            ids = _unpacked(previous.token_ids) + token_array(new)
+            ids = unpacked_ids(previous.token_ids) + token_array(new)
             continued = True
         else:
             ids = token_array(await tokenized(rendered, engine.encode))
