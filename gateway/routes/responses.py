@@ -64,7 +64,7 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
         turn = await responses.turn(engine, call, previous)
     except GenerationError as e:
         return error_answer(e)
-    answer = Answer(call, turn, model, engine, responses, tools, lambda: gateway.drain.draining)
+    answer = Answer(call, turn, model, engine, responses, tools)
     steps = gateway.batches.run([turn.request], Protocol.OPENAI_RESPONSES)
     if call.background:
         return await responses_background.start(request, gateway, answer, steps)

@@ -3,7 +3,7 @@ and a background response keeps (gateway/routes/responses.py, responses_backgrou
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import suppress
 
 import msgspec
@@ -49,14 +49,12 @@ class Answer:
         engine: Engine,
         responses: Responses,
         tools: ToolCalling | None,
-        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.call = call
         self.turn = turn
         self.engine = engine
         self.responses = responses
         self.tools = tools
-        self.draining = draining
         self.id = new_id("resp")
         self.message_id = new_id("msg")
         self.response = opened(self.id, model, call.echo)
@@ -131,9 +129,10 @@ async def answer_events(
 
 
 async def _failure(events: EventStream, answer: Answer, event: Failed) -> bytes:
-    """A failed response; a background one the drain ended is `incomplete`, saying so."""
+    """A failed response; a background one the drain ended (only the drain's end fails a
+    prompt with SHUTTING_DOWN) is `incomplete`, saying so."""
     error = event.error()
-    ended = answer.call.background and answer.draining() and event.message == SHUTTING_DOWN
+    ended = answer.call.background and event.message == SHUTTING_DOWN
     response = interrupted(answer.response, SHUTDOWN) if ended else failed(answer.response, error)
     if answer.call.background:
         with suppress(
