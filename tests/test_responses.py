@@ -92,6 +92,22 @@ def test_a_response_streamed_as_the_sdks_typed_events(server: RunningServer) -> 
     assert final.response.usage is not None and final.response.usage.output_tokens > 0
 
 
+def test_each_streamed_events_sse_name_is_its_type(server: RunningServer) -> None:
+    """The SDK reads an event's `data` alone: its `event:` line is checked on the wire."""
+    body = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 4, "stream": True}
+    with httpx.stream("POST", server.http + "/v1/responses", json=body, timeout=None) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    names, data = lines[0::2], lines[1::2]
+    assert len(names) == len(data) > 4
+    assert all(n.startswith("event: ") for n in names) and all(d.startswith("data: ") for d in data)
+    types = [json.loads(d.removeprefix("data: "))["type"] for d in data]
+    assert [n.removeprefix("event: ") for n in names] == types
+    assert types[0] == "response.created" and types[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
+
+
 def test_five_turns_by_previous_response_id_come_from_the_prefix_cache(
     server: RunningServer,
 ) -> None:
@@ -297,6 +313,27 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
     calls = [item for item in called.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
     assert "city" in json.loads(calls[0].arguments)
+    events = list(
+        api.responses.create(
+            model=MODEL,
+            input="What is the weather in Paris?",
+            tools=[weather],
+            tool_choice={"type": "function", "name": "get_weather"},
+            max_output_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # the output read for calls at its end: each item opened, then done
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.type for i in added] == [i.type for i in done] == ["function_call"]
+    final = events[-1]
+    assert final.type == "response.completed"
+    [streamed] = final.response.output
+    assert streamed.type == "function_call" and streamed.name == "get_weather"
+    assert "city" in json.loads(streamed.arguments) and done[0].call_id == streamed.call_id
     answered = api.responses.create(
         model=MODEL,
         input=[
