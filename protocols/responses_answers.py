@@ -119,7 +119,7 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-class Turn(msgspec.Struct, frozen=True):
+class Outcome(msgspec.Struct, frozen=True):
     """What one response said: its output items, and the same as the assistant message a chat
     template receives in the next turn's conversation."""
 
@@ -129,7 +129,7 @@ class Turn(msgspec.Struct, frozen=True):
     incomplete: IncompleteDetails | None
 
 
-def turn_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Turn:
+def outcome_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Outcome:
     """The output of a Finished: its text (outside tool calls) as a message, and its calls."""
     [sequence] = done.sequences[:1]
     text, reason = sequence.text, sequence.finish_reason
@@ -159,16 +159,16 @@ def turn_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Turn:
             for c in parsed.tool_calls
         ]
     output = [message_item(message_id, text, status)] if text or not calls else []
-    return Turn(output + calls, message, status, incomplete)
+    return Outcome(output + calls, message, status, incomplete)
 
 
-def finished(response: ResponseObject, done: Finished, turn: Turn) -> ResponseObject:
+def finished(response: ResponseObject, done: Finished, outcome: Outcome) -> ResponseObject:
     return msgspec.structs.replace(
         response,
-        status=turn.status,
-        output=turn.output,
+        status=outcome.status,
+        output=outcome.output,
         usage=usage_of(done),
-        incomplete_details=turn.incomplete,
+        incomplete_details=outcome.incomplete,
     )
 
 

@@ -19,7 +19,7 @@ from redis_server import RedisServer, running_redis
 
 from clients import CITY_SCHEMA
 from protocols.events import Finished, GeneratedSequence, History, token_array
-from protocols.responses_answers import input_items, turn_of
+from protocols.responses_answers import input_items, outcome_of
 from protocols.tool_calls import CalledFunction, ParsedDelta, ParsedMessage, ToolCall
 from serving import RunningServer
 
@@ -414,10 +414,10 @@ def test_a_turns_calls_reach_the_next_turns_template_as_the_chat_routes_do() -> 
     """The stored assistant message: its calls' arguments as objects, transformers' convention
     (a template that writes `arguments | tojson` would quote a string again)."""
     done = Finished(0, History(token_array([1, 2]), "x"), [GeneratedSequence("x", 1, "stop")], 1, 0)
-    turn = turn_of(done, "msg_1", OneCall())
-    [item] = turn.output
+    outcome = outcome_of(done, "msg_1", OneCall())
+    [item] = outcome.output
     assert item["type"] == "function_call" and item["arguments"] == '{"city": "Paris"}'
-    assert turn.message["tool_calls"] == [
+    assert outcome.message["tool_calls"] == [
         {
             "id": "call_1",
             "type": "function",

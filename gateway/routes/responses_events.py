@@ -28,7 +28,7 @@ from protocols.responses_answers import (
     interrupted,
     new_id,
     opened,
-    turn_of,
+    outcome_of,
 )
 from protocols.responses_requests import ResponsesCall
 
@@ -63,8 +63,8 @@ class Answer:
 
     async def finish(self, done: Finished) -> ResponseObject:
         """The finished response, stored (when asked) before anyone is told it is done."""
-        turn = turn_of(done, self.message_id, self.tools)
-        self.response = finished(self.response, done, turn)
+        outcome = outcome_of(done, self.message_id, self.tools)
+        self.response = finished(self.response, done, outcome)
         if self.call.store:
             await self.responses.save(
                 self.id,
@@ -72,7 +72,7 @@ class Answer:
                 self.call,
                 self.turn,
                 done,
-                turn.message,
+                outcome.message,
                 self.engine,
             )
         return self.response
