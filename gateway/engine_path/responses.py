@@ -19,7 +19,6 @@ another key does not find them.
 
 from __future__ import annotations
 
-from array import array
 from typing import Any
 
 import msgspec
@@ -47,13 +46,13 @@ _DECODER = msgspec.msgpack.Decoder(StoredResponse)
 
 
 class Turn(msgspec.Struct, frozen=True):
-    """A turn ready for the engine: its request (the prompt as a history of token ids), the
-    conversation it continues (with its new messages) and the prompt's template text."""
+    """A turn ready for the engine: its request, its `prompt` (the request's history: token
+    ids, and their text in the chat template) and the conversation it continues (with its new
+    messages)."""
 
     request: GenerationRequest
+    prompt: History
     conversation: list[dict[str, Any]]
-    text: str
-    continued: bool  # its prompt begins with the previous response's token ids
 
 
 class Responses:
@@ -90,10 +89,8 @@ class Responses:
         engine: Engine,
     ) -> None:
         """The response, and what its next turn continues: the sequence after `done`."""
-        assert done.history is not None
-        prompt_ids = turn.request.history.token_ids if turn.request.history else array("i")
-        generated = done.history.token_ids[len(prompt_ids) :]
-        text = turn.text + engine.decode(generated.tolist())
+        generated = done.history.token_ids[len(turn.prompt.token_ids) :]
+        text = turn.prompt.text + engine.decode(generated.tolist())
         stored = StoredResponse(
             response=response,
             items=list(call.items),
@@ -110,13 +107,12 @@ class Responses:
         """A response that has no end yet, or ended without one (a background response queued,
         in progress, cancelled, ended by a shutdown): a turn that continues it continues its
         prompt."""
-        ids = turn.request.history.token_ids if turn.request.history else array("i")
         stored = StoredResponse(
             response=response,
             items=list(call.items),
             conversation=list(turn.conversation),
-            token_ids=packed_ids(ids),
-            text=turn.text,
+            token_ids=packed_ids(turn.prompt.token_ids),
+            text=turn.prompt.text,
             adapter=turn.request.adapter,
         )
         await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
@@ -141,13 +137,10 @@ class Responses:
             rest = rendered[len(previous.text) :]
             new = await tokenized(rest, _encode_plain(engine))
             ids = unpacked_ids(previous.token_ids) + token_array(new)
-            continued = True
         else:
             ids = token_array(await tokenized(rendered, engine.encode))
-            continued = False
-        history = History(ids, rendered)
-        request = msgspec.structs.replace(request, history=history)
-        return Turn(request, conversation, rendered, continued)
+        prompt = History(ids, rendered)
+        return Turn(msgspec.structs.replace(request, history=prompt), prompt, conversation)
 
 
 def _encode_plain(engine: Engine) -> Any:
