@@ -14,7 +14,11 @@ import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
-from openai.types.responses import FunctionToolParam, ResponseInputText
+from openai.types.responses import (
+    FunctionToolParam,
+    ResponseFunctionToolCall,
+    ResponseInputText,
+)
 from redis_server import RedisServer, running_redis
 
 from clients import CITY_SCHEMA
@@ -332,8 +336,9 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
     final = events[-1]
     assert final.type == "response.completed"
     [streamed] = final.response.output
-    assert streamed.type == "function_call" and streamed.name == "get_weather"
-    assert "city" in json.loads(streamed.arguments) and done[0].call_id == streamed.call_id
+    assert isinstance(streamed, ResponseFunctionToolCall) and streamed.name == "get_weather"
+    assert isinstance(done[0], ResponseFunctionToolCall) and done[0].call_id == streamed.call_id
+    assert "city" in json.loads(streamed.arguments)
     answered = api.responses.create(
         model=MODEL,
         input=[
