@@ -14,9 +14,9 @@ import msgspec
 
 from protocols.errors import GenerationError
 from protocols.events import Finished
-from protocols.openai_answers import ErrorBody, ErrorDetail, error_of
+from protocols.openai_answers import ErrorBody, ErrorDetail
 from protocols.sse import sse_event
-from protocols.tool_calls import ToolAnswers
+from protocols.tool_calls import ToolAnswers, history_fields
 
 _ENCODER = msgspec.json.Encoder()
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -119,7 +119,7 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-class Turn(msgspec.Struct, frozen=True):
+class Outcome(msgspec.Struct, frozen=True):
     """What one response said: its output items, and the same as the assistant message a chat
     template receives in the next turn's conversation."""
 
@@ -129,7 +129,7 @@ class Turn(msgspec.Struct, frozen=True):
     incomplete: IncompleteDetails | None
 
 
-def turn_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Turn:
+def outcome_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Outcome:
     """The output of a Finished: its text (outside tool calls) as a message, and its calls."""
     [sequence] = done.sequences[:1]
     text, reason = sequence.text, sequence.finish_reason
@@ -140,9 +140,13 @@ def turn_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Turn:
     if tools is not None:
         parsed = tools.message(0, text, reason)
         text = parsed.content or ""
-        message = {"role": "assistant", "content": text}
-        if parsed.tool_calls:
-            message["tool_calls"] = [msgspec.to_builtins(c) for c in parsed.tool_calls]
+        # its calls as the chat template reads them (arguments as objects), as the chat
+        # route's history and this API's `function_call` input items give them
+        message = {
+            "role": "assistant",
+            "content": text,
+            **history_fields("assistant", parsed.tool_calls, None, 0),
+        }
         calls = [
             {
                 "id": new_id("fc"),
@@ -155,16 +159,16 @@ def turn_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Turn:
             for c in parsed.tool_calls
         ]
     output = [message_item(message_id, text, status)] if text or not calls else []
-    return Turn(output + calls, message, status, incomplete)
+    return Outcome(output + calls, message, status, incomplete)
 
 
-def finished(response: ResponseObject, done: Finished, turn: Turn) -> ResponseObject:
+def finished(response: ResponseObject, done: Finished, outcome: Outcome) -> ResponseObject:
     return msgspec.structs.replace(
         response,
-        status=turn.status,
-        output=turn.output,
+        status=outcome.status,
+        output=outcome.output,
         usage=usage_of(done),
-        incomplete_details=turn.incomplete,
+        incomplete_details=outcome.incomplete,
     )
 
 
@@ -218,10 +222,12 @@ class DeletedResponse(msgspec.Struct):
 
 
 class EventStream:
-    """One response's server-sent events, numbered from 0 in the order they are made."""
+    """One response's server-sent events, numbered from 0 in the order they are made;
+    `ended` once its terminal event is made."""
 
     def __init__(self) -> None:
         self.sequence_number = 0
+        self.ended = False
 
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -276,9 +282,11 @@ class EventStream:
 
     def completed(self, response: ResponseObject) -> bytes:
         """The terminal event of a response that ended: named after its status."""
+        self.ended = True
         return self.event(_TERMINAL[response.status], response=response)
 
     def failed(self, response: ResponseObject) -> bytes:
+        self.ended = True
         return self.event("response.failed", response=response)
 
 
@@ -318,17 +326,13 @@ def input_items(items: list[dict[str, Any]], *, order: str, after: str | None, l
     return _ENCODER.encode(InputItems(page, first, last, len(ordered) > limit))
 
 
-def not_found(response_id: str) -> bytes:
-    """OpenAI's 404 for an id it does not know (or that another key made)."""
-    detail = ErrorDetail(
-        f"Response with id '{response_id}' not found.", "invalid_request_error", None, None
-    )
-    return _ENCODER.encode(ErrorBody(detail))
+def not_found(response_id: str, param: str | None = None) -> bytes:
+    """OpenAI's 404 for an id it does not know (or that another key made); `param`
+    `previous_response_id` when a request's continues it."""
+    whose = "Previous response" if param == "previous_response_id" else "Response"
+    message = f"{whose} with id '{response_id}' not found."
+    return _ENCODER.encode(ErrorBody(ErrorDetail(message, "invalid_request_error", param, None)))
 
 
 def deleted(response_id: str) -> bytes:
     return _ENCODER.encode(DeletedResponse(response_id))
-
-
-def error_body(error: GenerationError) -> tuple[int, bytes]:
-    return error_of(error)

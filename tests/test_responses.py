@@ -14,11 +14,17 @@ import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
-from openai.types.responses import FunctionToolParam, ResponseInputText
+from openai.types.responses import (
+    FunctionToolParam,
+    ResponseFunctionToolCall,
+    ResponseInputText,
+)
 from redis_server import RedisServer, running_redis
 
 from clients import CITY_SCHEMA
-from protocols.responses_answers import input_items
+from protocols.events import Finished, GeneratedSequence, History, token_array
+from protocols.responses_answers import input_items, outcome_of
+from protocols.tool_calls import CalledFunction, ParsedDelta, ParsedMessage, ToolCall
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -88,6 +94,22 @@ def test_a_response_streamed_as_the_sdks_typed_events(server: RunningServer) -> 
     done = events[-4]
     assert done.type == "response.output_text.done" and done.text == "".join(deltas)
     assert final.response.usage is not None and final.response.usage.output_tokens > 0
+
+
+def test_each_streamed_events_sse_name_is_its_type(server: RunningServer) -> None:
+    """The SDK reads an event's `data` alone: its `event:` line is checked on the wire."""
+    body = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 4, "stream": True}
+    with httpx.stream("POST", server.http + "/v1/responses", json=body, timeout=None) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+    names, data = lines[0::2], lines[1::2]
+    assert len(names) == len(data) > 4
+    assert all(n.startswith("event: ") for n in names) and all(d.startswith("data: ") for d in data)
+    types = [json.loads(d.removeprefix("data: "))["type"] for d in data]
+    assert [n.removeprefix("event: ") for n in names] == types
+    assert types[0] == "response.created" and types[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
 
 
 def test_five_turns_by_previous_response_id_come_from_the_prefix_cache(
@@ -175,6 +197,8 @@ def test_store_false_keeps_nothing(server: RunningServer) -> None:
             model=MODEL, input="Go on.", previous_response_id=made.id, max_output_tokens=4
         )
     assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    expected = f"Previous response with id '{made.id}' not found."
+    assert caught.value.body["message"] == expected  # type: ignore[index]
 
 
 def test_a_response_belongs_to_the_key_that_made_it(
@@ -293,6 +317,28 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
     calls = [item for item in called.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
     assert "city" in json.loads(calls[0].arguments)
+    events = list(
+        api.responses.create(
+            model=MODEL,
+            input="What is the weather in Paris?",
+            tools=[weather],
+            tool_choice={"type": "function", "name": "get_weather"},
+            max_output_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # the output read for calls at its end: each item opened, then done
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.type for i in added] == [i.type for i in done] == ["function_call"]
+    final = events[-1]
+    assert final.type == "response.completed"
+    [streamed] = final.response.output
+    assert isinstance(streamed, ResponseFunctionToolCall) and streamed.name == "get_weather"
+    assert isinstance(done[0], ResponseFunctionToolCall) and done[0].call_id == streamed.call_id
+    assert "city" in json.loads(streamed.arguments)
     answered = api.responses.create(
         model=MODEL,
         input=[
@@ -354,6 +400,35 @@ def test_input_items_page_after_an_item() -> None:
     newest = json.loads(input_items(items, order="desc", after=None, limit=20))
     assert [i["id"] for i in newest["data"]] == [f"item_{i}" for i in range(4, -1, -1)]
     assert not newest["has_more"]
+
+
+class OneCall:
+    """Tool answers that read every text as one call of `get_weather`."""
+
+    def message(self, index: int, text: str, finish_reason: str) -> ParsedMessage:
+        call = ToolCall(id="call_1", function=CalledFunction("get_weather", '{"city": "Paris"}'))
+        return ParsedMessage(None, [call], "tool_calls")
+
+    def delta(
+        self, index: int, text: str, token_ids: list[int], finish_reason: str | None
+    ) -> ParsedDelta:
+        raise NotImplementedError
+
+
+def test_a_turns_calls_reach_the_next_turns_template_as_the_chat_routes_do() -> None:
+    """The stored assistant message: its calls' arguments as objects, transformers' convention
+    (a template that writes `arguments | tojson` would quote a string again)."""
+    done = Finished(0, History(token_array([1, 2]), "x"), [GeneratedSequence("x", 1, "stop")], 1, 0)
+    outcome = outcome_of(done, "msg_1", OneCall())
+    [item] = outcome.output
+    assert item["type"] == "function_call" and item["arguments"] == '{"city": "Paris"}'
+    assert outcome.message["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        }
+    ]
 
 
 def test_an_unknown_id_is_404_in_openais_shape(server: RunningServer) -> None:

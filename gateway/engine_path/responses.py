@@ -19,8 +19,6 @@ another key does not find them.
 
 from __future__ import annotations
 
-import sys
-from array import array
 from typing import Any
 
 import msgspec
@@ -28,7 +26,7 @@ import msgspec
 from gateway.edge.caller import current_caller
 from gateway.engine.adapter import Engine
 from gateway.engine_path.generation import tokenized
-from gateway.stores.continuation import HistoryStore, Key
+from gateway.stores.continuation import HistoryStore, Key, packed_ids, unpacked_ids
 from protocols.events import Finished, History, token_array
 from protocols.generation import GenerationRequest
 from protocols.responses_requests import ResponsesCall
@@ -47,29 +45,14 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(StoredResponse)
 
 
-def _packed(ids: array[int]) -> bytes:
-    if sys.byteorder == "big":
-        ids = array("i", ids)
-        ids.byteswap()
-    return ids.tobytes()
-
-
-def _unpacked(raw: bytes) -> array[int]:
-    ids: array[int] = array("i")
-    ids.frombytes(raw)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ids
-
-
 class Turn(msgspec.Struct, frozen=True):
-    """A turn ready for the engine: its request (the prompt as a history of token ids), the
-    conversation it continues (with its new messages) and the prompt's template text."""
+    """A turn ready for the engine: its request, its `prompt` (the request's history: token
+    ids, and their text in the chat template) and the conversation it continues (with its new
+    messages)."""
 
     request: GenerationRequest
+    prompt: History
     conversation: list[dict[str, Any]]
-    text: str
-    continued: bool  # its prompt begins with the previous response's token ids
 
 
 class Responses:
@@ -106,15 +89,13 @@ class Responses:
         engine: Engine,
     ) -> None:
         """The response, and what its next turn continues: the sequence after `done`."""
-        assert done.history is not None
-        prompt_ids = turn.request.history.token_ids if turn.request.history else array("i")
-        generated = done.history.token_ids[len(prompt_ids) :]
-        text = turn.text + engine.decode(generated.tolist())
+        generated = done.history.token_ids[len(turn.prompt.token_ids) :]
+        text = turn.prompt.text + engine.decode(generated.tolist())
         stored = StoredResponse(
             response=response,
             items=list(call.items),
             conversation=[*turn.conversation, answer],
-            token_ids=_packed(done.history.token_ids),
+            token_ids=packed_ids(done.history.token_ids),
             text=text,
             adapter=done.history.adapter,
         )
@@ -126,13 +107,12 @@ class Responses:
         """A response that has no end yet, or ended without one (a background response queued,
         in progress, cancelled, ended by a shutdown): a turn that continues it continues its
         prompt."""
-        ids = turn.request.history.token_ids if turn.request.history else array("i")
         stored = StoredResponse(
             response=response,
             items=list(call.items),
             conversation=list(turn.conversation),
-            token_ids=_packed(ids),
-            text=turn.text,
+            token_ids=packed_ids(turn.prompt.token_ids),
+            text=turn.prompt.text,
             adapter=turn.request.adapter,
         )
         await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
@@ -156,14 +136,11 @@ class Responses:
         ):
             rest = rendered[len(previous.text) :]
             new = await tokenized(rest, _encode_plain(engine))
-            ids = _unpacked(previous.token_ids) + token_array(new)
-            continued = True
+            ids = unpacked_ids(previous.token_ids) + token_array(new)
         else:
             ids = token_array(await tokenized(rendered, engine.encode))
-            continued = False
-        history = History(ids, rendered)
-        request = msgspec.structs.replace(request, history=history)
-        return Turn(request, conversation, rendered, continued)
+        prompt = History(ids, rendered)
+        return Turn(msgspec.structs.replace(request, history=prompt), prompt, conversation)
 
 
 def _encode_plain(engine: Engine) -> Any:

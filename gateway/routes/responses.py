@@ -9,8 +9,6 @@ routes/responses_background.py's.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -32,8 +30,6 @@ from protocols.openai_answers import not_found as model_not_found
 from protocols.openai_requests import unknown_model
 from protocols.responses_answers import deleted, document, input_items, not_found
 from protocols.responses_requests import decode_responses
-
-_error = error_answer
 
 
 def _responses(gateway: Gateway) -> Responses:
@@ -59,15 +55,16 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
         if call.previous_response_id is not None:
             previous = await responses.load(call.previous_response_id)
             if previous is None:
-                return Whole(404, _previous_not_found(call.previous_response_id), JSON)
+                missing = not_found(call.previous_response_id, "previous_response_id")
+                return Whole(404, missing, JSON)
         if call.tool_use is not None:
             tools = gateway.tool_parsing.calling(call.tool_use, engine)
             [held] = tools.constrained([call.request])
             call = msgspec.structs.replace(call, request=held)
         turn = await responses.turn(engine, call, previous)
     except GenerationError as e:
-        return _error(e)
-    answer = Answer(call, turn, model, engine, responses, tools, lambda: gateway.drain.draining)
+        return error_answer(e)
+    answer = Answer(call, turn, model, engine, responses, tools)
     steps = gateway.batches.run([turn.request], Protocol.OPENAI_RESPONSES)
     if call.background:
         return await responses_background.start(request, gateway, answer, steps)
@@ -77,24 +74,17 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
             return CLIENT_GONE
         end = next(e for step in collected for e in step if isinstance(e, Finished | Failed))
         if isinstance(end, Failed):
-            return _error(end.error())
+            return error_answer(end.error())
         try:
             response = await answer.finish(end)
         except GenerationError as e:
-            return _error(e)
+            return error_answer(e)
         return Whole(200, document(response), JSON)
     head = await opened_stream(request, steps)
     if isinstance(head, Whole):
         return head
     chunks = answer_events(head, steps, answer)
     return Streamed(SSE, chunks, closer(chunks, steps), SSE_HEADERS)
-
-
-def _previous_not_found(response_id: str) -> bytes:
-    body: dict[str, Any] = msgspec.json.decode(not_found(response_id))
-    body["error"]["message"] = f"Previous response with id '{response_id}' not found."
-    body["error"]["param"] = "previous_response_id"
-    return msgspec.json.encode(body)
 
 
 async def create(request: Request) -> Response:
@@ -114,7 +104,7 @@ async def retrieve(request: Request) -> Response:
         after = responses_background.starting_after(request.query_params.get("starting_after"))
         response_id, stored = await _stored(request)
     except GenerationError as e:
-        return to_response(_error(e))
+        return to_response(error_answer(e))
     if stored is None:
         return Response(not_found(response_id), 404, media_type=JSON)
     if streamed:
@@ -132,7 +122,7 @@ async def cancel(request: Request) -> Response:
     try:
         prepared = await responses_background.cancel(gateway, _responses(gateway), response_id)
     except GenerationError as e:
-        return to_response(_error(e))
+        return to_response(error_answer(e))
     return to_response(prepared)
 
 
@@ -147,7 +137,7 @@ async def delete(request: Request) -> Response:
         gone = await responses.delete(response_id)
         await gateway.background.events.delete(responses.events_key(response_id))
     except GenerationError as e:
-        return to_response(_error(e))
+        return to_response(error_answer(e))
     if not gone:
         return Response(not_found(response_id), 404, media_type=JSON)
     return Response(deleted(response_id), media_type=JSON)
@@ -162,7 +152,7 @@ async def list_input_items(request: Request) -> Response:
             raise invalid("order is `asc` or `desc`", "order")
         response_id, stored = await _stored(request)
     except GenerationError as e:
-        return to_response(_error(e))
+        return to_response(error_answer(e))
     if stored is None:
         return Response(not_found(response_id), 404, media_type=JSON)
     page = input_items(stored.items, order=order, after=query.get("after"), limit=limit)

@@ -23,6 +23,7 @@ from protocols.events import Failed, Started
 from protocols.openai_answers import error_of
 from protocols.responses_answers import (
     SHUTDOWN,
+    EventStream,
     cancelled,
     document,
     failed,
@@ -69,17 +70,10 @@ async def start(
 async def _batches(
     head: list[Step], steps: AsyncGenerator[Step, None], answer: Answer
 ) -> AsyncGenerator[tuple[Sequence[bytes], bool], None]:
-    async with aclosing(steps), aclosing(answer_events(head, steps, answer)) as chunks:
+    events = EventStream()
+    async with aclosing(steps), aclosing(answer_events(head, steps, answer, events)) as chunks:
         async for chunk in chunks:
-            last = chunk.failure is not None or _terminal(chunk.data)
-            yield split_events(chunk.data), last
-
-
-def _terminal(data: bytes) -> bool:
-    return any(
-        b"event: response." + kind + b"\n" in data
-        for kind in (b"completed", b"incomplete", b"failed", b"cancelled")
-    )
+            yield split_events(chunk.data), events.ended
 
 
 def _ending(answer: Answer) -> Ending:

@@ -3,7 +3,7 @@ and a background response keeps (gateway/routes/responses.py, responses_backgrou
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import suppress
 
 import msgspec
@@ -28,7 +28,7 @@ from protocols.responses_answers import (
     interrupted,
     new_id,
     opened,
-    turn_of,
+    outcome_of,
 )
 from protocols.responses_requests import ResponsesCall
 
@@ -49,14 +49,12 @@ class Answer:
         engine: Engine,
         responses: Responses,
         tools: ToolCalling | None,
-        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.call = call
         self.turn = turn
         self.engine = engine
         self.responses = responses
         self.tools = tools
-        self.draining = draining
         self.id = new_id("resp")
         self.message_id = new_id("msg")
         self.response = opened(self.id, model, call.echo)
@@ -65,8 +63,8 @@ class Answer:
 
     async def finish(self, done: Finished) -> ResponseObject:
         """The finished response, stored (when asked) before anyone is told it is done."""
-        turn = turn_of(done, self.message_id, self.tools)
-        self.response = finished(self.response, done, turn)
+        outcome = outcome_of(done, self.message_id, self.tools)
+        self.response = finished(self.response, done, outcome)
         if self.call.store:
             await self.responses.save(
                 self.id,
@@ -74,7 +72,7 @@ class Answer:
                 self.call,
                 self.turn,
                 done,
-                turn.message,
+                outcome.message,
                 self.engine,
             )
         return self.response
@@ -87,12 +85,13 @@ class Answer:
 
 
 async def answer_events(
-    head: list[Step], rest: AsyncIterator[Step], answer: Answer
+    head: list[Step], rest: AsyncIterator[Step], answer: Answer, events: EventStream | None = None
 ) -> AsyncGenerator[Chunk, None]:
-    """The typed events: the text streams as it comes; with tools the output is read for calls
-    at its end, and its items come then. A background response is first `queued`, and
-    `in_progress` once the engine takes it; one the drain ends is `incomplete`."""
-    events = EventStream()
+    """The typed events (made by `events`, which says when the terminal one was): the text
+    streams as it comes; with tools the output is read for calls at its end, and its items come
+    then. A background response is first `queued`, and `in_progress` once the engine takes it;
+    one the drain ends is `incomplete`."""
+    events = events or EventStream()
     background = answer.call.background
     if background:
         yield Chunk(events.queued(answer.response))
@@ -130,9 +129,10 @@ async def answer_events(
 
 
 async def _failure(events: EventStream, answer: Answer, event: Failed) -> bytes:
-    """A failed response; a background one the drain ended is `incomplete`, saying so."""
+    """A failed response; a background one the drain ended (only the drain's end fails a
+    prompt with SHUTTING_DOWN) is `incomplete`, saying so."""
     error = event.error()
-    ended = answer.call.background and answer.draining() and event.message == SHUTTING_DOWN
+    ended = answer.call.background and event.message == SHUTTING_DOWN
     response = interrupted(answer.response, SHUTDOWN) if ended else failed(answer.response, error)
     if answer.call.background:
         with suppress(

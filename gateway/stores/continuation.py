@@ -14,7 +14,9 @@ history inside), under the same bounds and idle time, in a key space of their ow
 
 from __future__ import annotations
 
+import sys
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Generic, Protocol, TypeVar
@@ -23,6 +25,25 @@ from protocols.events import History
 
 Key = tuple[str, ...]
 V = TypeVar("V")
+
+
+def packed_ids(ids: array[int]) -> bytes:
+    """Token ids as a store keeps them: 4 bytes each, little-endian on any machine."""
+    return _little_endian(ids).tobytes()
+
+
+def unpacked_ids(raw: bytes) -> array[int]:
+    ids: array[int] = array("i")
+    ids.frombytes(raw)
+    return _little_endian(ids)
+
+
+def _little_endian(ids: array[int]) -> array[int]:
+    """The ids in little-endian order (a copy on a big-endian machine; both ways)."""
+    if sys.byteorder == "big":
+        ids = array("i", ids)
+        ids.byteswap()
+    return ids
 
 
 class Claim(Protocol):

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-from array import array
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
 from typing import cast
@@ -31,7 +29,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from gateway.stores.continuation import Claim, Key
+from gateway.stores.continuation import Claim, Key, packed_ids, unpacked_ids
 from protocols.errors import ErrorKind, GenerationError
 from protocols.events import History
 
@@ -56,7 +54,7 @@ _KEY_ENCODER = msgspec.json.Encoder()
 def pack(histories: dict[str, History]) -> bytes:
     return _ENCODER.encode(
         {
-            rid: _Packed(_le(h.token_ids).tobytes(), h.text, h.ended_at_eos, h.adapter)
+            rid: _Packed(packed_ids(h.token_ids), h.text, h.ended_at_eos, h.adapter)
             for rid, h in histories.items()
         }
     )
@@ -65,18 +63,9 @@ def pack(histories: dict[str, History]) -> bytes:
 def unpack(raw: bytes) -> dict[str, History]:
     histories = {}
     for rid, packed in _DECODER.decode(raw).items():
-        ids: array[int] = array("i")
-        ids.frombytes(packed.token_ids)
-        histories[rid] = History(_le(ids), packed.text, packed.ended_at_eos, packed.adapter)
+        ids = unpacked_ids(packed.token_ids)
+        histories[rid] = History(ids, packed.text, packed.ended_at_eos, packed.adapter)
     return histories
-
-
-def _le(ids: array[int]) -> array[int]:
-    """The ids in little-endian order (a copy on a big-endian machine; both ways)."""
-    if sys.byteorder == "big":
-        ids = array("i", ids)
-        ids.byteswap()
-    return ids
 
 
 def history_key(key: Key) -> str:
