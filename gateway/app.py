@@ -118,6 +118,7 @@ def create_app(
         try:
             yield {"gateway": gateway}
         finally:
+            await detached.stop_all()  # an exit without the drain (SIGINT) stops them too
             await background.close()
             await store.close()
             if owns_engine:

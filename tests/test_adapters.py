@@ -25,6 +25,7 @@ from clients import (
     sagemaker_runtime,
     scrape,
     value,
+    wait_for,
     wait_ready,
 )
 from gateway_bench.adapter_recipe import PHRASE
@@ -250,6 +251,32 @@ def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
         completion(lora_server, "parrot")
     gone = manage(lora_server, "unload", ADMIN, lora_name="parrot")
     assert gone.status_code == 404 and "parrot" in gone.text
+
+
+def test_a_beam_search_on_an_adapter_unloaded_meanwhile_ends_as_it_would_have(
+    lora_server: RunningServer, adapter_dir: Path
+) -> None:
+    """Each beam step is an engine request of its own: the adapter is resolved once, so an
+    unload between two steps does not refuse the search midway."""
+    loaded = manage(lora_server, "load", ADMIN, lora_name="beamer", lora_path=str(adapter_dir))
+    assert loaded.status_code == 200, loaded.text
+    parameters = {"max_new_tokens": 48, "num_beams": 2, "ignore_eos_token": True}
+    body = json.dumps({"inputs": PROMPT, "parameters": parameters, "adapters": "beamer"})
+
+    def running() -> int:
+        return lora_server.loop.call(lambda: lora_server.gateway.service.admission.running)
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            httpx.post, lora_server.http + "/invocations", content=body, timeout=None
+        )
+        wait_for(lambda: running() > 0 or answer.done())
+        assert manage(lora_server, "unload", ADMIN, lora_name="beamer").status_code == 200
+        searched = answer.result()
+    assert searched.status_code == 200, searched.text
+    assert searched.json()["generated_text"]
+    refused = httpx.post(lora_server.http + "/invocations", content=body)
+    assert refused.status_code == 424 and "$.adapters" in refused.text
 
 
 def djl(

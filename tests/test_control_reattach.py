@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from control_client import Message, config, receive, tokens_of, until
+from control_client import Message, config, control, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.connection import Connection
 
@@ -154,3 +154,68 @@ def test_a_draining_gateway_stops_detached_generations_at_once(
     server.drain()
     wait_for(server.stopped)
     assert waiting(server) == 0 and running(server) == 0
+
+
+def test_a_generation_that_ended_while_detached_is_replayed_with_its_completion(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    server = make_server(REATTACH_SECONDS="600")
+    with control_ws(server) as first:
+        request_id, before = started(first, 1, max_tokens=12)
+    wait_for(lambda: waiting(server) == 1 and running(server) == 0)  # it ended, detached
+    with control_ws(server) as again:
+        again.send(reattach(request_id, received=len(before)))
+        after = until(again, "completion", "error")
+        assert waiting(server) == 0
+        again.send(config(STORY, max_tokens=2))  # the connection is its own again
+        assert until(again, "completion", "error")[-1]["type"] == "completion"
+    assert after[0]["type"] == "status" and after[0]["operation"] == "reattached"
+    completion = after[-1]
+    assert completion["type"] == "completion" and completion["request_id"] == request_id
+    assert completion["usage"]["completion_tokens"] == 12
+    texts = [m["token"] for m in before + tokens_of(after)]
+    assert "".join(texts) == completion["generated_text"]
+    assert tokens_of(after)[-1]["finished"] is True
+
+
+def test_a_reattached_generation_detaches_again_and_a_busy_connection_is_refused(
+    make_server: Callable[..., RunningServer],
+) -> None:
+    server = make_server(REATTACH_SECONDS="600")
+    with control_ws(server) as first:
+        request_id, before = started(first, 1, max_tokens=UNENDING)
+    wait_for(lambda: waiting(server) == 1)
+    with control_ws(server) as second:
+        second.send(reattach(request_id, received=len(before)))
+        assert receive(second)["operation"] == "reattached"
+        until(second, "token")  # it runs on, here
+    wait_for(lambda: waiting(server) == 1)  # dropped again: it waits again
+
+    with control_ws(server) as third:
+        own, _ = started(third, 1, max_tokens=UNENDING)
+        third.send(reattach(request_id))
+        busy = until(third, "error")[-1]
+        assert busy["field"] == "$.type" and busy["recoverable"] is True
+        assert busy["request_id"] == own and waiting(server) == 1
+        third.send(control("stop"))
+        assert until(third, "completion")[-1]["request_id"] == own
+
+        third.send(reattach(request_id))  # its own ended: it may take the other over
+        assert until(third, "status")[-1]["operation"] == "reattached"
+        third.send(control("stop"))
+        stopped = until(third, "completion")[-1]
+    assert stopped["request_id"] == request_id and stopped["finish_reason"] == "cancelled"
+    wait_for(lambda: waiting(server) == 0 and running(server) == 0)
+
+
+def test_a_gateway_stopped_without_the_drain_stops_detached_generations(
+    make_server: Callable[..., RunningServer], engine_requests: Callable[[], int]
+) -> None:
+    """The detached generation would otherwise run on, for nobody, on an engine that
+    outlives the app (a shared one, or the replicas')."""
+    server = make_server(REATTACH_SECONDS="600")
+    with control_ws(server) as first:
+        started(first, 1, max_tokens=UNENDING)
+    wait_for(lambda: waiting(server) == 1)
+    server.stop()
+    wait_for(lambda: engine_requests() == 0)

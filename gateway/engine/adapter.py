@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from jinja2.exceptions import TemplateError
@@ -54,6 +54,9 @@ from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import Delta, TokenInfo, TopToken
 from protocols.generation import SamplingOptions
 from protocols.holdback import described
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -593,10 +596,13 @@ class Engine:
         room = self.max_model_len - len(token_ids)
         sample = options.do_sample and options.temperature > 0
         request_id = f"gw-beam-{next(self._ids)}"
+        # Resolved once: each step is an engine request, and the adapter may be unloaded
+        # (its name then unknown) while the search runs.
+        lora = self.adapters.lora_request(adapter)
         async with self._tracked(request_id, len(token_ids), meter):
             beams = await beam_search(
                 token_ids,
-                partial(self._next_tokens, request_id, priority, adapter),
+                partial(self._next_tokens, request_id, priority, lora),
                 num_beams=options.num_beams,
                 max_new_tokens=min(options.max_new_tokens, room),
                 eos_token_ids=frozenset() if options.ignore_eos else self.eos_token_ids,
@@ -627,7 +633,7 @@ class Engine:
         self,
         request_id: str,
         priority: int,
-        adapter: str | None,
+        lora: LoRARequest | None,
         sequences: list[list[int]],
         count: int,
     ) -> list[dict[int, float]]:
@@ -635,7 +641,6 @@ class Engine:
         params = SamplingParams(
             max_tokens=1, temperature=0.0, logprobs=min(count, 20), detokenize=False
         )
-        lora = self.adapters.lora_request(adapter)
 
         async def one(i: int, sequence: list[int]) -> dict[int, float]:
             name = f"{request_id}-{i}"

@@ -104,6 +104,9 @@ class ControlSession:
         self.protocol = protocol
         self._deliver: Callable[[ServerMessage], None] | None = send  # None: detached
         self.replay = replay
+        # Each message goes out through `send`; without a replay (REATTACH_SECONDS=0) straight
+        # to the connection, nothing kept and nothing checked per token.
+        self.send: Callable[[ServerMessage], None] = send if replay is None else self._kept
         self.state: State = "new"
         self.model = served_model_name(settings.engine)
         self._config: Config | None = None
@@ -139,10 +142,11 @@ class ControlSession:
         except GenerationError as e:
             self.refuse(e)
 
-    def send(self, message: ServerMessage) -> None:
-        """To the connection attached; kept for one that reattaches, when there is a replay."""
-        if self.replay is not None:
-            self.replay.keep(message, ended=self.state == "done")
+    def _kept(self, message: ServerMessage) -> None:
+        """`send` with a replay: kept for a client that reattaches, then to the connection
+        attached, if one is."""
+        assert self.replay is not None
+        self.replay.keep(message, ended=self.state == "done")
         if self._deliver is not None:
             self._deliver(message)
 
@@ -155,6 +159,7 @@ class ControlSession:
 
     def detach(self) -> None:
         """The connection dropped: the generation goes on, its messages only kept."""
+        assert self.replay is not None  # without one, messages would go to the old connection
         self._deliver = None
 
     def attach(self, send: Callable[[ServerMessage], None], received: int) -> None:

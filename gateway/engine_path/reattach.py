@@ -83,7 +83,8 @@ class Detached:
         return waiting.session
 
     async def stop_all(self) -> None:
-        """The drain began: no connection can come back, so every waiting generation stops."""
+        """The drain began, or the app ends: no connection can come back, so every waiting
+        generation stops, and so does one whose connection drops from now on."""
         self.draining = True
         waiting, self._waiting = list(self._waiting.values()), {}
         for w in waiting:

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
 from gateway.engine.adapter import Engine
+from gateway.engine.lora import Adapter
 from gateway.routes.adapters import admin_refusal
 from gateway.routes.prepared import JSON
 from gateway.state import gateway_of
@@ -61,19 +62,20 @@ async def _engine(request: Request) -> Engine | Response:
     return engine
 
 
-async def _named_adapter(request: Request) -> tuple[Engine, str] | Response:
+async def _named_adapter(request: Request) -> tuple[Engine, Adapter] | Response:
     """The engine and the adapter the path names, once it is served; else DJL's refusal."""
     engine = await _engine(request)
     if isinstance(engine, Response):
         return engine
     name = request.path_params["adapter_name"]
-    if name not in engine.adapters:
+    adapter = engine.adapters.find(name)
+    if adapter is None:
         return Response(not_found(name), 404, media_type=JSON)
-    return engine, name
+    return engine, adapter
 
 
-def _item(engine: Engine, name: str) -> AdapterItem:
-    return AdapterItem(name, str(engine.adapters.paths[name]))
+def _item(adapter: Adapter) -> AdapterItem:
+    return AdapterItem(adapter.name, str(adapter.path))
 
 
 async def adapters(request: Request) -> Response:
@@ -87,7 +89,7 @@ async def adapters(request: Request) -> Response:
             only(query, LIST_PARAMETERS)
             names = engine.adapters.names
             first, last = page(query, len(names))
-            listed = AdapterList([_item(engine, n) for n in names[first:last]])
+            listed = AdapterList([_item(engine.adapters.get(n, "name")) for n in names[first:last]])
             if last < len(names):
                 listed.nextPageToken = str(last)
             return _json(listed)
@@ -105,16 +107,16 @@ async def adapter(request: Request) -> Response:
     named = await _named_adapter(request)
     if isinstance(named, Response):
         return named
-    engine, name = named
+    engine, found = named
     if request.method == "GET":
-        return _json(_item(engine, name))
+        return _json(_item(found))
     try:
-        unloaded = await engine.unload_adapter(name)
+        unloaded = await engine.unload_adapter(found.name)
     except GenerationError as e:
         return _failed(djl_field(e))
     if not unloaded:  # unloaded meanwhile by another call
-        return Response(not_found(name), 404, media_type=JSON)
-    return _json(Status(f"Adapter {name} unregistered"))
+        return Response(not_found(found.name), 404, media_type=JSON)
+    return _json(Status(f"Adapter {found.name} unregistered"))
 
 
 async def update(request: Request) -> Response:
@@ -123,7 +125,7 @@ async def update(request: Request) -> Response:
     named = await _named_adapter(request)
     if isinstance(named, Response):
         return named
-    engine, name = named
+    _, found = named
     query = dict(request.query_params)
     try:
         only(query, UPDATE_PARAMETERS)
@@ -131,10 +133,10 @@ async def update(request: Request) -> Response:
     except GenerationError as e:
         return _failed(e)
     src = query.get("src")
-    if src and Path(src) != engine.adapters.paths[name]:
+    if src and Path(src) != found.path:
         message = "Updating adapter path is not supported: unregister it and register it again"
         return Response(error_body(400, message), 400, media_type=JSON)
-    return _json(Status(f"Adapter {name} updated"))
+    return _json(Status(f"Adapter {found.name} updated"))
 
 
 def _routes(prefix: str) -> list[Route]:
