@@ -263,6 +263,7 @@ def target_command(
         env = targets.gateway_environment(settings)
         env["SCHEDULING_POLICY"] = "fcfs" if name == "gateway-fcfs" else "priority"
         env["BULK_MAX_RUNNING"] = options.bulk_max_running
+        env["INTERACTIVE_STEP_TOKENS"] = options.interactive_step_tokens
         if overload:
             env["MAX_RUNNING_REQUESTS"] = str(options.overload_running)
     return command, env, served

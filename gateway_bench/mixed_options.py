@@ -41,6 +41,7 @@ class MixedOptions(TargetOptions, kw_only=True):
     prompt_words: int = 64
     overload_running: int = 32  # the engine's running limit in the overload regime
     bulk_max_running: str = "auto"  # the priority gateway's BULK_MAX_RUNNING
+    interactive_step_tokens: str = "auto"  # the priority gateway's INTERACTIVE_STEP_TOKENS
     drain_timeout_s: float = 300.0  # after a shape, the longest wait for the engine to empty
     regimes: list[str] = msgspec.field(default_factory=lambda: list(REGIMES))
     targets: list[str] = msgspec.field(default_factory=lambda: list(TARGETS))

@@ -36,6 +36,9 @@ T = TypeVar("T")
 SCRATCH = Path(tempfile.mkdtemp(prefix="llm-gateway-tests-"))
 
 
+STEP_TOKENS = 128
+
+
 def gateway_settings(**env: str) -> Settings:
     """Settings as a user would write them, from environment-style strings; no .env read."""
     base = {
@@ -51,6 +54,9 @@ def gateway_settings(**env: str) -> Settings:
         # the cap waits while endless interactive streams run, and unending_streams.py starts
         # 4 bulk streams beside 12 endless interactive ones.
         "BULK_MAX_RUNNING": "4",
+        # A step's tokens while an interactive request is present (`auto`: 256 on a CPU), so
+        # that a long prompt takes many steps (tests/test_priorities.py: prompts first).
+        "INTERACTIVE_STEP_TOKENS": str(STEP_TOKENS),
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
     }
     return load_settings({**base, **env}, dotenv_path=None)

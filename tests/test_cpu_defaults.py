@@ -6,12 +6,14 @@ from pathlib import Path
 
 from gateway.engine.cpu_defaults import (
     CPU_BULK_MAX_RUNNING,
+    CPU_INTERACTIVE_STEP_TOKENS,
     cpu_flags,
     engine_environment,
     native_bfloat16,
     reported_flags,
     resolve_bulk_cap,
     resolve_dtype,
+    resolve_interactive_step_tokens,
 )
 
 AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})
@@ -70,3 +72,10 @@ def test_the_bulk_cap_is_on_for_a_cpu_and_off_for_a_gpu_unless_set() -> None:
     assert resolve_bulk_cap("auto", "cuda") == 0
     assert resolve_bulk_cap(0, "cpu") == 0
     assert resolve_bulk_cap(8, "cuda") == 8
+
+
+def test_a_cpu_steps_tokens_are_bounded_beside_a_chat_and_a_gpu_keeps_vllms_budget() -> None:
+    assert resolve_interactive_step_tokens("auto", "cpu") == CPU_INTERACTIVE_STEP_TOKENS > 0
+    assert resolve_interactive_step_tokens("auto", "cuda") == 0
+    assert resolve_interactive_step_tokens(0, "cpu") == 0
+    assert resolve_interactive_step_tokens(512, "cuda") == 512

@@ -28,7 +28,7 @@ from clients import (
     value,
     wait_for,
 )
-from serving import RunningServer
+from serving import STEP_TOKENS, RunningServer
 
 if TYPE_CHECKING:
     from gateway.engine.adapter import Engine
@@ -315,6 +315,40 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
     reference = [token["id"] for token in alone["details"]["tokens"]]
     for stream in streams:
         assert stream.ids == reference[: len(stream.ids)]
+
+
+def test_bulk_waits_while_an_interactive_prompt_is_computed(
+    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+) -> None:
+    """Prompts first (bulk_scheduler.py): the steps that compute a chat's prompt carry no bulk
+    request, so the bulk streams hardly move between the chat's arrival and its first token;
+    without the rule each would gain a token per step of that prompt."""
+    cap = server.gateway.settings.engine.bulk_max_running
+    step_tokens = server.gateway.settings.engine.interactive_step_tokens
+    assert cap == 4 and step_tokens == STEP_TOKENS
+    scheduler = engine.scheduler
+    prompt = CHAT.format("Which word is this? " + " ".join(["river"] * 1700))
+    counted = httpx.post(server.http + "/tokenize", json={"prompt": prompt}).json()["count"]
+    steps = counted // STEP_TOKENS  # the prompt's steps at least, each a token for every bulk
+    # Fewer than bulk_scheduler.PROMPTS_FIRST_STEPS (16), after which bulk has a step.
+    assert 10 <= steps < 16 and counted < MAX_MODEL_LEN - 8
+    with ThreadPoolExecutor(cap) as pool:
+        streams = [BulkStream(server, pool, CHAT.format("Count the stars.")) for _ in range(cap)]
+        wait_for(lambda: scheduler.running == cap and all(s.ids for s in streams))
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 2, "do_sample": False}}
+        before = [len(s.ids) for s in streams]
+        with httpx.stream("POST", server.http + "/generate_stream", json=body) as chat:
+            assert chat.status_code == 200
+            first = next(line for line in chat.iter_lines() if line.startswith("data:"))
+            during = [len(s.ids) - n for s, n in zip(streams, before, strict=True)]
+        assert json.loads(first.removeprefix("data:"))["token"]["text"]
+        for stream in streams:
+            stream.stop.set()
+        for stream in streams:
+            stream.done.result()
+    # A token or two in flight at each end: the steps with the prompt carried no bulk.
+    assert max(during) <= steps // 3, (during, steps)
+    idle_engine()
 
 
 def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_text(

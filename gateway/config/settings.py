@@ -44,6 +44,9 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # pauses the excess (gateway/engine/bulk_scheduler.py).
     bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
     bulk_max_running: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
+    # While an interactive request is present, an engine step computes at most this many
+    # tokens (0: MAX_NUM_BATCHED_TOKENS; auto: by the device, gateway/engine/cpu_defaults.py).
+    interactive_step_tokens: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
     # LoRA adapters (docs/ADAPTERS.md): `name=path` pairs, or a directory of adapter
     # directories; with none and ENABLE_LORA off, LoRA is off and the base model keeps
     # torch.compile. MAX_LORAS adapters share one batch, each of rank <= MAX_LORA_RANK.

@@ -46,6 +46,7 @@ from gateway.engine.cpu_defaults import (
     reported_flags,
     resolve_bulk_cap,
     resolve_dtype,
+    resolve_interactive_step_tokens,
 )
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
@@ -86,7 +87,8 @@ class EngineStep(msgspec.Struct):
 
 def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
     bulk_cap = resolve_bulk_cap(settings.bulk_max_running, device_type())
-    capped = settings.scheduling_policy == "priority" and bulk_cap > 0
+    step_tokens = resolve_interactive_step_tokens(settings.interactive_step_tokens, device_type())
+    own_scheduler = settings.scheduling_policy == "priority" and (bulk_cap > 0 or step_tokens > 0)
     return AsyncEngineArgs(
         model=model,
         served_model_name=[settings.served_model_name] if settings.served_model_name else None,
@@ -101,11 +103,11 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         scheduling_policy=settings.scheduling_policy,
         max_num_batched_tokens=settings.max_num_batched_tokens or None,
         scheduler_cls=f"{BulkCapScheduler.__module__}.{BulkCapScheduler.__name__}"
-        if capped
+        if own_scheduler
         else None,
-        additional_config=engine_config(settings.bulk_priority, bulk_cap),
+        additional_config=engine_config(settings.bulk_priority, bulk_cap, step_tokens),
         # The cap's scheduler extends vLLM's synchronous one (a CPU engine's only kind).
-        async_scheduling=False if capped else None,
+        async_scheduling=False if own_scheduler else None,
         enable_lora=lora_enabled(settings),
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,

@@ -69,6 +69,24 @@ def resolve_bulk_cap(requested: int | str, device: str = "cpu") -> int:
     return CPU_BULK_MAX_RUNNING if device == "cpu" else 0
 
 
+# While a request ahead of bulk is present, a CPU engine's step computes at most this many
+# tokens (INTERACTIVE_STEP_TOKENS=auto): a burst of chats' prompts (20 of ~100 tokens) is
+# computed a few at a time, so half of them answer after a fraction of the burst's prefill.
+# On 2 cores (AVX-512 BF16) 256 gave a burst's p50 TTFT below 512's and 128's (too many steps,
+# each with its fixed cost) and below vLLM's own budget (2048: the whole burst in one step)
+# (docs/BENCHMARKS.md, issue 30). A GPU computes a burst's prompts in one short step: vLLM's
+# budget there.
+CPU_INTERACTIVE_STEP_TOKENS = 256
+
+
+def resolve_interactive_step_tokens(requested: int | str, device: str = "cpu") -> int:
+    """INTERACTIVE_STEP_TOKENS as a number: `auto` is CPU_INTERACTIVE_STEP_TOKENS on a CPU,
+    else 0 (vLLM's own budget)."""
+    if requested != "auto":
+        return int(requested)
+    return CPU_INTERACTIVE_STEP_TOKENS if device == "cpu" else 0
+
+
 # vLLM binds its model worker to all cores but one, which it reserves for the frontend. On
 # 2 cores that leaves the model one core while the frontend needs a few percent of the other:
 # the model on both measured 1.1-1.4x the tok/s at concurrency 32 and 64 on every CPU kind
