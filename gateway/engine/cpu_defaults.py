@@ -54,12 +54,13 @@ def resolve_dtype(
 
 # While a request ahead of bulk is present, bulk takes part in at most this many of a CPU
 # engine's steps' sequences (BULK_MAX_RUNNING=auto; the rest are paused): a CPU step's time
-# grows with its batch, so a chat's first token waits for every bulk sequence. On 2 cores, 16
-# of 64 running batch requests brought a chat's TTFT p50 1.2-1.9x below no cap in every shape
-# of chat traffic measured (steady, sporadic, bursts), for 0.5-0.96x the batch's tok/s while
-# chats were present (docs/BENCHMARKS.md, issue 30). A GPU's decode step hardly grows with its
-# batch: no cap there.
-CPU_BULK_MAX_RUNNING = 16
+# grows with its batch, so a chat waits for every bulk sequence. With prompts first
+# (bulk_scheduler.py) the cap no longer weighs on a chat's prompt step, only on the step it
+# arrives during and its decode steps: on 2 cores 24 gave lower chat TTFT p50 than 16 in the
+# steady and burst shapes, the same in the sporadic one, and ~1.45x the batch's tok/s with
+# steady chats; 32 gave no more batch and slower chats (docs/BENCHMARKS.md, issue 30). A GPU's
+# decode step hardly grows with its batch: no cap there.
+CPU_BULK_MAX_RUNNING = 24
 
 
 def resolve_bulk_cap(requested: int | str, device: str = "cpu") -> int:
