@@ -37,7 +37,7 @@ def context_length(gateway: Gateway) -> int:
     return engine.max_model_len if engine is not None else gateway.settings.engine.max_model_len
 
 
-def _error(error: GenerationError) -> Whole:
+def error_answer(error: GenerationError) -> Whole:
     status, body = error_of(error)
     return Whole(status, body, JSON)
 
@@ -67,14 +67,14 @@ async def prepare(
             tools = gateway.tool_parsing.calling(call.tool_use, await gateway.holder.wait())
             call = msgspec.structs.replace(call, requests=tools.constrained(call.requests))
     except GenerationError as e:
-        return _error(e)
+        return error_answer(e)
     served = served_model_name(gateway.settings.engine)
     adapter: tuple[str, str] | None = (component, INFERENCE_COMPONENT) if component else None
     if unknown_model(call.model, served) is not None:
         try:
             engine = await gateway.holder.wait()  # its adapters are the other models served
         except GenerationError as e:
-            return _error(e)
+            return error_answer(e)
         why = unknown_model(call.model, served, engine.adapters.names)
         if why is not None:
             return Whole(404, not_found(why), JSON)
@@ -95,7 +95,7 @@ async def prepare(
         outcomes = [ends[i] for i in sorted(ends)]
         failed = next((o for o in outcomes if isinstance(o, Failed)), None)
         if failed is not None:
-            return _error(failed.error())
+            return error_answer(failed.error())
         done = [o for o in outcomes if isinstance(o, Finished)]
         return Whole(200, encoder.document(done), JSON)
     head = await opened_stream(request, steps)
@@ -127,7 +127,7 @@ def _refusal(head: list[Step]) -> Whole | None:
     """A prompt that failed before anything streamed keeps its status."""
     failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
     streamed = any(isinstance(e, Delta) for step in head for e in step)
-    return _error(failed.error()) if failed is not None and not streamed else None
+    return error_answer(failed.error()) if failed is not None and not streamed else None
 
 
 async def _chunks(

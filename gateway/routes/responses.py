@@ -18,9 +18,9 @@ from gateway.config.settings import served_model_name
 from gateway.engine.tool_calls import ToolCalling
 from gateway.engine_path.responses import Responses, StoredResponse
 from gateway.routes import responses_background
-from gateway.routes.openai import SSE, SSE_HEADERS, context_length, opened_stream
+from gateway.routes.openai import SSE, SSE_HEADERS, context_length, error_answer, opened_stream
 from gateway.routes.prepared import CLIENT_GONE, JSON, Prepared, Streamed, Whole, to_response
-from gateway.routes.responses_events import Answer, answer_events, error_answer
+from gateway.routes.responses_events import Answer, answer_events
 from gateway.routes.streaming import closer, collect
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError, invalid

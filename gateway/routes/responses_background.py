@@ -12,9 +12,9 @@ from starlette.requests import Request
 
 from gateway.engine_path.background import Background, Ending
 from gateway.engine_path.responses import Responses
-from gateway.routes.openai import SSE, SSE_HEADERS, Step
+from gateway.routes.openai import SSE, SSE_HEADERS, Step, error_answer
 from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Prepared, Streamed, Whole
-from gateway.routes.responses_events import Answer, answer_events, error_answer
+from gateway.routes.responses_events import Answer, answer_events
 from gateway.routes.streaming import closer, open_stream
 from gateway.state import Gateway
 from gateway.stores.continuation import Key

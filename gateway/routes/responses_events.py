@@ -13,11 +13,10 @@ from gateway.engine.tool_calls import ToolCalling
 from gateway.engine_path.deadlines import SHUTTING_DOWN
 from gateway.engine_path.responses import Responses, Turn
 from gateway.routes.openai import Step
-from gateway.routes.prepared import JSON, Chunk, Whole
+from gateway.routes.prepared import Chunk
 from gateway.routes.streaming import chained
 from protocols.errors import GenerationError
 from protocols.events import Delta, Failed, Finished, Started
-from protocols.openai_answers import error_of
 from protocols.responses_answers import (
     SHUTDOWN,
     EventStream,
@@ -31,11 +30,6 @@ from protocols.responses_answers import (
     outcome_of,
 )
 from protocols.responses_requests import ResponsesCall
-
-
-def error_answer(error: GenerationError) -> Whole:
-    status, body = error_of(error)
-    return Whole(status, body, JSON)
 
 
 class Answer:
