@@ -39,10 +39,19 @@ VARIANTS: dict[str, dict[str, str]] = {
         "LD_PRELOAD": f"{TCMALLOC}:{IOMP}",
         **BOTH_CORES,
     },
+    # the tokens one step computes (vLLM's CPU default 2,048; issue 30: a bound on every step)
+    "bf16 both-cores step1024": {
+        "DTYPE": "bfloat16",
+        "MAX_NUM_BATCHED_TOKENS": "1024",
+        **BOTH_CORES,
+    },
+    "bf16 both-cores step512": {"DTYPE": "bfloat16", "MAX_NUM_BATCHED_TOKENS": "512", **BOTH_CORES},
 }
 
 
-async def _measure(concurrency: list[int], tokens: int, rounds: int) -> dict[str, object]:
+async def _measure(
+    concurrency: list[int], tokens: int, rounds: int, prompt_tokens: int
+) -> dict[str, object]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -51,7 +60,12 @@ async def _measure(concurrency: list[int], tokens: int, rounds: int) -> dict[str
     from gateway.engine.adapter import engine_args
     from gateway.engine.default_model import prepare_default_model
 
-    variant = {"ENFORCE_EAGER": True, "DTYPE": os.environ["DTYPE"], "KV_CACHE_GIB": 2.0}
+    variant: dict[str, object] = {
+        "ENFORCE_EAGER": True,
+        "DTYPE": os.environ["DTYPE"],
+        "KV_CACHE_GIB": 2.0,
+        "MAX_NUM_BATCHED_TOKENS": int(os.environ.get("MAX_NUM_BATCHED_TOKENS", "0")),
+    }
     settings = msgspec.convert(variant, EngineSettings)
     started = time.perf_counter()
     llm = AsyncLLM.from_engine_args(engine_args(settings, str(prepare_default_model())))
@@ -64,6 +78,7 @@ async def _measure(concurrency: list[int], tokens: int, rounds: int) -> dict[str
     async def one() -> tuple[float, int]:
         rid = next(serial)
         prompt = f"Request {rid}: write a long story about the number {rid} and its friends."
+        prompt += " and then" * max(0, (prompt_tokens - 17) // 2)  # 2 tokens a repeat
         begin = time.perf_counter()
         first = None
         count = 0
@@ -97,12 +112,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="batches per concurrency")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="pad prompts to ~N tokens")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.child:
-        print("RESULT " + json.dumps(asyncio.run(_measure(levels, args.tokens, args.rounds))))
+        print(
+            "RESULT "
+            + json.dumps(
+                asyncio.run(_measure(levels, args.tokens, args.rounds, args.prompt_tokens))
+            )
+        )
         return 0
     names = [n for n in args.variants.split(",") if n]
     results: dict[str, list[dict[str, object]]] = {n: [] for n in names}
@@ -122,6 +143,8 @@ def main() -> int:
                     str(args.rounds),
                     "--concurrency",
                     args.concurrency,
+                    "--prompt-tokens",
+                    str(args.prompt_tokens),
                 ],
                 env=env,
                 capture_output=True,
@@ -135,13 +158,14 @@ def main() -> int:
             figures = json.loads(line.removeprefix("RESULT "))
             results[name].append(figures)
             print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
-    print("\n| variant | " + " | ".join(f"c={c} tok/s" for c in levels) + " | TTFT p50 c=32 |")
+    top = levels[-1]
+    print("\n| variant | " + " | ".join(f"c={c} tok/s" for c in levels) + f" | TTFT p50 c={top} |")
     print("|---|" + "---|" * (len(levels) + 1))
     for name, runs in results.items():
         if not runs:
             continue
         cells = [f"{statistics.mean(r[f'c{c}']['tok_s'] for r in runs):.1f}" for c in levels]  # type: ignore[index]
-        ttft = statistics.mean(r["c32"]["ttft_p50_ms"] for r in runs) if "c32" in runs[0] else 0  # type: ignore[index]
+        ttft = statistics.mean(r[f"c{top}"]["ttft_p50_ms"] for r in runs)  # type: ignore[index]
         print(f"| {name} | " + " | ".join(cells) + f" | {ttft:.0f} ms |")
     return 0
 

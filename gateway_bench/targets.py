@@ -26,6 +26,8 @@ import aiohttp
 import msgspec
 
 from gateway.config.settings import EngineSettings
+from gateway.engine.cpu_defaults import resolve_max_num_batched_tokens
+from gateway_bench import machine
 
 GIB = 1 << 30
 _STOP_GRACE_S = 30.0
@@ -78,7 +80,8 @@ async def served_model(session: aiohttp.ClientSession, url: str) -> str:
 def vllm_server_command(
     settings: EngineSettings, model: str, name: str, port: int, dtype: str | None
 ) -> list[str]:
-    """`dtype` None: vLLM's own default (the "defaults" target); otherwise the gateway's."""
+    """`dtype` None: vLLM's own defaults (the "defaults" target); otherwise the gateway's dtype
+    and step budget for this machine (gateway/engine/cpu_defaults.py)."""
     command = [
         sys.executable,
         "-m",
@@ -105,6 +108,9 @@ def vllm_server_command(
     ]
     if dtype is not None:
         command += ["--dtype", dtype]
+        budget = resolve_max_num_batched_tokens(settings.max_num_batched_tokens, machine.device())
+        if budget:
+            command += ["--max-num-batched-tokens", str(budget)]
     if settings.enforce_eager:
         command.append("--enforce-eager")
     return command

@@ -50,7 +50,7 @@ def gateway_settings(**env: str) -> Settings:
         # Small, so that a few long requests overflow it (tests/test_priorities.py: preemption).
         "KV_CACHE_GIB": "0.25",
         # Bulk held to 4 running while an interactive request is present (the engine's
-        # scheduler preempts the rest: tests/test_priorities.py). No fewer: a bulk stream past
+        # scheduler pauses the rest: tests/test_priorities.py). No fewer: a bulk stream past
         # the cap waits while endless interactive streams run, and unending_streams.py starts
         # 4 bulk streams beside 12 endless interactive ones.
         "BULK_MAX_RUNNING": "4",

@@ -7,6 +7,7 @@ from pathlib import Path
 from gateway.engine.cpu_defaults import (
     CPU_BULK_MAX_RUNNING,
     CPU_INTERACTIVE_STEP_TOKENS,
+    CPU_MAX_NUM_BATCHED_TOKENS,
     cpu_flags,
     engine_environment,
     native_bfloat16,
@@ -14,6 +15,7 @@ from gateway.engine.cpu_defaults import (
     resolve_bulk_cap,
     resolve_dtype,
     resolve_interactive_step_tokens,
+    resolve_max_num_batched_tokens,
 )
 
 AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})
@@ -79,3 +81,10 @@ def test_a_cpu_steps_tokens_are_bounded_beside_a_chat_and_a_gpu_keeps_vllms_budg
     assert resolve_interactive_step_tokens("auto", "cuda") == 0
     assert resolve_interactive_step_tokens(0, "cpu") == 0
     assert resolve_interactive_step_tokens(512, "cuda") == 512
+
+
+def test_every_cpu_step_is_bounded_and_a_gpu_keeps_vllms_budget() -> None:
+    assert resolve_max_num_batched_tokens("auto", "cpu") == CPU_MAX_NUM_BATCHED_TOKENS > 0
+    assert resolve_max_num_batched_tokens("auto", "cuda") == 0
+    assert resolve_max_num_batched_tokens(0, "cpu") == 0
+    assert resolve_max_num_batched_tokens(4096, "cpu") == 4096

@@ -1,13 +1,23 @@
-"""The engine's dtype follows the settings and the CPU, and the server says which it chose
-and why. (The test engine asks for float32, tests/serving.py; what "auto" picks on each kind
-of CPU is tests/test_cpu_defaults.py.)"""
+"""The engine's dtype and step budget follow the settings and the device, and the server says
+which dtype it chose and why. (The test engine asks for float32, tests/serving.py; what "auto"
+picks on each kind of CPU is tests/test_cpu_defaults.py.)"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import httpx
 
-from gateway.engine.cpu_defaults import cpu_flags, reported_flags, resolve_dtype
+from gateway.engine.cpu_defaults import (
+    CPU_MAX_NUM_BATCHED_TOKENS,
+    cpu_flags,
+    reported_flags,
+    resolve_dtype,
+)
 from serving import RunningServer
+
+if TYPE_CHECKING:
+    from gateway.engine.adapter import Engine
 
 
 def test_info_and_metrics_report_the_dtype_chosen_for_this_cpu(server: RunningServer) -> None:
@@ -19,3 +29,11 @@ def test_info_and_metrics_report_the_dtype_chosen_for_this_cpu(server: RunningSe
     line = next(m for m in metrics.splitlines() if m.startswith("gateway_engine_info{"))
     assert f'dtype="{dtype}"' in line and f'dtype_reason="{reason}"' in line
     assert f'cpu_flags="{flags}"' in line
+
+
+def test_a_cpu_engines_steps_take_the_gateways_budget(
+    server: RunningServer, engine: Engine
+) -> None:
+    assert server.gateway.settings.engine.max_num_batched_tokens == "auto"
+    budget = engine.llm.vllm_config.scheduler_config.max_num_batched_tokens
+    assert budget == CPU_MAX_NUM_BATCHED_TOKENS < 2048  # vLLM's own on a CPU

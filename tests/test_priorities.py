@@ -243,16 +243,25 @@ def test_preempted_requests_are_recomputed_to_the_same_greedy_text(
     idle_engine()
 
 
-class BulkStream:
-    """An endless bulk generation (`/invocations`, jsonlines) read in a thread: its token ids
-    so far; it ends when `stop` is set."""
+class EndlessStream:
+    """An endless greedy generation read in a thread: its token ids so far; it ends when `stop`
+    is set. Bulk through `/invocations` (jsonlines), or interactive through TGI's
+    `/generate_stream` (server-sent events)."""
 
-    def __init__(self, server: RunningServer, pool: ThreadPoolExecutor, prompt: str) -> None:
+    def __init__(
+        self,
+        server: RunningServer,
+        pool: ThreadPoolExecutor,
+        prompt: str,
+        path: str = "/invocations",
+    ) -> None:
         self.ids: list[int] = []
         self.stop = threading.Event()
         unending = {"max_new_tokens": UNENDING, "do_sample": False, "ignore_eos_token": True}
-        body = {"inputs": prompt, "stream": True, "parameters": unending}
-        self.done = pool.submit(self._read, server.http + "/invocations", body)
+        body: dict[str, object] = {"inputs": prompt, "parameters": unending}
+        if path == "/invocations":
+            body["stream"] = True
+        self.done = pool.submit(self._read, server.http + path, body)
 
     def _read(self, url: str, body: dict[str, object]) -> None:
         with httpx.stream("POST", url, json=body, timeout=None) as response:
@@ -261,7 +270,7 @@ class BulkStream:
                 if self.stop.is_set():
                     return
                 if line:
-                    self.ids.append(json.loads(line)["token"]["id"])
+                    self.ids.append(json.loads(line.removeprefix("data:"))["token"]["id"])
 
 
 def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_runs(
@@ -273,7 +282,7 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
     preempted = scheduler.preemptions
     prompt = CHAT.format("Count the stars.")
     with ThreadPoolExecutor(cap + 1) as pool:
-        streams = [BulkStream(server, pool, prompt) for _ in range(cap + 1)]
+        streams = [EndlessStream(server, pool, prompt) for _ in range(cap + 1)]
         wait_for(lambda: scheduler.running == cap + 1 and all(s.ids for s in streams))
         with connect(server.ws + "/ws") as person:  # an interactive class (1), endless
             person.send(payload(("person", PROMPT), generation_config=LONG))
@@ -317,36 +326,44 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
         assert stream.ids == reference[: len(stream.ids)]
 
 
-def test_bulk_waits_while_an_interactive_prompt_is_computed(
+def test_a_chat_prompt_is_computed_in_bounded_steps_without_bulk(
     server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
 ) -> None:
-    """Prompts first (bulk_scheduler.py): the steps that compute a chat's prompt carry no bulk
-    request, so the bulk streams hardly move between the chat's arrival and its first token;
-    without the rule each would gain a token per step of that prompt."""
+    """While a chat's long prompt is computed: each step takes at most INTERACTIVE_STEP_TOKENS,
+    so the prompt takes many steps and another chat already streaming gains a token in each
+    (with the engine's budget alone, 512 tokens on a CPU, it would take 4 steps); and prompts first
+    (bulk_scheduler.py): those steps carry no bulk request, so the bulk streams hardly move
+    (without the rule each would gain a token per step, as the other chat does)."""
     cap = server.gateway.settings.engine.bulk_max_running
     step_tokens = server.gateway.settings.engine.interactive_step_tokens
     assert cap == 4 and step_tokens == STEP_TOKENS
     scheduler = engine.scheduler
     prompt = CHAT.format("Which word is this? " + " ".join(["river"] * 1700))
     counted = httpx.post(server.http + "/tokenize", json={"prompt": prompt}).json()["count"]
-    steps = counted // STEP_TOKENS  # the prompt's steps at least, each a token for every bulk
+    steps = counted // STEP_TOKENS  # the prompt's steps at least
     # Fewer than bulk_scheduler.PROMPTS_FIRST_STEPS (16), after which bulk has a step.
     assert 10 <= steps < 16 and counted < MAX_MODEL_LEN - 8
-    with ThreadPoolExecutor(cap) as pool:
-        streams = [BulkStream(server, pool, CHAT.format("Count the stars.")) for _ in range(cap)]
-        wait_for(lambda: scheduler.running == cap and all(s.ids for s in streams))
+    with ThreadPoolExecutor(cap + 1) as pool:
+        streams = [EndlessStream(server, pool, CHAT.format("Count the stars.")) for _ in range(cap)]
+        other_chat = EndlessStream(server, pool, PROMPT, "/generate_stream")
+        wait_for(
+            lambda: scheduler.running == cap + 1 and all(s.ids for s in [*streams, other_chat])
+        )
         body = {"inputs": prompt, "parameters": {"max_new_tokens": 2, "do_sample": False}}
         before = [len(s.ids) for s in streams]
+        other_before = len(other_chat.ids)
         with httpx.stream("POST", server.http + "/generate_stream", json=body) as chat:
             assert chat.status_code == 200
             first = next(line for line in chat.iter_lines() if line.startswith("data:"))
             during = [len(s.ids) - n for s, n in zip(streams, before, strict=True)]
+            other_during = len(other_chat.ids) - other_before
         assert json.loads(first.removeprefix("data:"))["token"]["text"]
-        for stream in streams:
+        for stream in [*streams, other_chat]:
             stream.stop.set()
-        for stream in streams:
+        for stream in [*streams, other_chat]:
             stream.done.result()
-    # A token or two in flight at each end: the steps with the prompt carried no bulk.
+    # A token or two in flight at each end: the prompt took its steps, and they carried no bulk.
+    assert other_during >= 2 * steps // 3, (other_during, steps)
     assert max(during) <= steps // 3, (during, steps)
     idle_engine()
 

@@ -306,28 +306,19 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
         },
         "strict": True,
     }
-    called = api.responses.create(
-        model=MODEL,
-        input="What is the weather in Paris?",
-        tools=[weather],
-        tool_choice={"type": "function", "name": "get_weather"},
-        max_output_tokens=40,
-        temperature=0,
-    )
+    ask: dict[str, Any] = {
+        "model": MODEL,
+        "input": "What is the weather in Paris?",
+        "tools": [weather],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 40,
+        "temperature": 0,
+    }
+    called = api.responses.create(**ask)
     calls = [item for item in called.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
     assert "city" in json.loads(calls[0].arguments)
-    events = list(
-        api.responses.create(
-            model=MODEL,
-            input="What is the weather in Paris?",
-            tools=[weather],
-            tool_choice={"type": "function", "name": "get_weather"},
-            max_output_tokens=40,
-            temperature=0,
-            stream=True,
-        )
-    )
+    events = list(api.responses.create(**ask, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     # the output read for calls at its end: each item opened, then done
     added = [e.item for e in events if e.type == "response.output_item.added"]

@@ -35,7 +35,8 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     pipeline_parallel_size: Positive = 1
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     seed: Seed = 0
-    max_num_batched_tokens: Annotated[int, Meta(ge=0)] = 0  # tokens a step; 0: vLLM's own
+    # Tokens an engine step computes (0: vLLM's own; auto: by the device, cpu_defaults.py).
+    max_num_batched_tokens: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
     # "priority": requests carry their class (gateway/config/priorities.py); "fcfs": arrival order.
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # Classes at or past BULK_PRIORITY are bulk; while an interactive request runs or waits,
@@ -45,7 +46,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     bulk_priority: Annotated[int, Meta(ge=1, le=9)] = 2
     bulk_max_running: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
     # While an interactive request is present, an engine step computes at most this many
-    # tokens (0: MAX_NUM_BATCHED_TOKENS; auto: by the device, gateway/engine/cpu_defaults.py).
+    # tokens (0: MAX_NUM_BATCHED_TOKENS's; auto: by the device, gateway/engine/cpu_defaults.py).
     interactive_step_tokens: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
     # LoRA adapters (docs/ADAPTERS.md): `name=path` pairs, or a directory of adapter
     # directories; with none and ENABLE_LORA off, LoRA is off and the base model keeps

@@ -47,6 +47,7 @@ from gateway.engine.cpu_defaults import (
     resolve_bulk_cap,
     resolve_dtype,
     resolve_interactive_step_tokens,
+    resolve_max_num_batched_tokens,
 )
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
@@ -101,7 +102,10 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         dtype=settings.dtype,
         seed=settings.seed,
         scheduling_policy=settings.scheduling_policy,
-        max_num_batched_tokens=settings.max_num_batched_tokens or None,
+        max_num_batched_tokens=resolve_max_num_batched_tokens(
+            settings.max_num_batched_tokens, device_type()
+        )
+        or None,
         scheduler_cls=f"{BulkCapScheduler.__module__}.{BulkCapScheduler.__name__}"
         if own_scheduler
         else None,

@@ -65,9 +65,7 @@ CPU_BULK_MAX_RUNNING = 24
 
 def resolve_bulk_cap(requested: int | str, device: str = "cpu") -> int:
     """BULK_MAX_RUNNING as a number: `auto` is CPU_BULK_MAX_RUNNING on a CPU, else 0 (none)."""
-    if requested != "auto":
-        return int(requested)
-    return CPU_BULK_MAX_RUNNING if device == "cpu" else 0
+    return _on_cpu(requested, CPU_BULK_MAX_RUNNING, device)
 
 
 # While a request ahead of bulk is present, a CPU engine's step computes at most this many
@@ -82,10 +80,31 @@ CPU_INTERACTIVE_STEP_TOKENS = 256
 
 def resolve_interactive_step_tokens(requested: int | str, device: str = "cpu") -> int:
     """INTERACTIVE_STEP_TOKENS as a number: `auto` is CPU_INTERACTIVE_STEP_TOKENS on a CPU,
-    else 0 (vLLM's own budget)."""
+    else 0 (the engine's step budget)."""
+    return _on_cpu(requested, CPU_INTERACTIVE_STEP_TOKENS, device)
+
+
+# The tokens any step of a CPU engine computes (MAX_NUM_BATCHED_TOKENS=auto; vLLM's CPU
+# default is 2,048). A CPU step's time grows with its tokens, and a step does not stop
+# midway: a chat arriving while the batch's prompts are computed waited for a 2,048-token
+# step (0.5-1.2 s on 2 cores), the slowest chat of the steady shape on every target. With
+# 512, batch-only traffic lost nothing (128- and 1,024-token prompts, 8 and 64 at once) and
+# chats arriving into a batch's prompts waited ~5x less (docs/BENCHMARKS.md, issue 30).
+# A GPU computes 2,048 tokens in one short step: vLLM's budget there.
+CPU_MAX_NUM_BATCHED_TOKENS = 512
+
+
+def resolve_max_num_batched_tokens(requested: int | str, device: str = "cpu") -> int:
+    """MAX_NUM_BATCHED_TOKENS as a number: `auto` is CPU_MAX_NUM_BATCHED_TOKENS on a CPU, else
+    0 (vLLM's own)."""
+    return _on_cpu(requested, CPU_MAX_NUM_BATCHED_TOKENS, device)
+
+
+def _on_cpu(requested: int | str, cpu_value: int, device: str) -> int:
+    """A setting as a number: `auto` is `cpu_value` on a CPU, else 0 (off, or vLLM's own)."""
     if requested != "auto":
         return int(requested)
-    return CPU_INTERACTIVE_STEP_TOKENS if device == "cpu" else 0
+    return cpu_value if device == "cpu" else 0
 
 
 # vLLM binds its model worker to all cores but one, which it reserves for the frontend. On
