@@ -35,6 +35,7 @@ from gateway_bench.constrained import Row, measure  # a Row's ratio: see _ratio_
 from gateway_bench.mixed import default_model
 from gateway_bench.results import Machine, write_report
 from gateway_bench.scenario_options import TargetOptions, parse_options
+from gateway_bench.worker import pooled_connector
 
 ADAPTER = "bench-adapter"  # the adapter's name on the LoRA-on gateway
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -100,7 +101,7 @@ def _ratio_to(variant: str) -> str | None:
 
 async def measure_all(options: AdaptersOptions, at: Targets) -> list[Row]:
     timeout = aiohttp.ClientTimeout(total=None)
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = pooled_connector()
     rows: list[Row] = []
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for variant in VARIANTS:  # warm: the adapter loaded, each engine's first step taken

@@ -50,7 +50,7 @@ from gateway_bench.results import (
     WorkloadDescription,
 )
 from gateway_bench.runner import requests_per_step, sweep
-from gateway_bench.worker import Context
+from gateway_bench.worker import Context, pooled_connector
 from gateway_bench.workload import Workload
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ async def run_benchmark(
         prompt_tokens=options.prompt_tokens,
         output_tokens=options.output_tokens,
     )
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = pooled_connector()
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None)
     ) as session:

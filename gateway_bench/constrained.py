@@ -41,6 +41,7 @@ from gateway_bench import machine, targets
 from gateway_bench.mixed import default_model
 from gateway_bench.results import Machine, write_report
 from gateway_bench.scenario_options import TargetOptions, parse_options
+from gateway_bench.worker import pooled_connector
 
 _MIN_CHARS = 400  # more characters than `output_tokens` tokens spell: no answer completes
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -189,7 +190,7 @@ async def measure(
 
 async def measure_all(options: ConstrainedOptions, url: str, model: str) -> list[Row]:
     timeout = aiohttp.ClientTimeout(total=None)
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = pooled_connector()
     rows: list[Row] = []
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for variant in options.variants:  # warm: each grammar compiled once, before timing

@@ -48,7 +48,7 @@ from gateway_bench.mixed_report import (
     write_report,
 )
 from gateway_bench.mixed_shapes import SHAPES, Chat, burst
-from gateway_bench.worker import Context, Worker
+from gateway_bench.worker import Context, Worker, pooled_connector
 from gateway_bench.workload import Request
 
 Client = Callable[[Worker, Request], Awaitable[Record]]
@@ -275,7 +275,7 @@ async def _run_target(
     target = TARGETS[name]
     running_limit = options.overload_running if regime == "overload" else options.batch_clients
     timeout = aiohttp.ClientTimeout(total=None)
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = pooled_connector()
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         context = Context(session, endpoint.url, model=endpoint.model if target.is_vllm else "")
         return await _measure(

@@ -43,6 +43,7 @@ from gateway_bench.soak_report import (
 )
 from gateway_bench.soak_run import Soak, plan
 from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, margins, settled
+from gateway_bench.worker import pooled_connector
 from gateway_bench.workload import Workload
 
 JSON = "soak.json"
@@ -129,7 +130,7 @@ async def run_soak(
     )
     warmup = plan(options, workload, options.warmup, "warmup")
     specs = plan(options, workload, options.requests, "soak")
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = pooled_connector()
     timeout = aiohttp.ClientTimeout(total=None)
     bar = tqdm(total=len(specs), unit="req", disable=not options.progress, dynamic_ncols=True)
     # /metrics needs a key on a keyed gateway (METRICS_PUBLIC unset): the main key's.

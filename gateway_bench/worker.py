@@ -18,6 +18,18 @@ if TYPE_CHECKING:
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
+# Seconds an idle pooled connection is kept for the next request. aiohttp's default, 15 s,
+# outlives the servers' keep-alive (uvicorn's 5 s: vLLM's server, the gateway's
+# KEEP_ALIVE_SECONDS): a request sent on a connection the server is closing fails with
+# "Server disconnected" (it ended a mixed run once, a burst sent after a 5 s pause).
+KEEPALIVE_S = 2.0
+
+
+def pooled_connector() -> aiohttp.TCPConnector:
+    """Any number of connections at once; an idle one is not reused once the server may have
+    closed it."""
+    return aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+
 
 @dataclass
 class Context:
