@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config.settings import served_model_name
+from gateway.engine.cpu_defaults import CPU_MAX_NUM_BATCHED_TOKENS
 from gateway_bench.engine_counts import parse_counts
 from gateway_bench.mixed_options import SHAPES, MixedOptions, parse
 from gateway_bench.mixed_report import RegimeResult, ShapeResult, TargetResult, goals
@@ -90,6 +91,9 @@ def test_the_overload_regime_limits_what_each_started_engine_runs() -> None:
         busy, busy_env, _ = target_command(name, "overload", options, "/models/m", 8000)
         if name == "vllm-server":
             assert "--max-num-seqs" not in calm and busy[-2:] == ["--max-num-seqs", limit]
+            # the gateway's CPU step budget, as the gateways have it (MAX_NUM_BATCHED_TOKENS=auto)
+            budget = calm[calm.index("--max-num-batched-tokens") + 1]
+            assert budget == str(CPU_MAX_NUM_BATCHED_TOKENS)
         else:
             assert "MAX_RUNNING_REQUESTS" not in calm_env
             assert busy_env["MAX_RUNNING_REQUESTS"] == limit
