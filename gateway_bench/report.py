@@ -179,9 +179,10 @@ def _cpu(report: BenchReport) -> str:
         flags += f" (not {', '.join(lacks)})"
     dtype = d.dtype if d.dtype == d.requested_dtype else f"{d.requested_dtype} -> {d.dtype}"
     env = ", ".join(f"{k}={v}" for k, v in d.environment.items()) or "none added"
+    budget = f"{d.step_tokens} tokens" if d.step_tokens else "vLLM's own"
     return (
         f"- CPU flags: {flags}. Device {d.device}; dtype {dtype}: {d.dtype_reason}; vLLM "
-        f"environment: {env}. These are the gateway's CPU defaults "
+        f"environment: {env}; a step's tokens: {budget}. These are the gateway's CPU defaults "
         "(gateway/engine/cpu_defaults.py), "
         "given to the ceiling and to vLLM's server, not to vLLM's server with its defaults."
     )

@@ -105,6 +105,7 @@ class CpuDefaults(msgspec.Struct, kw_only=True):
     dtype: str  # what the engines get
     dtype_reason: str
     environment: dict[str, str]  # set for vLLM's CPU backend before it starts
+    step_tokens: int = 0  # MAX_NUM_BATCHED_TOKENS=auto here; 0: vLLM's own budget
 
 
 class Machine(msgspec.Struct, kw_only=True):

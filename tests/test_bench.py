@@ -82,6 +82,7 @@ def test_quick_bench_measures_every_target_and_writes_the_report(
     text = (tmp_path / MARKDOWN).read_text()
     assert text.startswith("# llm-gateway bench (quick mode)")
     assert "- CPU flags: " in text and report.machine.defaults.dtype_reason in text
+    assert f"a step's tokens: {report.machine.defaults.step_tokens} tokens" in text  # a CPU's
     for heading in ("## Targets", "## Throughput and latency", "## Continuation by request_id"):
         assert heading in text
     rows = [line for line in text.splitlines() if line.startswith("| WS /ws |")]
