@@ -46,6 +46,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         **BOTH_CORES,
     },
     "bf16 both-cores step512": {"DTYPE": "bfloat16", "MAX_NUM_BATCHED_TOKENS": "512", **BOTH_CORES},
+    "bf16 both-cores step256": {"DTYPE": "bfloat16", "MAX_NUM_BATCHED_TOKENS": "256", **BOTH_CORES},
 }
 
 
