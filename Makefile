@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: install browser run prepare-model test test-fast lint image clean
+.PHONY: install browser run prepare-model test test-all test-fast lint image clean
 
 install:
 	@bash deploy/install.sh
@@ -17,8 +17,16 @@ prepare-model: install
 run: install
 	$(VENV)/bin/llm-gateway serve
 
+# What a contributor runs before every commit: every behaviour the session's shared engine and
+# servers can check (about 10 minutes on 2 cores, README). It ends with the slowest 25 tests.
 test: install browser
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not own_engine" --durations=25 $(PYTEST_ARGS)
+
+# `make test` plus what starts engines, servers or clusters of its own (vLLM's server, Ray
+# replicas, the SageMaker container, engine recovery, the LoRA engine) and the benches' quick
+# runs: what CI runs (.ci/run).
+test-all: install browser
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # The pure tests only (protocols, config, admission, store...): no engine is started, none
 # needs vLLM (tests/conftest.py marks every test that uses the engine), and the default model
