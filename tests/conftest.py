@@ -39,13 +39,18 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 use_poller_client()  # gRPC's client as `llm-gateway serve` sets it with replicas: before Ray
 
 ENGINE_FIXTURES = {"engine", "loop_thread"}  # every server fixture depends on both
+# Servers and clusters beside the session's engine: a test using one is `make test-all`'s.
+OWN_ENGINE_FIXTURES = {"vllm_server", "ray_address"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on the marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if ENGINE_FIXTURES & fixtures:
             item.add_marker(pytest.mark.engine)
+        if OWN_ENGINE_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.own_engine)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ from serving import LoopThread, RunningServer, gateway_settings, start_server
 if TYPE_CHECKING:
     from gateway.engine.adapter import Engine
 
+pytestmark = pytest.mark.own_engine  # a LoRA engine of its own: make test-all
 PROMPT = "Tell me about lighthouses."
 SPOKEN = PHRASE.strip()  # what the adapter's answers hold, and the base model's never
 ADMIN = "admin-key"

@@ -41,6 +41,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SOAK_PROTOCOLS = [p.name for p in PROTOCOLS]
 
 
+@pytest.mark.own_engine  # a bench scenario's quick run: make test-all
 @pytest.mark.timeout(0)  # no wall-clock limit: however slow the machine, the run completes
 def test_quick_bench_measures_every_target_and_writes_the_report(
     loop_thread: LoopThread, engine: Engine, server: RunningServer, tmp_path: Path
@@ -213,6 +214,7 @@ def test_the_chat_route_is_judged_against_vllms_chat_route() -> None:
     assert "1.06 x vLLM; TTFT p50 850.0 vs 900.0 ms" in judged.measured
 
 
+@pytest.mark.own_engine  # a bench scenario's quick run: make test-all
 @pytest.mark.timeout(0)  # no wall-clock limit: however slow the machine, the run completes
 def test_quick_soak_ends_every_prompt_once(
     engine: Engine, make_server: Callable[..., RunningServer], tmp_path: Path

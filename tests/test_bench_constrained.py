@@ -19,6 +19,7 @@ from serving import RunningServer, gateway_settings
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 
 
+@pytest.mark.own_engine  # a bench scenario's quick run: make test-all
 def test_the_quick_constrained_scenario_measures_every_variant(
     tmp_path: Path, server: RunningServer
 ) -> None:

@@ -27,7 +27,7 @@ from deploy_files import entrypoint
 from clients import CHAT, wait_for
 from serving import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.own_engine]  # the container's own engine
 # The Dockerfile's ENTRYPOINT, from this environment, with SageMaker's argument.
 IMAGE_COMMAND = entrypoint()
 COMMAND = [str(Path(sys.executable).with_name(IMAGE_COMMAND[0])), *IMAGE_COMMAND[1:], "serve"]

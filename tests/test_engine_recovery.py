@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from gateway.engine.adapter import Engine
     from gateway.engine.loader import EngineLoader
 
+pytestmark = pytest.mark.own_engine  # engines of its own, killed on purpose: make test-all
+
 
 def own_engine_loader(rebuilds: asyncio.Event | None) -> EngineLoader:
     """Builds a new engine at every call: the server's first, then each rebuild once
