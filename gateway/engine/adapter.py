@@ -1,5 +1,6 @@
 """The engine adapter: the gateway's only way to vLLM (gateway/engine/bulk_scheduler.py runs inside
-vLLM's engine process, loaded by it).
+vLLM's engine process, loaded by it). What it needs of vLLM's internals is in
+gateway/engine/vllm_seam.py.
 
 It builds `AsyncLLM`, translates `SamplingOptions` into vLLM's parameters, and streams
 `EngineStep`s. Closing a stream (or cancelling the task that iterates it) aborts the engine
@@ -29,8 +30,6 @@ from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.metrics.loggers import StatLoggerBase
-from vllm.v1.metrics.stats import IterationStats
 
 from gateway.config.adapters import (
     check_adapter_path,
@@ -51,6 +50,11 @@ from gateway.engine.cpu_defaults import (
 )
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
+from gateway.engine.vllm_seam import (
+    SchedulerStatsLogger,
+    core_processes,
+    start_output_handler,
+)
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import Delta, TokenInfo, TopToken
@@ -244,29 +248,6 @@ class SchedulerView(msgspec.Struct):
     waiting: int = 0
 
 
-class _SchedulerStats(StatLoggerBase):
-    """Keeps a `SchedulerView` current from vLLM's per-step stats."""
-
-    def __init__(self, view: SchedulerView, vllm_config: Any, engine_index: int = 0) -> None:
-        self.view = view
-
-    def record(
-        self,
-        scheduler_stats: Any,
-        iteration_stats: IterationStats | None,
-        mm_cache_stats: Any = None,
-        engine_idx: int = 0,
-    ) -> None:
-        if iteration_stats is not None:
-            self.view.preemptions += iteration_stats.num_preempted_reqs
-        if scheduler_stats is not None:
-            self.view.running = scheduler_stats.num_running_reqs
-            self.view.waiting = scheduler_stats.num_waiting_reqs
-
-    def log_engine_initialized(self) -> None:
-        pass
-
-
 class Engine:
     """One vLLM engine, shared by every protocol."""
 
@@ -305,7 +286,7 @@ class Engine:
         log.info("engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags))
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
         view = SchedulerView()
-        stats = partial(_SchedulerStats, view)
+        stats = partial(SchedulerStatsLogger, view)
         adapters = Adapters(
             configured_adapters(settings),
             enabled=lora_enabled(settings),
@@ -675,10 +656,7 @@ class Engine:
         """
         # AsyncLLM starts the handler with the first request, or at once when it is built on
         # a running loop; Engine.start builds it in a worker thread, so start it here.
-        llm: Any = self.llm  # a private method, untyped
-        llm._run_output_handler()
-        handler = self.llm.output_handler
-        assert handler is not None
+        handler = start_output_handler(self.llm)
 
         def ended(_: object) -> None:
             if not self._closing:
@@ -686,19 +664,13 @@ class Engine:
 
         handler.add_done_callback(ended)
 
-    def _processes(self) -> list[Any]:
-        """vLLM's engine-core processes (none when it runs the engine core in this process)."""
-        resources = getattr(self.llm.engine_core, "resources", None)
-        manager = getattr(resources, "engine_manager", None)
-        return list(getattr(manager, "processes", []))
-
     def core_pids(self) -> list[int]:
-        return [int(p.pid) for p in self._processes() if p.pid is not None]
+        return [int(p.pid) for p in core_processes(self.llm) if p.pid is not None]
 
     def death_reason(self) -> str:
         exited = [
             f"{p.name} (pid {p.pid}) exited with code {p.exitcode}"
-            for p in self._processes()
+            for p in core_processes(self.llm)
             if p.exitcode is not None
         ]
         return "; ".join(exited) or "vLLM's output handler stopped"
