@@ -25,6 +25,23 @@ from gateway.engine.vllm_seam import (
     Use,
 )
 
+# Public names, but what gateway/engine/constraint_check.py builds on: an upgrade checks them too.
+CONSTRAINT_CHECK = Touchpoint(
+    "constraint_check.check_constraint",
+    (
+        Use(
+            "vllm.sampling_params:SamplingParams",
+            "verify",
+            ("model_config", "speculative_config", "structured_outputs_config", "tokenizer"),
+        ),
+        Use("vllm.sampling_params:SamplingParams", "structured_outputs"),
+        Use(ASYNC_LLM, "vllm_config"),
+        Use(ASYNC_LLM, "model_config"),
+        Use(ASYNC_LLM, "tokenizer"),
+        Use("vllm.config:VllmConfig", "speculative_config"),
+        Use("vllm.config:VllmConfig", "structured_outputs_config"),
+    ),
+)
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -101,7 +118,7 @@ def problems(touchpoint: Touchpoint) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("touchpoint", TOUCHPOINTS, ids=lambda t: t.seam)
+@pytest.mark.parametrize("touchpoint", [*TOUCHPOINTS, CONSTRAINT_CHECK], ids=lambda t: t.seam)
 def test_the_touchpoint_holds(touchpoint: Touchpoint) -> None:
     found = problems(touchpoint)
     assert not found, "\n".join(found)

@@ -1,6 +1,7 @@
 """The engine adapter: the gateway's only way to vLLM (gateway/engine/bulk_scheduler.py runs inside
 vLLM's engine process, loaded by it). What it needs of vLLM's internals is in
-gateway/engine/vllm_seam.py.
+gateway/engine/vllm_seam.py; a constraint is checked before submission by
+gateway/engine/constraint_check.py.
 
 It builds `AsyncLLM`, translates `SamplingOptions` into vLLM's parameters, and streams
 `EngineStep`s. Closing a stream (or cancelling the task that iterates it) aborts the engine
@@ -13,7 +14,6 @@ import asyncio
 import itertools
 import logging
 import os
-import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
@@ -39,6 +39,7 @@ from gateway.config.adapters import (
 from gateway.config.settings import ConfigError, EngineSettings, served_model_name
 from gateway.engine.beams import beam_search
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
+from gateway.engine.constraint_check import check_constraint
 from gateway.engine.cpu_defaults import (
     cpu_flags,
     engine_environment,
@@ -174,28 +175,16 @@ def _structured(options: SamplingOptions) -> StructuredOutputsParams | None:
     return None
 
 
-def _from_structured_outputs(error: Exception) -> bool:
-    """Whether vLLM raised `error` checking a request's structured-output constraint (its
-    grammar backend could not compile it), rather than another of its parameters."""
-    return any(
-        frame.f_code.co_name == "_validate_structured_outputs"
-        for frame, _ in traceback.walk_tb(error.__traceback__)
-    )
-
-
 def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
     # "stop" with a string stop_reason was a stop string; otherwise an EOS / stop token.
     return finish_reason == "stop" and not isinstance(stop_reason, str)
 
 
 def _refusal(error: VLLMValidationError) -> GenerationError:
-    """vLLM's own check of a request ours let through (a structured-output grammar its backend
-    cannot compile, a stop token outside the vocabulary): the request's fault, not the
-    engine's."""
-    message = f"The engine refused the request: {error}"
-    if _from_structured_outputs(error):
-        return UncompilableConstraint(ErrorKind.UNPROCESSABLE, message)
-    return GenerationError(ErrorKind.UNPROCESSABLE, message)
+    """vLLM's own check of a request ours let through (a stop token outside the vocabulary):
+    the request's fault, not the engine's. A constraint its grammar backend cannot compile is
+    refused before the request is submitted (gateway/engine/constraint_check.py)."""
+    return GenerationError(ErrorKind.UNPROCESSABLE, f"The engine refused the request: {error}")
 
 
 def _translated(error: Exception) -> Exception:
@@ -486,6 +475,7 @@ class Engine:
         first = True
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
+            await check_constraint(self.llm, params)
             async for output in outputs:
                 step = self._step(output, output.outputs[0], first, constrained)
                 first = False
@@ -527,6 +517,7 @@ class Engine:
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
+            await check_constraint(self.llm, params)
             async for output in outputs:
                 if output.finished:
                     steps = [
