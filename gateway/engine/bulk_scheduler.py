@@ -37,8 +37,9 @@ gateway/engine/vllm_seam.py: its queues, its token budget and its preemption are
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gateway.engine import vllm_seam as seam
@@ -88,11 +89,12 @@ class BulkCapScheduler(seam.StepScheduler):
     def _is_bulk(self, request: Request) -> bool:
         return request.priority >= self.bulk_priority
 
-    def _waiting(self) -> list[Request]:
-        return seam.waiting(self) + seam.kv_holding_waiting(self)
+    def _waiting(self) -> Iterator[Request]:
+        return itertools.chain(seam.waiting(self), seam.kv_holding_waiting(self))
 
     def _interactive_present(self) -> bool:
-        return any(not self._is_bulk(r) for r in seam.running(self) + self._waiting())
+        requests = itertools.chain(seam.running(self), self._waiting())
+        return any(not self._is_bulk(r) for r in requests)
 
     def _interactive_prompt_pending(self) -> bool:
         """Whether an interactive request's prompt is to be computed in the next steps (not

@@ -17,7 +17,7 @@ library, so that check runs in any environment that has vLLM.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -93,19 +93,19 @@ def engine_config(scheduler: Scheduler) -> VllmConfig:
     return config
 
 
-def running(scheduler: Scheduler) -> list[Request]:
-    """The running requests, in the scheduler's order (its internal list)."""
-    return list(scheduler.running)
+def running(scheduler: Scheduler) -> Sequence[Request]:
+    """The running requests, in the scheduler's order (its internal list: read, not changed)."""
+    return scheduler.running
 
 
-def waiting(scheduler: Scheduler) -> list[Request]:
+def waiting(scheduler: Scheduler) -> Iterable[Request]:
     """The waiting queue, in its policy's order (what `left_out` can hold back)."""
-    return list(scheduler.waiting)
+    return scheduler.waiting
 
 
-def kv_holding_waiting(scheduler: Scheduler) -> list[Request]:
+def kv_holding_waiting(scheduler: Scheduler) -> Iterable[Request]:
     """Waiting requests that hold KV blocks (a queue vLLM drains before `waiting`)."""
-    return list(scheduler.kv_holding_waiting)
+    return scheduler.kv_holding_waiting
 
 
 @contextmanager
