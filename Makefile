@@ -41,6 +41,8 @@ lint: install
 	$(VENV)/bin/mypy tests
 	@# the layers of docs/ARCHITECTURE.md and no import circles: contracts in pyproject.toml
 	$(VENV)/bin/lint-imports
+	@# vLLM's and Ray's private names only in their seams (docs/ARCHITECTURE.md, "The seam to vLLM")
+	$(PY) tests/private_names.py gateway protocols gateway_bench tests
 	$(VENV)/bin/hadolint $(filter-out %.dockerignore,$(wildcard deploy/*/Dockerfile*))
 	@# kubernetes-validate has no schema for the ServiceMonitor (a CRD): tests/test_deploy_manifests.py
 	@# checks it against the Prometheus Operator's, in deploy/k8s/schemas/.

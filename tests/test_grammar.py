@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import jsonschema  # type: ignore[import-untyped]
@@ -18,7 +18,12 @@ from huggingface_hub import InferenceClient, TextGenerationInputGrammarType
 from huggingface_hub.errors import ValidationError
 
 from clients import CHAT
-from serving import RunningServer
+from protocols.constraints import UncompilableConstraint
+from protocols.generation import SamplingOptions
+from serving import LoopThread, RunningServer
+
+if TYPE_CHECKING:
+    from gateway.engine.adapter import Engine
 
 MODEL = "SmolLM2-135M-Instruct"
 PATTERNS = [
@@ -251,3 +256,31 @@ def test_an_uncompilable_constraint_is_each_routes_refusal_naming_its_field(
     refused = post(compat, "/invocations", tgi_lmi)
     assert refused.status_code == 424 and field in refused.text, refused.text
     assert tgi.text_generation("Hi", max_new_tokens=2)  # the server still answers
+
+
+def test_a_constraint_is_checked_before_the_request_reaches_the_engine(
+    loop_thread: LoopThread, engine: Engine
+) -> None:
+    """vLLM's own check, asked about the constraint alone (gateway/engine/constraint_check.py),
+    refuses what the engine's grammar backend cannot compile and leaves the request's
+    parameters as they were."""
+    from gateway.engine.adapter import sampling_params
+    from gateway.engine.constraint_check import check_constraint
+
+    uncompilable = [
+        SamplingOptions(regex=BAD_REGEX),
+        SamplingOptions(json_schema=json.dumps(BAD_SCHEMA)),
+        SamplingOptions(grammar='root ::= "unclosed'),
+    ]
+    for options in uncompilable:
+        with pytest.raises(UncompilableConstraint) as caught:
+            loop_thread.run(check_constraint(engine.llm, sampling_params(options)))
+        assert caught.value.message.startswith("The engine refused the request: ")
+    params = sampling_params(SamplingOptions(choice=("yes", "no")))
+    loop_thread.run(check_constraint(engine.llm, params))
+    assert params.structured_outputs is not None
+    assert (params.structured_outputs.choice, params.structured_outputs.grammar) == (
+        ["yes", "no"],
+        None,
+    )
+    loop_thread.run(check_constraint(engine.llm, sampling_params(SamplingOptions())))

@@ -1,5 +1,7 @@
 """The engine adapter: the gateway's only way to vLLM (gateway/engine/bulk_scheduler.py runs inside
-vLLM's engine process, loaded by it).
+vLLM's engine process, loaded by it). What it needs of vLLM's internals is in
+gateway/engine/vllm_seam.py; a constraint is checked before submission by
+gateway/engine/constraint_check.py.
 
 It builds `AsyncLLM`, translates `SamplingOptions` into vLLM's parameters, and streams
 `EngineStep`s. Closing a stream (or cancelling the task that iterates it) aborts the engine
@@ -12,7 +14,6 @@ import asyncio
 import itertools
 import logging
 import os
-import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
@@ -29,8 +30,6 @@ from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.metrics.loggers import StatLoggerBase
-from vllm.v1.metrics.stats import IterationStats
 
 from gateway.config.adapters import (
     check_adapter_path,
@@ -40,6 +39,7 @@ from gateway.config.adapters import (
 from gateway.config.settings import ConfigError, EngineSettings, served_model_name
 from gateway.engine.beams import beam_search
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
+from gateway.engine.constraint_check import check_constraint
 from gateway.engine.cpu_defaults import (
     cpu_flags,
     engine_environment,
@@ -51,6 +51,11 @@ from gateway.engine.cpu_defaults import (
 )
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
+from gateway.engine.vllm_seam import (
+    SchedulerStatsLogger,
+    core_processes,
+    start_output_handler,
+)
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import Delta, TokenInfo, TopToken
@@ -170,28 +175,16 @@ def _structured(options: SamplingOptions) -> StructuredOutputsParams | None:
     return None
 
 
-def _from_structured_outputs(error: Exception) -> bool:
-    """Whether vLLM raised `error` checking a request's structured-output constraint (its
-    grammar backend could not compile it), rather than another of its parameters."""
-    return any(
-        frame.f_code.co_name == "_validate_structured_outputs"
-        for frame, _ in traceback.walk_tb(error.__traceback__)
-    )
-
-
 def _is_eos(finish_reason: str | None, stop_reason: int | str | None) -> bool:
     # "stop" with a string stop_reason was a stop string; otherwise an EOS / stop token.
     return finish_reason == "stop" and not isinstance(stop_reason, str)
 
 
 def _refusal(error: VLLMValidationError) -> GenerationError:
-    """vLLM's own check of a request ours let through (a structured-output grammar its backend
-    cannot compile, a stop token outside the vocabulary): the request's fault, not the
-    engine's."""
-    message = f"The engine refused the request: {error}"
-    if _from_structured_outputs(error):
-        return UncompilableConstraint(ErrorKind.UNPROCESSABLE, message)
-    return GenerationError(ErrorKind.UNPROCESSABLE, message)
+    """vLLM's own check of a request ours let through (a stop token outside the vocabulary):
+    the request's fault, not the engine's. A constraint its grammar backend cannot compile is
+    refused before the request is submitted (gateway/engine/constraint_check.py)."""
+    return GenerationError(ErrorKind.UNPROCESSABLE, f"The engine refused the request: {error}")
 
 
 def _translated(error: Exception) -> Exception:
@@ -244,29 +237,6 @@ class SchedulerView(msgspec.Struct):
     waiting: int = 0
 
 
-class _SchedulerStats(StatLoggerBase):
-    """Keeps a `SchedulerView` current from vLLM's per-step stats."""
-
-    def __init__(self, view: SchedulerView, vllm_config: Any, engine_index: int = 0) -> None:
-        self.view = view
-
-    def record(
-        self,
-        scheduler_stats: Any,
-        iteration_stats: IterationStats | None,
-        mm_cache_stats: Any = None,
-        engine_idx: int = 0,
-    ) -> None:
-        if iteration_stats is not None:
-            self.view.preemptions += iteration_stats.num_preempted_reqs
-        if scheduler_stats is not None:
-            self.view.running = scheduler_stats.num_running_reqs
-            self.view.waiting = scheduler_stats.num_waiting_reqs
-
-    def log_engine_initialized(self) -> None:
-        pass
-
-
 class Engine:
     """One vLLM engine, shared by every protocol."""
 
@@ -305,7 +275,7 @@ class Engine:
         log.info("engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags))
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
         view = SchedulerView()
-        stats = partial(_SchedulerStats, view)
+        stats = partial(SchedulerStatsLogger, view)
         adapters = Adapters(
             configured_adapters(settings),
             enabled=lora_enabled(settings),
@@ -505,6 +475,7 @@ class Engine:
         first = True
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
+            await check_constraint(self.llm, params)
             async for output in outputs:
                 step = self._step(output, output.outputs[0], first, constrained)
                 first = False
@@ -546,6 +517,7 @@ class Engine:
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
+            await check_constraint(self.llm, params)
             async for output in outputs:
                 if output.finished:
                     steps = [
@@ -675,10 +647,7 @@ class Engine:
         """
         # AsyncLLM starts the handler with the first request, or at once when it is built on
         # a running loop; Engine.start builds it in a worker thread, so start it here.
-        llm: Any = self.llm  # a private method, untyped
-        llm._run_output_handler()
-        handler = self.llm.output_handler
-        assert handler is not None
+        handler = start_output_handler(self.llm)
 
         def ended(_: object) -> None:
             if not self._closing:
@@ -686,19 +655,13 @@ class Engine:
 
         handler.add_done_callback(ended)
 
-    def _processes(self) -> list[Any]:
-        """vLLM's engine-core processes (none when it runs the engine core in this process)."""
-        resources = getattr(self.llm.engine_core, "resources", None)
-        manager = getattr(resources, "engine_manager", None)
-        return list(getattr(manager, "processes", []))
-
     def core_pids(self) -> list[int]:
-        return [int(p.pid) for p in self._processes() if p.pid is not None]
+        return [int(p.pid) for p in core_processes(self.llm) if p.pid is not None]
 
     def death_reason(self) -> str:
         exited = [
             f"{p.name} (pid {p.pid}) exited with code {p.exitcode}"
-            for p in self._processes()
+            for p in core_processes(self.llm)
             if p.exitcode is not None
         ]
         return "; ".join(exited) or "vLLM's output handler stopped"

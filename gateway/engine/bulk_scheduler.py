@@ -31,19 +31,19 @@ computed:
 
 Paused requests are counted as waiting in the engine's stats (`gateway_engine_waiting`): they
 wait for a step. Loaded by vLLM in the engine process (`scheduler_cls`); the settings come in
-`additional_config["llm_gateway"]`.
+`additional_config["llm_gateway"]`. vLLM's scheduler is reached only through
+gateway/engine/vllm_seam.py: its queues, its token budget and its preemption are internals.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request, RequestStatus
+from gateway.engine import vllm_seam as seam
+from gateway.engine.vllm_seam import Request, RequestStatus, SchedulerOutput
 
 CONFIG_KEY = "llm_gateway"
 
@@ -71,16 +71,17 @@ def engine_config(
     }
 
 
-class BulkCapScheduler(Scheduler):
+class BulkCapScheduler(seam.StepScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        extra = self.vllm_config.additional_config
+        vllm_config = seam.engine_config(self)
+        extra = vllm_config.additional_config
         config = extra.get(CONFIG_KEY, {}) if isinstance(extra, dict) else {}
         self.bulk_priority: int = config.get("bulk_priority", 2)
         self.bulk_max_running: int = config.get("bulk_max_running", 0)
         step_tokens: int = config.get("interactive_step_tokens", 0)
         # Without chunked prefill a prompt longer than the bound could never be scheduled.
-        chunked = self.scheduler_config.enable_chunked_prefill
+        chunked = vllm_config.scheduler_config.enable_chunked_prefill
         self.interactive_step_tokens = step_tokens if chunked else 0
         self._paused: list[Request] = []  # left out of the last step, still running
         self._prompts_first_steps = 0  # steps in a row that left every bulk request out
@@ -88,19 +89,21 @@ class BulkCapScheduler(Scheduler):
     def _is_bulk(self, request: Request) -> bool:
         return request.priority >= self.bulk_priority
 
+    def _waiting(self) -> Iterator[Request]:
+        return itertools.chain(seam.waiting(self), seam.kv_holding_waiting(self))
+
     def _interactive_present(self) -> bool:
-        queues = (self.running, self.waiting, self.kv_holding_waiting)
-        return any(not self._is_bulk(r) for queue in queues for r in queue)
+        requests = itertools.chain(seam.running(self), self._waiting())
+        return any(not self._is_bulk(r) for r in requests)
 
     def _interactive_prompt_pending(self) -> bool:
         """Whether an interactive request's prompt is to be computed in the next steps (not
         one waiting for its grammar or a remote KV cache: no step would carry it)."""
-        queues = (self.waiting, self.kv_holding_waiting)
-        if any(not self._is_bulk(r) and r.status in _SCHEDULABLE for q in queues for r in q):
+        if any(not self._is_bulk(r) and r.status in _SCHEDULABLE for r in self._waiting()):
             return True
         return any(
             not self._is_bulk(r) and r.num_computed_tokens < r.num_prompt_tokens
-            for r in self.running
+            for r in seam.running(self)
         )
 
     def _step_cap(self) -> int:
@@ -114,58 +117,39 @@ class BulkCapScheduler(Scheduler):
     def _running_bulk(self) -> list[Request]:
         """The running bulk requests, the oldest of the highest class first."""
         return sorted(
-            (r for r in self.running if self._is_bulk(r)),
+            (r for r in seam.running(self) if self._is_bulk(r)),
             key=lambda r: (r.priority, r.arrival_time),
         )
 
     def _preempt(self, requests: list[Request]) -> None:
         now = time.monotonic()
         for request in requests:
-            self.running.remove(request)
-            self._preempt_request(request, now)
+            seam.preempt(self, request, now)
 
-    def get_request_counts(self) -> tuple[int, int]:
-        running, waiting = super().get_request_counts()
-        paused = sum(1 for r in self._paused if r.status == RequestStatus.RUNNING)
-        return running - paused, waiting + paused
+    def waiting_in_running(self) -> int:
+        return sum(1 for r in self._paused if r.status == RequestStatus.RUNNING)
 
-    @contextmanager
-    def _step_tokens_bounded(self) -> Iterator[None]:
-        budget = self.max_num_scheduled_tokens
-        if self.interactive_step_tokens:
-            self.max_num_scheduled_tokens = min(budget, self.interactive_step_tokens)
-        try:
-            yield
-        finally:
-            self.max_num_scheduled_tokens = budget
-
-    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+    def step(self, schedule: Callable[[], SchedulerOutput]) -> SchedulerOutput:
         self._paused = []
         if not self._interactive_present():
             self._prompts_first_steps = 0
-            return super().schedule(throttle_prefills)
-        with self._step_tokens_bounded():
+            return schedule()
+        with seam.step_tokens_at_most(self, self.interactive_step_tokens):
             if not self.bulk_max_running:
-                return super().schedule(throttle_prefills)
-            return self._schedule_capped(throttle_prefills)
+                return schedule()
+            return self._schedule_capped(schedule)
 
-    def _schedule_capped(self, throttle_prefills: bool) -> SchedulerOutput:
+    def _schedule_capped(self, schedule: Callable[[], SchedulerOutput]) -> SchedulerOutput:
         cap = self._step_cap()
         bulk = self._running_bulk()
-        if self.kv_cache_manager.usage >= PREEMPT_AT_KV_USAGE:
+        if self.get_kv_cache_usage() >= PREEMPT_AT_KV_USAGE:
             self._preempt(bulk[self.bulk_max_running :])
             bulk = bulk[: self.bulk_max_running]
         paused = bulk[cap:]
-        left_out = {r.request_id for r in paused}
-        self.running = [r for r in self.running if r.request_id not in left_out]
         room = max(0, cap - len(bulk))
-        waiting_bulk = [r for r in self.waiting if self._is_bulk(r)]  # in the queue's order
-        held = waiting_bulk[room:]
-        self.waiting.remove_requests(held)
+        waiting_bulk = [r for r in seam.waiting(self) if self._is_bulk(r)]  # in the queue's order
         try:
-            return super().schedule(throttle_prefills)
+            with seam.left_out(self, paused, waiting_bulk[room:]):
+                return schedule()
         finally:
-            for request in held:
-                self.waiting.add_request(request)
-            self.running.extend(paused)
             self._paused = paused

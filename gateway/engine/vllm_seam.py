@@ -1,0 +1,283 @@
+"""Every vLLM internal the gateway relies on, each behind one small function or class.
+
+vLLM's public API (`AsyncLLM`, `SamplingParams`, the `scheduler_cls` and `stat_loggers` hooks)
+does not reach all the gateway does: the bulk cap's scheduler decides what a step takes, which
+vLLM's scheduler decides inside `schedule()` with no hook; the engine's death is one task's
+end, and the engine-core processes are only in the client's internals; the scheduler's counts
+come in stats classes vLLM calls unstable. Each use of an underscore name or of an internal
+attribute layout is here, with why no public API serves, and the other modules call these:
+`make lint` refuses a private vLLM name anywhere else (tests/private_names.py).
+
+`TOUCHPOINTS` lists the vLLM names each one relies on; tests/test_vllm_contract.py checks them
+against the installed vLLM without starting an engine, the first step of an upgrade
+(docs/ARCHITECTURE.md, "The seam to vLLM"). This module imports only vLLM and the standard
+library, so that check runs in any environment that has vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+from vllm.v1.request import Request, RequestStatus
+
+__all__ = ["Request", "RequestStatus", "SchedulerOutput"]
+
+
+@dataclass(frozen=True)
+class Use:
+    """One vLLM name a touchpoint relies on: a method of `owner` ("module:Class") that takes
+    `parameters` (in this order, after self), or with `parameters` None an attribute each
+    instance of `owner` has (set in its `__init__`, a field, or a class attribute)."""
+
+    owner: str
+    name: str
+    parameters: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Touchpoint:
+    seam: str  # the function or class of this module
+    uses: tuple[Use, ...]
+
+
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+QUEUE = "vllm.v1.core.sched.request_queue:RequestQueue"
+REQUEST = "vllm.v1.request:Request"
+ASYNC_LLM = "vllm.v1.engine.async_llm:AsyncLLM"
+STAT_LOGGER = "vllm.v1.metrics.loggers:StatLoggerBase"
+
+
+# --- The bulk cap's scheduler (gateway/engine/bulk_scheduler.py) -----------------------------
+# vLLM loads a subclass of its Scheduler from `scheduler_cls`, but which running and waiting
+# requests a step takes, and its token budget, are decided inside `schedule()`: no hook or
+# parameter says "leave these out of this step". The cap hides requests from the scheduler's
+# own queues for one step and bounds the budget attribute `schedule()` reads.
+
+
+class StepScheduler(Scheduler):
+    """vLLM's scheduler with its step wrapped: a subclass overrides `step` (given vLLM's own
+    step as `schedule`) and `waiting_in_running` (requests of the running list that the
+    engine's stats should count as waiting), instead of vLLM's methods."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        return self.step(partial(super().schedule, throttle_prefills))
+
+    def step(self, schedule: Callable[[], SchedulerOutput]) -> SchedulerOutput:
+        return schedule()
+
+    def get_request_counts(self) -> tuple[int, int]:
+        running, waiting = super().get_request_counts()
+        moved = self.waiting_in_running()
+        return running - moved, waiting + moved
+
+    def waiting_in_running(self) -> int:
+        return 0
+
+
+def engine_config(scheduler: Scheduler) -> VllmConfig:
+    """The engine's configuration (`additional_config` carries the gateway's settings): vLLM
+    hands it to the scheduler's constructor only, which keeps it as an attribute."""
+    config: VllmConfig = scheduler.vllm_config
+    return config
+
+
+def running(scheduler: Scheduler) -> Sequence[Request]:
+    """The running requests, in the scheduler's order (its internal list: read, not changed)."""
+    return scheduler.running
+
+
+def waiting(scheduler: Scheduler) -> Iterable[Request]:
+    """The waiting queue, in its policy's order (what `left_out` can hold back)."""
+    return scheduler.waiting
+
+
+def kv_holding_waiting(scheduler: Scheduler) -> Iterable[Request]:
+    """Waiting requests that hold KV blocks (a queue vLLM drains before `waiting`)."""
+    return scheduler.kv_holding_waiting
+
+
+@contextmanager
+def left_out(
+    scheduler: Scheduler, paused: Iterable[Request], held: Iterable[Request]
+) -> Iterator[None]:
+    """Within the block, `paused` (running) and `held` (waiting) are not in the scheduler's
+    queues, so a step cannot take them; after it they are back, `paused` at the running list's
+    end (a paused request keeps its KV blocks and its status)."""
+    paused, held = list(paused), list(held)
+    out = {r.request_id for r in paused}
+    scheduler.running = [r for r in scheduler.running if r.request_id not in out]
+    scheduler.waiting.remove_requests(held)
+    try:
+        yield
+    finally:
+        for request in held:
+            scheduler.waiting.add_request(request)
+        scheduler.running.extend(paused)
+
+
+def preempt(scheduler: Scheduler, request: Request, now: float) -> None:
+    """Preempts a running request as vLLM does when the KV cache is full (its blocks freed, back
+    to the waiting queue's front): vLLM preempts only from inside its own step."""
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, now)
+
+
+@contextmanager
+def step_tokens_at_most(scheduler: Scheduler, tokens: int) -> Iterator[None]:
+    """Within the block a step computes at most `tokens` tokens (0: vLLM's budget): the budget
+    is an attribute `schedule()` reads, set once from the engine's settings."""
+    budget = scheduler.max_num_scheduled_tokens
+    if tokens:
+        scheduler.max_num_scheduled_tokens = min(budget, tokens)
+    try:
+        yield
+    finally:
+        scheduler.max_num_scheduled_tokens = budget
+
+
+# --- The engine's life (gateway/engine/adapter.py) --------------------------------------------
+
+
+def start_output_handler(llm: AsyncLLM) -> asyncio.Task[Any]:
+    """Starts AsyncLLM's output handler now (vLLM starts it with the first request, or when
+    built on a running loop) and returns its task, whose end is the engine's death: vLLM has no
+    public death callback, and `errored` can only be polled."""
+    engine: Any = llm  # a private method, untyped
+    engine._run_output_handler()
+    handler: asyncio.Task[Any] | None = llm.output_handler
+    assert handler is not None
+    return handler
+
+
+def core_processes(llm: AsyncLLM) -> list[BaseProcess]:
+    """vLLM's engine-core processes (none when the engine core runs in this process): only
+    the multiprocess client's background resources know them."""
+    resources = getattr(llm.engine_core, "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    return list(getattr(manager, "processes", []))
+
+
+class SchedulerCounts(Protocol):
+    preemptions: int
+    running: int
+    waiting: int
+
+
+class SchedulerStatsLogger(StatLoggerBase):
+    """Keeps `counts` current from vLLM's per-step stats (`AsyncLLM(stat_loggers=...)`, with
+    `functools.partial(SchedulerStatsLogger, counts)`). The hook is public, but vLLM calls the
+    stats classes it hands over unstable: the fields read are listed in TOUCHPOINTS."""
+
+    def __init__(self, counts: SchedulerCounts, vllm_config: Any, engine_index: int = 0) -> None:
+        self.counts = counts
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if iteration_stats is not None:
+            self.counts.preemptions += iteration_stats.num_preempted_reqs
+        if scheduler_stats is not None:
+            self.counts.running = scheduler_stats.num_running_reqs
+            self.counts.waiting = scheduler_stats.num_waiting_reqs
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+TOUCHPOINTS = (
+    Touchpoint(
+        "StepScheduler",
+        (
+            Use(SCHEDULER, "schedule", ("throttle_prefills",)),
+            Use(SCHEDULER, "get_request_counts", ()),
+        ),
+    ),
+    Touchpoint(
+        "engine_config",
+        (Use(SCHEDULER, "vllm_config"), Use("vllm.config:VllmConfig", "additional_config")),
+    ),
+    Touchpoint("running", (Use(SCHEDULER, "running"),)),
+    Touchpoint("waiting", (Use(SCHEDULER, "waiting"), Use(QUEUE, "__iter__", ()))),
+    Touchpoint(
+        "kv_holding_waiting", (Use(SCHEDULER, "kv_holding_waiting"), Use(QUEUE, "__iter__", ()))
+    ),
+    Touchpoint(
+        "left_out",
+        (
+            Use(SCHEDULER, "running"),
+            Use(SCHEDULER, "waiting"),
+            Use(QUEUE, "remove_requests", ("requests",)),
+            Use(QUEUE, "add_request", ("request",)),
+        ),
+    ),
+    Touchpoint(
+        "preempt",
+        (Use(SCHEDULER, "running"), Use(SCHEDULER, "_preempt_request", ("request", "timestamp"))),
+    ),
+    Touchpoint("step_tokens_at_most", (Use(SCHEDULER, "max_num_scheduled_tokens"),)),
+    Touchpoint(
+        "Request",  # the fields the bulk cap's scheduler reads
+        tuple(
+            Use(REQUEST, name)
+            for name in (
+                "request_id",
+                "priority",
+                "arrival_time",
+                "status",
+                "num_computed_tokens",
+                "num_prompt_tokens",
+            )
+        ),
+    ),
+    Touchpoint(
+        "RequestStatus",
+        tuple(
+            Use("vllm.v1.request:RequestStatus", name)
+            for name in ("WAITING", "PREEMPTED", "RUNNING")
+        ),
+    ),
+    Touchpoint(
+        "start_output_handler",
+        (Use(ASYNC_LLM, "_run_output_handler", ()), Use(ASYNC_LLM, "output_handler")),
+    ),
+    Touchpoint(
+        "core_processes",
+        (
+            Use(ASYNC_LLM, "engine_core"),
+            Use("vllm.v1.engine.core_client:MPClient", "resources"),
+            Use("vllm.v1.engine.core_client:BackgroundResources", "engine_manager"),
+            Use("vllm.v1.engine.utils:CoreEngineProcManager", "processes"),
+        ),
+    ),
+    Touchpoint(
+        "SchedulerStatsLogger",
+        (
+            Use(STAT_LOGGER, "__init__", ("vllm_config", "engine_index")),
+            Use(
+                STAT_LOGGER,
+                "record",
+                ("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
+            ),
+            Use(STAT_LOGGER, "log_engine_initialized", ()),
+            Use("vllm.v1.metrics.stats:SchedulerStats", "num_running_reqs"),
+            Use("vllm.v1.metrics.stats:SchedulerStats", "num_waiting_reqs"),
+            Use("vllm.v1.metrics.stats:IterationStats", "num_preempted_reqs"),
+        ),
+    ),
+)

@@ -1,0 +1,147 @@
+"""The vLLM internals the gateway relies on (`TOUCHPOINTS` of gateway/engine/vllm_seam.py),
+checked against the installed vLLM at import and signature level, with no engine started: the
+first step of a vLLM upgrade. One test per touchpoint; a failure names the touchpoint and what
+vLLM changed. Needs only vLLM and pytest, so an upgrade drill runs it in an environment of its
+own (docs/ARCHITECTURE.md, "The seam to vLLM")."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+
+import pytest
+
+# Only vLLM's absence skips: a seam that no longer imports on the installed vLLM fails here.
+pytest.importorskip("vllm", reason="the contract is with the installed vLLM")
+
+from gateway.engine.vllm_seam import (
+    ASYNC_LLM,
+    SCHEDULER,
+    TOUCHPOINTS,
+    SchedulerStatsLogger,
+    StepScheduler,
+    Touchpoint,
+    Use,
+)
+
+# Public names, but what gateway/engine/constraint_check.py builds on: an upgrade checks them too.
+CONSTRAINT_CHECK = Touchpoint(
+    "constraint_check.check_constraint",
+    (
+        Use(
+            "vllm.sampling_params:SamplingParams",
+            "verify",
+            ("model_config", "speculative_config", "structured_outputs_config", "tokenizer"),
+        ),
+        Use("vllm.sampling_params:SamplingParams", "structured_outputs"),
+        Use(ASYNC_LLM, "vllm_config"),
+        Use(ASYNC_LLM, "model_config"),
+        Use(ASYNC_LLM, "tokenizer"),
+        Use("vllm.config:VllmConfig", "speculative_config"),
+        Use("vllm.config:VllmConfig", "structured_outputs_config"),
+    ),
+)
+POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def owner_class(owner: str) -> type:
+    module, _, name = owner.partition(":")
+    found: type = getattr(importlib.import_module(module), name)
+    return found
+
+
+def _assigned(cls: type, name: str) -> bool:
+    """Whether `cls` or a base sets `name`: a class attribute (an enum member, a property), a
+    field or annotation (dataclass, msgspec Struct), or `self.name = ...` in its source."""
+    try:
+        inspect.getattr_static(cls, name)
+        return True
+    except AttributeError:
+        pass
+    assignment = re.compile(rf"self\.{re.escape(name)}\b\s*(:[^=\n]*)?=(?!=)")
+    for klass in inspect.getmro(cls):
+        if name in getattr(klass, "__annotations__", {}) or name in getattr(
+            klass, "__struct_fields__", ()
+        ):
+            return True
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):  # builtins, C extensions
+            continue
+        if assignment.search(source):
+            return True
+    return False
+
+
+def _method_problem(cls: type, use: Use, expected: tuple[str, ...]) -> str | None:
+    try:
+        inspect.getattr_static(cls, use.name)
+    except AttributeError:
+        return "is gone"
+    member = getattr(cls, use.name)
+    if not callable(member):
+        return "is no longer a method"
+    parameters = list(inspect.signature(member).parameters.values())
+    if parameters and parameters[0].name in ("self", "cls"):
+        parameters = parameters[1:]
+    positional = [p.name for p in parameters if p.kind in POSITIONAL]
+    required = [
+        p.name
+        for p in parameters[len(expected) :]
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if positional[: len(expected)] != list(expected) or required:
+        takes = ", ".join(p.name for p in parameters)
+        return f"takes ({takes}); the seam passes ({', '.join(expected)})"
+    return None
+
+
+def problems(touchpoint: Touchpoint) -> list[str]:
+    """What vLLM changed under `touchpoint`, one line per name (none: it holds)."""
+    found = []
+    for use in touchpoint.uses:
+        where = f"{touchpoint.seam}: vLLM's {use.owner}.{use.name}"
+        try:
+            cls = owner_class(use.owner)
+        except (ImportError, AttributeError) as e:
+            found.append(f"{where}: {use.owner} cannot be imported ({e})")
+            continue
+        if use.parameters is None:
+            if not _assigned(cls, use.name):
+                found.append(f"{where}: {use.owner} no longer sets `{use.name}`")
+        else:
+            problem = _method_problem(cls, use, use.parameters)
+            if problem:
+                found.append(f"{where} {problem}")
+    return found
+
+
+@pytest.mark.parametrize("touchpoint", [*TOUCHPOINTS, CONSTRAINT_CHECK], ids=lambda t: t.seam)
+def test_the_touchpoint_holds(touchpoint: Touchpoint) -> None:
+    found = problems(touchpoint)
+    assert not found, "\n".join(found)
+
+
+def test_the_seams_classes_implement_every_abstract_method() -> None:
+    for cls in (StepScheduler, SchedulerStatsLogger):
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        assert not missing, f"{cls.__name__}: vLLM's base class now also requires {missing}"
+
+
+def test_a_change_in_vllm_is_named() -> None:
+    renamed = Touchpoint(
+        "preempt", (Use(SCHEDULER, "_preempt_request", ("request", "when")), Use(SCHEDULER, "gone"))
+    )
+    assert problems(renamed) == [
+        f"preempt: vLLM's {SCHEDULER}._preempt_request takes (request, timestamp,"
+        " drop_stale_output); the seam passes (request, when)",
+        f"preempt: vLLM's {SCHEDULER}.gone: {SCHEDULER} no longer sets `gone`",
+    ]
+    more = Touchpoint("start", (Use(ASYNC_LLM, "_run_output_handler", ("loop",)),))
+    assert problems(more) == [
+        f"start: vLLM's {ASYNC_LLM}._run_output_handler takes (); the seam passes (loop)"
+    ]
+    moved = Touchpoint("x", (Use("vllm.v1.no_such_module:Scheduler", "running"),))
+    assert "cannot be imported" in problems(moved)[0]
