@@ -37,7 +37,8 @@ def test_a_path_like_response_id_is_openais_404(server: RunningServer) -> None:
     api = openai.OpenAI(base_url=server.http + "/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.NotFoundError) as caught:
         api.responses.retrieve("../../etc/passwd")  # the client sends it as ..%2F..%2F...
-    assert caught.value.body is not None
+    body = caught.value.body  # the error object, which Starlette's plain text was not
+    assert isinstance(body, dict) and "/v1/responses/../../etc/passwd" in body["message"]
     for method in ("GET", "DELETE"):
         answer = httpx.request(method, f"{server.http}/v1/responses/{TRAVERSAL}")
         assert answer.status_code == 404, answer.text
