@@ -19,6 +19,7 @@ from gateway.edge.body_limit import BodyLimitMiddleware
 from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.edge.limits import Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
+from gateway.edge.refusals import unrouted
 from gateway.engine.adapter import device_type
 from gateway.engine.chat_template import configured_chat_template
 from gateway.engine.cpu_defaults import resolve_bulk_cap
@@ -148,4 +149,9 @@ def create_app(
         Middleware(ApiKeyMiddleware, ring=ring, open_paths=open_paths, limits=limits),
         Middleware(DrainMiddleware, drain=drain),
     ]
-    return Starlette(routes=ROUTES, lifespan=lifespan, middleware=middleware)
+    return Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        middleware=middleware,
+        exception_handlers={404: unrouted, 405: unrouted},
+    )

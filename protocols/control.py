@@ -234,6 +234,17 @@ def decode_client(raw: bytes | str) -> ClientMessage:
         raise malformed(e) from e
 
 
+def type_of(raw: bytes | str) -> str | None:
+    """The `type` a client message says it is, read however wrong the rest of it is (None for
+    one that is not a JSON object with a string `type`)."""
+    try:
+        doc: Any = JSON_DECODER.decode(raw)
+    except MALFORMED:
+        return None
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def decode_server(raw: bytes | str) -> ServerMessage:
     """The client's side of the codec, for tests and Python clients."""
     return _SERVER_DECODER.decode(raw)

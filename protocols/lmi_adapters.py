@@ -103,10 +103,11 @@ def _flag(query: Mapping[str, str], key: str, *, default: bool) -> bool:
 
 def page(query: Mapping[str, str], count: int) -> tuple[int, int]:
     """DJL's ListPagination: the slice [first, last) of `count` items; a limit past 100 or
-    below 0 is 100, a negative token 0."""
+    below 1 is 100, a negative token 0. (DJL keeps a limit of 0: an empty page whose
+    nextPageToken is the token asked with, which a client following it asks for forever.)"""
     limit = _integer(query, "limit", MAX_PAGE)
     first = max(_integer(query, "next_page_token", 0), 0)
-    if limit > MAX_PAGE or limit < 0:
+    if limit > MAX_PAGE or limit < 1:
         limit = MAX_PAGE
     return first, min(first + limit, count)
 

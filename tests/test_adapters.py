@@ -370,6 +370,21 @@ def test_lmi_adapter_management_registers_lists_and_unregisters_with_an_admin_ke
     ]
 
 
+def test_lmi_adapter_pages_never_loop_and_hold_at_most_100(lora_server: RunningServer) -> None:
+    """A limit of 0 was an empty page naming itself as the next (a client following it looped
+    for ever); 1000 is DJL's out-of-range limit, 100."""
+    for limit in ("0", "1000"):
+        token, names = "0", []
+        for _ in range(3):  # every adapter fits one page
+            listed = djl(lora_server, "GET", "/adapters", limit=limit, next_page_token=token)
+            assert listed.status_code == 200, listed.text
+            names += [a["name"] for a in listed.json()["adapters"]]
+            if "nextPageToken" not in listed.json():
+                break
+            token = listed.json()["nextPageToken"]
+        assert "pirate" in names and "nextPageToken" not in listed.json()
+
+
 def test_the_control_protocols_config_model_names_the_adapter(lora_server: RunningServer) -> None:
     def generate(model: str) -> list[dict[str, Any]]:
         parameters = {"max_tokens": 12, "temperature": 0}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 
 from gateway.engine_path.admission import Admission
-from gateway.stores.continuation import ContinuationStore
+from gateway.stores.continuation import InProcessStore
+from gateway.stores.pool import Bounded, Bounds, Pool
 from protocols.errors import ErrorKind, GenerationError
 from protocols.events import History, token_array
 
@@ -44,22 +47,28 @@ def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:
     assert asyncio.run(scenario()) == ["first", "third"]
 
 
+def histories(
+    max_entries: int, idle_seconds: float, clock: Callable[[], float] = time.monotonic
+) -> Bounded[dict[str, History]]:
+    return InProcessStore(Pool(Bounds(max_entries), idle_seconds, clock)).histories
+
+
 def test_store_evicts_the_least_recently_used_and_the_idle() -> None:
     now = [0.0]
-    store = ContinuationStore(max_entries=2, idle_seconds=10, clock=lambda: now[0])
+    store = histories(2, 10, lambda: now[0])
     store.put(("a",), {"a": History(token_array([1]), "a")})
     store.put(("b",), {"b": History(token_array([2]), "b")})
     assert store.get(("a",)) is not None  # a is now the most recently used
     store.put(("c",), {"c": History(token_array([3]), "c")})
     assert store.get(("b",)) is None and store.get(("a",)) is not None
     now[0] = 11.0
-    assert store.get(("c",)) is None and len(store) == 0
+    assert store.get(("c",)) is None and len(store.pool) == 0
     assert store.get(("a", "b")) is None
 
 
 def test_store_drops_an_entry_idle_for_idle_seconds_counted_from_its_last_use() -> None:
     now = [0.0]
-    store = ContinuationStore(max_entries=10, idle_seconds=10, clock=lambda: now[0])
+    store = histories(10, 10, lambda: now[0])
     store.put(("a",), {"a": History(token_array([1]), "a")})
     store.put(("b",), {"b": History(token_array([2]), "b")})
     now[0] = 6.0
@@ -70,13 +79,13 @@ def test_store_drops_an_entry_idle_for_idle_seconds_counted_from_its_last_use() 
     now[0] = 21.0
     assert store.get(("a",)) is not None  # idle for 9 s
     now[0] = 31.5
-    assert store.get(("a",)) is None and len(store) == 0
+    assert store.get(("a",)) is None and len(store.pool) == 0
     store.put(("a",), {"a": History(token_array([1, 5]), "a e")})  # a dropped key starts afresh
     found = store.get(("a",))
     assert found is not None and list(found["a"].token_ids) == [1, 5]
 
 
 def test_a_store_of_size_zero_keeps_nothing() -> None:
-    store = ContinuationStore(max_entries=0, idle_seconds=10)
+    store = histories(0, 10)
     store.put(("a",), {"a": History(token_array([1]), "a")})
     assert store.get(("a",)) is None

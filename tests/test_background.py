@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from gateway.engine_path.background import Background, Events
 from gateway.stores.continuation import Key
 from gateway.stores.event_log import InProcessEventLog
+from gateway.stores.pool import Bounds, Pool
 
 KEY = ("events", "", "resp_1")
 
@@ -43,7 +44,7 @@ async def read(log: InProcessEventLog, key: Key = KEY) -> list[bytes]:
 
 def test_a_response_that_ends_by_itself_keeps_every_event_once() -> None:
     async def check() -> None:
-        log = InProcessEventLog(8, 60)
+        log = InProcessEventLog(Pool(Bounds(8), 60))
         background, generation = Background(log), Generation()
         await background.start(KEY, generation.events(), ending)
         reader = asyncio.ensure_future(read(log))
@@ -58,7 +59,7 @@ def test_a_response_that_ends_by_itself_keeps_every_event_once() -> None:
 
 def test_cancel_closes_the_generation_and_keeps_its_terminal_event() -> None:
     async def check() -> None:
-        log = InProcessEventLog(8, 60)
+        log = InProcessEventLog(Pool(Bounds(8), 60))
         background, generation = Background(log), Generation()
         await background.start(KEY, generation.events(), ending)
         reader = log.read(KEY, 1)
@@ -81,7 +82,7 @@ class AskedLog(InProcessEventLog):
 
 def test_a_stop_asked_through_the_log_ends_it_cancelled() -> None:
     async def check() -> None:
-        log = AskedLog(8, 60)
+        log = AskedLog(Pool(Bounds(8), 60))
         background, generation = Background(log), Generation()
         await background.start(KEY, generation.events(), ending)
         assert await read(log) == [b"created", b"queued", b"delta", b"cancelled:3"]
@@ -93,7 +94,7 @@ def test_a_stop_asked_through_the_log_ends_it_cancelled() -> None:
 
 def test_the_app_closing_ends_what_runs_through_its_ending() -> None:
     async def check() -> None:
-        log = InProcessEventLog(8, 60)
+        log = InProcessEventLog(Pool(Bounds(8), 60))
         background, generation = Background(log), Generation(finishes=False)
         await background.start(KEY, generation.events(), ending)
         await background.close()

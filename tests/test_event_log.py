@@ -10,6 +10,7 @@ import pytest
 from redis_server import RedisServer, running_redis
 
 from gateway.stores.event_log import EventLog, InProcessEventLog
+from gateway.stores.pool import Bounds, Pool
 from gateway.stores.redis_events import RedisEventLog, events_key
 from gateway.stores.redis_store import RedisStore
 from protocols.sse import split_events, sse_event
@@ -24,7 +25,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 def in_process() -> EventLog:
-    return InProcessEventLog(max_entries=8, idle_seconds=60)
+    return InProcessEventLog(Pool(Bounds(8), 60))
 
 
 async def collected(events: AsyncIterator[bytes]) -> list[bytes]:
@@ -98,7 +99,7 @@ def test_a_redis_log_is_a_stream_with_the_histories_ttl(redis_server: RedisServe
 
 def test_an_in_process_log_being_written_outlives_the_bound() -> None:
     async def check() -> None:
-        log = InProcessEventLog(max_entries=1, idle_seconds=60)
+        log = InProcessEventLog(Pool(Bounds(1), 60))
         await log.append(KEY, 0, [b"running"])
         other = ("events", "owner", "resp_2")
         await log.append(other, 0, [b"x"])

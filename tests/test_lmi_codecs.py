@@ -20,6 +20,7 @@ from protocols.lmi import (
     output_form,
     payload_error,
 )
+from protocols.lmi_adapters import MAX_PAGE, page
 from protocols.tgi import TgiEncoder, decode_tgi, error_body, error_event
 
 PROMPT = "What is Deep Learning?"
@@ -432,3 +433,18 @@ def test_event_stream_frames_parse_with_botocore() -> None:
     assert (
         body["OriginalStatusCode"] == 424 and body["OriginalMessage"] == '{"error":"x","code":424}'
     )
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "101", "1000", ""])
+def test_an_adapter_page_past_djls_range_is_100_and_following_its_tokens_ends(limit: str) -> None:
+    """DJL's ListPagination, whose limit of 0 would answer an empty page with the same token
+    for ever: below 1 or above 100, a page is 100 (DJL's rule for its out-of-range limits)."""
+    count, first, pages = 250, 0, 0
+    while True:
+        first, last = page({"limit": limit, "next_page_token": str(first)}, count)
+        assert last - first == min(MAX_PAGE, count - first)
+        pages += 1
+        if last >= count:
+            break
+        first = last
+    assert pages == 3

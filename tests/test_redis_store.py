@@ -11,6 +11,7 @@ import pytest
 from redis_server import RedisServer, running_redis
 
 from clients import wait_for
+from gateway.stores.redis_shares import share_bytes_key, share_key
 from gateway.stores.redis_store import RedisClaim, RedisStore, history_key, running_key
 from protocols.errors import ErrorKind, GenerationError
 from protocols.events import History, token_array
@@ -44,9 +45,10 @@ def test_a_history_is_one_key_of_packed_token_ids_text_and_eos(redis_server: Red
         return loaded
 
     assert run(round_trip()) == histories
-    keys = redis_server.client.keys("*")
-    assert keys == [history_key(("owner", "a", "b")).encode()]
-    raw = redis_server.client.get(keys[0])
+    name = history_key(("owner", "a", "b"))
+    keys = set(redis_server.client.keys("*"))
+    assert keys == {k.encode() for k in (name, share_key("owner"), share_bytes_key("owner"))}
+    raw = redis_server.client.get(name)
     assert isinstance(raw, bytes)
     assert struct.pack("<3i", 1, 70000, 2**31 - 1) in raw  # 4 bytes a token, little-endian
     assert "héllo ✓".encode() in raw

@@ -76,7 +76,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     max_running_requests: Positive = 256
     max_waiting_requests: Annotated[int, Meta(ge=0)] = 1024
+    # What is kept for callers (continuation histories, stored responses, background responses'
+    # events; docs/SECURITY.md, "Stored state"): in all (entries, bytes; in this process), and
+    # per API key (0: only the total), so one key's flood evicts only its own.
     continuation_max_entries: Annotated[int, Meta(ge=0)] = 4096
+    continuation_max_bytes: Positive = 512 * 1024 * 1024
+    continuation_max_entries_per_key: Annotated[int, Meta(ge=0)] = 1024
+    continuation_max_bytes_per_key: Annotated[int, Meta(ge=0)] = 64 * 1024 * 1024
     continuation_idle_seconds: PositiveFloat = 3600.0
     # The control protocol (control-ws.md): feedback database (empty: in the cache directory)
     # and how long a paused generation waits for `resume` before it ends.

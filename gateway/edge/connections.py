@@ -43,7 +43,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_message = False  # from a message's first byte to its body's end
         self._head_deadline: asyncio.TimerHandle | None = None
-        self._head_bytes = 0
+        self._head_bytes = 0  # as read: a head still arriving, however it is split
+        self._parsed_bytes = 0  # as parsed: a head that arrived in one read counts too
+        self._refused = False  # answered 431 mid-parse: the parser's callbacks do nothing more
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -62,28 +64,65 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if not self._in_message:  # any byte between requests begins a head (CR LF included)
             self._start_head_deadline()
         super().data_received(data)
         if self._head_deadline is None:  # the head is complete: the rest is uvicorn's
             return
         self._head_bytes += len(data)
-        if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-            self._answer(431, "Request header fields too large")
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse_head()
 
-    # httptools' callbacks: a message's first byte, its head complete, its body complete.
+    # httptools' callbacks: a message's first byte, its URL and each header as parsed, its head
+    # complete, its body, its end. One read may hold a whole head (and more): httptools parses
+    # it all before `data_received` above could count it, so the parsed parts count here, and
+    # a head past the bound never reaches uvicorn's `on_headers_complete`, which starts the app.
     def on_message_begin(self) -> None:
+        if self._refused:
+            return
         super().on_message_begin()
         self._in_message = True
+        self._parsed_bytes = 0
         self._start_head_deadline()  # a pipelined request's head, begun mid-read
 
+    def on_url(self, url: bytes) -> None:
+        if not self._refused:
+            self._parsed(len(url))
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._refused:
+            self._parsed(len(name) + len(value) + 4)  # `: ` and CR LF
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._stop_head_deadline()
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         super().on_message_complete()
         self._in_message = False
+
+    def _parsed(self, size: int) -> None:
+        self._parsed_bytes += size
+        if self._parsed_bytes > MAX_HEAD_BYTES:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._refused = True
+        self._stop_head_deadline()
+        if not self.transport.is_closing():
+            self._answer(431, "Request header fields too large")
 
     def _start_head_deadline(self) -> None:
         if self._head_deadline is None:

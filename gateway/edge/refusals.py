@@ -1,14 +1,17 @@
 """What is refused before any route runs (a missing key, a body too large, a page from another
-origin, a server shutting down), in the error shape of the protocol the path belongs to."""
+origin, a server shutting down, a path no route serves), in the error shape of the protocol the
+path belongs to."""
 
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.edge.http_errors import status_of
-from protocols import control, lmi, openai_answers, rest_generate, tgi
-from protocols.errors import GenerationError, named
+from protocols import control, lmi, lmi_adapters, openai_answers, rest_generate, tgi
+from protocols.errors import GenerationError, invalid, named
 
 CLOSE_POLICY_VIOLATION = 1008  # a WebSocket refused: no key, or a page of another origin
 _OPENAI = (
@@ -21,6 +24,7 @@ _OPENAI = (
 )
 _LMI = ("/invocations", "/predictions/", "/endpoints/")
 _TGI = frozenset({"/", "/generate", "/generate_stream", "/info"})
+_DJL_MANAGEMENT = ("/adapters", "/models/")  # DJL's adapter API, which has its own error shape
 
 
 def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
@@ -46,6 +50,23 @@ def error_response(
     """`status` overrides the protocol's own for the error's kind (413, for one)."""
     own, body = error_body(path, error)
     return Response(body, status or own, headers, media_type="application/json")
+
+
+async def unrouted(request: Request, exc: Exception) -> Response:
+    """A path no route serves (404) or a method its route does not take (405), in the shape of
+    the protocol the path belongs to, not Starlette's plain text: a path-like id included
+    (`/v1/responses/..%2Fx`, which uvicorn decodes into more segments than the route has)."""
+    assert isinstance(exc, HTTPException)
+    path, status = request.url.path, exc.status_code
+    if status == 404:
+        message = f"Nothing is served at {request.method} {path}"
+    else:
+        message = f"{request.method} is not allowed on {path}"
+    if path.startswith(_DJL_MANAGEMENT):
+        kind = "ResourceNotFoundException" if status == 404 else "MethodNotAllowedException"
+        body = lmi_adapters.error_body(status, message, kind)
+        return Response(body, status, exc.headers, media_type="application/json")
+    return error_response(path, invalid(message), status, dict(exc.headers or {}))
 
 
 async def close_websocket(

@@ -53,6 +53,7 @@ from protocols.control import (
     kind_of,
     rest_config,
     rest_response,
+    type_of,
 )
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.names import Protocol
@@ -125,9 +126,12 @@ async def _read(
             return
         session = connection.session
         decoded: ClientMessage | None = None
+        raw = message.get("text") or message.get("bytes") or b""
         try:
-            decoded = decode_client(message.get("text") or message.get("bytes") or b"")
+            decoded = decode_client(raw)
         except GenerationError as e:
+            if type_of(raw) == "reattach":  # one refused whatever it holds says so first
+                e = _reattach_refusal(session, detached) or e
             if session.state != "new" or e.field != "$.type":  # a bad config may be retried
                 session.refuse(e)
                 continue
@@ -155,9 +159,21 @@ def _reattach(
 ) -> ControlSession:
     """The detached generation `message` names, now this connection's (what it missed sent
     first); the connection's own session must have nothing running or paused."""
-    if own.state in ("generating", "paused"):
-        raise invalid("A generation is in progress here: send `stop` before a `reattach`", "$.type")
+    refusal = _reattach_refusal(own, detached)
+    if refusal is not None:
+        raise refusal
     return detached.take(message.request_id, current_caller().owner, message.received, deliver)
+
+
+def _reattach_refusal(own: ControlSession, detached: Detached) -> GenerationError | None:
+    """Why no `reattach` may be taken on this connection now, naming `$.type` (docs/CONTROL.md):
+    reattaching is off, or the connection's own generation runs or is paused."""
+    if not detached.enabled:
+        return invalid("Reattaching is off on this server (REATTACH_SECONDS=0)", "$.type")
+    if own.state in ("generating", "paused"):
+        busy = "A generation is in progress here: send `stop` before a `reattach`"
+        return invalid(busy, "$.type")
+    return None
 
 
 async def _loading_status(holder: EngineHolder, session: ControlSession) -> None:

@@ -3,9 +3,10 @@ the response lives, for any number of readers (docs/OPENAI.md, "Background respo
 
 An event's place in its log is its `sequence_number`; a reader asks for those after a number and
 gets them in order, then each new one as it comes, until the log ends (its terminal event was
-the last). `InProcessEventLog` keeps them in this process (the default), bounded like the
-histories: CONTINUATION_MAX_ENTRIES logs, each dropped after CONTINUATION_IDLE_SECONDS unused,
-except those still being written (at most one per running background response);
+the last). `InProcessEventLog` keeps them in this process (the default), in the histories' pool
+(gateway/stores/pool.py: bounded per key and in total, in entries and bytes; a log's key is
+its kind, then its owner, then its response's id), each dropped after CONTINUATION_IDLE_SECONDS
+unused, except those still being written (at most one per running background response);
 `gateway/stores/redis_events.py` keeps them in Redis (REDIS_URL), read by every gateway on it.
 """
 
@@ -15,7 +16,8 @@ import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
-from gateway.stores.continuation import Bounded, Key
+from gateway.stores.continuation import Key
+from gateway.stores.pool import Bounded, Pool
 
 
 class EventLog(Protocol):
@@ -47,6 +49,7 @@ class EventLog(Protocol):
 class _Log:
     def __init__(self) -> None:
         self.events: list[bytes] = []
+        self.bytes = 0
         self.ended = False
         self.changed = asyncio.Event()
 
@@ -56,8 +59,8 @@ class _Log:
 
 
 class InProcessEventLog:
-    def __init__(self, max_entries: int, idle_seconds: float) -> None:
-        self._kept: Bounded[_Log] = Bounded(max_entries, idle_seconds)
+    def __init__(self, pool: Pool) -> None:
+        self._kept: Bounded[_Log] = Bounded(pool, "events", _bytes, 1)
         self._writing: dict[Key, _Log] = {}  # never dropped while their response runs
 
     def _find(self, key: Key) -> _Log | None:
@@ -67,9 +70,10 @@ class InProcessEventLog:
         log = self._writing.get(key)
         if log is None:
             log = self._writing[key] = _Log()
-            self._kept.put(key, log)
         assert first == len(log.events), (first, len(log.events))
         log.events.extend(events)
+        log.bytes += sum(len(e) for e in events)
+        self._kept.put(key, log)  # weighed again, as the most recently used
         log.notify()
         return False
 
@@ -97,3 +101,7 @@ class InProcessEventLog:
 
     async def delete(self, key: Key) -> None:
         self._kept.delete(key)
+
+
+def _bytes(log: _Log) -> int:
+    return log.bytes

@@ -7,9 +7,10 @@ An event's entry id is `1-<its sequence_number>`, so a reader starting after N r
 XREAD a second at a time (no polling between events: Redis answers as an entry comes) and stop
 at the end, or when the stream is gone. The stream's TTL is the idle time of the histories
 (CONTINUATION_IDLE_SECONDS), renewed by every write; its length is bounded by its response's
-(one event per streamed delta and a few more). A `cancel` on a gateway that does not run the
-response sets `llm-gateway:stop:<the key>`, which the writer reads in the same transaction as
-its next events.
+(one event per streamed delta and a few more), and its bytes count toward its API key's share
+(gateway/stores/redis_shares.py), weighed as they are written. A `cancel` on a gateway that does
+not run the response sets `llm-gateway:stop:<the key>`, which the writer reads in the same
+transaction as its next events.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import msgspec
 from redis.asyncio import Redis
 
 from gateway.stores.continuation import Key
-from gateway.stores.redis_store import PREFIX, RedisStore
+from gateway.stores.redis_shares import PREFIX
+from gateway.stores.redis_store import RedisStore, document_owner
 
 _KEY_ENCODER = msgspec.json.Encoder()
 BLOCK_MS = 1000  # one XREAD's wait, well within the client's socket timeout
@@ -51,8 +53,9 @@ class RedisEventLog:
                     pipe.xadd(name, {"e": event}, id=f"1-{n}")
                 pipe.pexpire(name, self.idle_ms)
                 pipe.exists(stop_key(key))  # in the same round trip: no cost of its own
+                await self.store.shares.grew(document_owner(key), name, _bytes(events), pipe)
                 answers = await pipe.execute()
-        return bool(answers[-1])
+        return bool(answers[-2])
 
     async def ask_to_stop(self, key: Key) -> bool:
         with self.store.reaching():
@@ -65,6 +68,7 @@ class RedisEventLog:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.xadd(name, {"end": b"1"}, id=END_ID)
                 pipe.pexpire(name, self.idle_ms)
+                await self.store.shares.grew(document_owner(key), name, 0, pipe)
                 await pipe.execute()
 
     async def read(self, key: Key, after: int) -> AsyncGenerator[bytes, None]:
@@ -87,4 +91,9 @@ class RedisEventLog:
 
     async def delete(self, key: Key) -> None:
         with self.store.reaching():
-            await self.redis.delete(events_key(key), stop_key(key))
+            await self.store.shares.delete(document_owner(key), events_key(key))
+            await self.redis.delete(stop_key(key))
+
+
+def _bytes(events: Sequence[bytes]) -> int:
+    return sum(len(e) for e in events)

@@ -2,9 +2,10 @@
 
 One Redis key per continuation key, `llm-gateway:history:<the key as JSON>`, holding per
 request_id its token ids packed 4 bytes each (little-endian), its text and its EOS flag
-(msgpack). The idle limit is the key's TTL, renewed by every read (GETEX) and write (SET PX);
-how many keys Redis keeps is its own `maxmemory` policy's business. A document (a stored
-response) is `llm-gateway:document:<its key as JSON>`, its bytes as given, with the same TTL.
+(msgpack). The idle limit is the key's TTL, renewed by every read (GETEX) and write (SET PX).
+A document (a stored response) is `llm-gateway:document:<its key as JSON>`, its bytes as given,
+with the same TTL. What each API key holds is bounded (gateway/stores/redis_shares.py: every
+read and write goes through its script); what Redis keeps in all is its `maxmemory`'s business.
 A request_id generating is `llm-gateway:running:<[owner, id] as JSON>`, taken with SET NX PX
 (redis-py's `Lock`): another gateway's SET fails, so it refuses the id. The lease is renewed
 while the request runs, so a gateway that dies frees its ids within one lease.
@@ -19,7 +20,6 @@ import asyncio
 import logging
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
-from typing import cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -30,11 +30,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.stores.continuation import Claim, Key, packed_ids, unpacked_ids
+from gateway.stores.pool import Bounds
+from gateway.stores.redis_shares import PREFIX, UNBOUNDED, Shares
 from protocols.errors import ErrorKind, GenerationError
 from protocols.events import History
 
 log = logging.getLogger(__name__)
-PREFIX = "llm-gateway:"
 LEASE_SECONDS = 30.0  # how long a dead gateway's request_ids stay refused
 HEALTH_SECONDS = 1.0
 
@@ -68,6 +69,16 @@ def unpack(raw: bytes) -> dict[str, History]:
     return histories
 
 
+def history_owner(key: Key) -> str:
+    """A history's key begins with its owner."""
+    return key[0] if key else ""
+
+
+def document_owner(key: Key) -> str:
+    """A document's (and an event log's) key begins with its kind, then its owner."""
+    return key[1] if len(key) > 1 else ""
+
+
 def history_key(key: Key) -> str:
     return PREFIX + "history:" + _KEY_ENCODER.encode(list(key)).decode()
 
@@ -90,7 +101,12 @@ def redacted(url: str) -> str:
 
 class RedisStore:
     def __init__(
-        self, url: str, idle_seconds: float, *, lease_seconds: float = LEASE_SECONDS
+        self,
+        url: str,
+        idle_seconds: float,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        bounds: Bounds = UNBOUNDED,
     ) -> None:
         self.where = redacted(url)
         self.idle_ms = max(1, int(idle_seconds * 1000))
@@ -99,6 +115,7 @@ class RedisStore:
         self.redis = Redis.from_url(
             url, socket_connect_timeout=2, socket_timeout=5, retry=Retry(NoBackoff(), 1)
         )
+        self.shares = Shares(self.redis, self.idle_ms, bounds)
 
     @contextmanager
     def reaching(self) -> Iterator[None]:
@@ -115,24 +132,24 @@ class RedisStore:
 
     async def load(self, key: Key) -> dict[str, History] | None:
         with self.reaching():
-            raw = cast(bytes | None, await self.redis.getex(history_key(key), px=self.idle_ms))
+            raw = await self.shares.get(history_owner(key), history_key(key))
         return None if raw is None else unpack(raw)
 
     async def save(self, key: Key, histories: dict[str, History]) -> None:
         with self.reaching():
-            await self.redis.set(history_key(key), pack(histories), px=self.idle_ms)
+            await self.shares.set(history_owner(key), history_key(key), pack(histories))
 
     async def load_document(self, key: Key) -> bytes | None:
         with self.reaching():
-            return cast(bytes | None, await self.redis.getex(document_key(key), px=self.idle_ms))
+            return await self.shares.get(document_owner(key), document_key(key))
 
     async def save_document(self, key: Key, document: bytes) -> None:
         with self.reaching():
-            await self.redis.set(document_key(key), document, px=self.idle_ms)
+            await self.shares.set(document_owner(key), document_key(key), document)
 
     async def delete_document(self, key: Key) -> bool:
         with self.reaching():
-            return bool(await self.redis.delete(document_key(key)))
+            return await self.shares.delete(document_owner(key), document_key(key))
 
     async def claim(self, owner: str, request_ids: Collection[str]) -> Claim:
         locks: list[Lock] = []
