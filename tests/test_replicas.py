@@ -103,6 +103,11 @@ def all_up() -> bool:
     return len(fleet().up) == REPLICAS
 
 
+def restarted(index: int, pid: int) -> bool:
+    """Every replica answering, replica `index` in a process other than `pid`."""
+    return all_up() and fleet().up.get(index) not in (None, pid)
+
+
 def routed(key: str, method: str) -> Any:
     """A replica method called on the replica the gateway's router picks for `key`."""
     import ray
@@ -259,7 +264,7 @@ def test_a_killed_replica_ends_its_requests_once_and_its_keys_move(
     assert again.status_code == 200, again.text
     assert again.json()[0]["prompt"] == prompt + first["response"]
     index = int(victim.rsplit("-", 1)[1])
-    wait_for(lambda: all_up() and fleet().up[index] != pid)  # restarted, serving again
+    wait_for(lambda: restarted(index, pid))
     served = everywhere(key_of(continued))
     assert pid not in [p for _, _, p in served]
     assert sum(count for _, count, _ in served) == 1  # the continuation, once, since the kill
@@ -312,7 +317,7 @@ def test_an_adapter_loaded_at_run_time_reaches_every_replica(
     pid = routed(key_of(placed[victim]), "served")[2]
     os.kill(pid, signal.SIGKILL)
     index = int(victim.rsplit("-", 1)[1])
-    wait_for(lambda: all_up() and fleet().up[index] != pid)
+    wait_for(lambda: restarted(index, pid))
     for rid in replica_keys().values():
         answer = generated(replicas, f"{rid}-after", adapter_id="parrot")
         assert answer.status_code == 200 and SPOKEN in answer.json()[0]["response"], answer.text
