@@ -389,7 +389,10 @@ def replica_loader(settings: Settings) -> Callable[[], Any]:
     async def load() -> Engine:
         actors, shutdown = await asyncio.to_thread(_connect, settings)
         log.info("waiting for %d engine replicas on Ray", len(actors))
-        pids = await asyncio.gather(*(actor.ready.remote() for actor in actors))
+        # Retried through restarts: Ray may restart a replica that has not started yet (its
+        # memory monitor kills a worker on a machine short of memory).
+        ready = (actor.ready.options(max_task_retries=-1).remote() for actor in actors)
+        pids = await asyncio.gather(*ready)
         fleet = Fleet(actors, settings.replica_routing)
         fleet.watch(list(pids))
         info: ReplicaInfo = await actors[0].describe.remote()
