@@ -392,3 +392,23 @@ def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(tmp_path: Path
     assert "parrot" in engine.adapters and all(r.loaded == {"parrot"} for r in replicas)
     assert asyncio.run(engine.unload_adapter("parrot"))
     assert "parrot" not in engine.adapters and all(not r.loaded for r in replicas)
+
+
+def test_the_router_moves_only_a_stopped_replicas_keys_and_back() -> None:
+    from gateway.engine.replicas import Fleet
+
+    fleet = Fleet([None] * 4, "affinity")
+    fleet.up = dict.fromkeys(range(4), 0)
+    keys = [key_of(f"route-{i}") for i in range(400)]
+    before = {key: fleet.pick(key) for key in keys}
+    assert set(before.values()) == {0, 1, 2, 3}
+    del fleet.up[2]
+    after = {key: fleet.pick(key) for key in keys}
+    assert {k for k in keys if after[k] != before[k]} == {k for k in keys if before[k] == 2}
+    fleet.up[2] = 0
+    assert {key: fleet.pick(key) for key in keys} == before
+
+    fleet.routing = "load"
+    fleet.up = {0: 0, 1: 0}
+    fleet.running = [3, 1]
+    assert {fleet.pick(key) for key in keys} == {1}  # both drawn: the less loaded
