@@ -10,11 +10,9 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 
 
 def test_ray_still_reads_the_worker_niceness_setting_the_replicas_set() -> None:
-    from ray._private import ray_constants
+    from gateway.engine.ray_seam import WORKER_NICENESS, rays_worker_niceness_variable
 
-    from gateway.engine.ray_seam import WORKER_NICENESS
-
-    found = getattr(ray_constants, "RAY_WORKER_NICENESS", None)
+    found = rays_worker_niceness_variable()
     assert found == WORKER_NICENESS, (
         f"Ray's worker niceness setting is {found!r} now, not {WORKER_NICENESS!r}: the engine "
         "replicas would run at Ray's worker priority (gateway/engine/ray_seam.py)"

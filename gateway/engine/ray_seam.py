@@ -14,3 +14,10 @@ from __future__ import annotations
 
 WORKER_NICENESS = "RAY_worker_niceness"
 REPLICA_ENV = {WORKER_NICENESS: "0"}
+
+
+def rays_worker_niceness_variable() -> object:
+    """The variable Ray's own job manager sets for the same purpose (None: Ray has none)."""
+    from ray._private import ray_constants
+
+    return getattr(ray_constants, "RAY_WORKER_NICENESS", None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -91,7 +92,8 @@ class EngineReplica:
             log.error(
                 "replica %s: its engine died (%s); Ray restarts the replica", self.name, reason
             )
-            os._exit(1)  # a process that exits, not the actor that asks to: Ray restarts it
+            # A process that dies, not an actor that asks to end: Ray restarts it.
+            os.kill(os.getpid(), signal.SIGKILL)
 
         engine.on_death(died)
         return engine
