@@ -43,7 +43,7 @@ from protocols.names import Protocol
 
 
 def default_loader(settings: Settings) -> EngineLoader:
-    if settings.engine_replicas:  # the engine on Ray Serve replicas (docs/SCALE-OUT.md)
+    if settings.engine_replicas:  # the engine on Ray actors (docs/SCALE-OUT.md)
         from gateway.engine.replicas import replica_loader
 
         return replica_loader(settings)

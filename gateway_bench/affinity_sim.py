@@ -1,13 +1,13 @@
-"""Replica affinity, simulated with Ray Serve's own router code (docs/BENCHMARKS.md).
+"""Replica affinity, simulated with the gateway's own router (docs/BENCHMARKS.md).
 
 `python -m gateway_bench.affinity_sim` (needs the `ray` extra): for 4, 8 and 16 replicas,
 conversations of request_ids (keys as the gateway makes them, gateway/engine/affinity.py) replayed
 turn by turn, interleaved.
 A turn is served from the prefix cache when it reaches the replica that served the key's
 previous turn (the cache is taken as large enough: what routing alone decides). Affinity is
-`ConsistentHashRouter`'s ring (its hash, 100 virtual nodes); without it, Ray's default
-`PowerOfTwoChoices` (two replicas drawn at random, the less loaded taken). Then one replica
-leaves: how many keys move.
+`Fleet.pick` (gateway/engine/replicas.py: rendezvous hashing); without it, two replicas drawn
+at random, the less loaded taken (REPLICA_ROUTING=load). Then one replica leaves: how many
+keys move.
 """
 
 from __future__ import annotations
@@ -16,43 +16,35 @@ import random
 import uuid
 from collections import Counter
 
-from ray.serve._private.common import DeploymentID, ReplicaID
-from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
-
 from gateway.engine.affinity import affinity_key
+from gateway.engine.replicas import Fleet
 
 CONVERSATIONS = 2000
 TURNS = 8
 
 
-def ring(replicas: list[ReplicaID]) -> ConsistentHashRouter:
-    """The router's ring alone (its own build and lookup), without a running Serve."""
-    router = ConsistentHashRouter.__new__(ConsistentHashRouter)
-    router._deployment_id = replicas[0].deployment_id
-    router._num_virtual_nodes = 100
-    router._num_fallback_replicas = 0
-    router._rebuild_ring(frozenset(replicas))
-    return router
+def ring(replicas: list[int]) -> Fleet:
+    """The router alone, over replicas that all answer (no actors behind them)."""
+    fleet = Fleet([None] * (max(replicas) + 1), "affinity")
+    fleet.up = dict.fromkeys(replicas, 0)
+    return fleet
 
 
-def owner(router: ConsistentHashRouter, key: str) -> ReplicaID:
-    return router._lookup_ranked_replicas(key)[0]
+def owner(router: Fleet, key: str) -> int:
+    return router.pick(key)
 
 
 def simulate(count: int, rng: random.Random) -> dict[str, float]:
-    deployment = DeploymentID(name="EngineReplica", app_name="llm-gateway-engine")
-    replicas = [
-        ReplicaID(uuid.UUID(int=rng.getrandbits(128)).hex, deployment) for _ in range(count)
-    ]
+    replicas = list(range(count))
     keys = [
         affinity_key(("", str(uuid.UUID(int=rng.getrandbits(128))))) for _ in range(CONVERSATIONS)
     ]
     turns = [k for k in keys for _ in range(TURNS)]
     rng.shuffle(turns)
     router = ring(replicas)
-    hashed: dict[str, ReplicaID] = {}
-    drawn: dict[str, ReplicaID] = {}
-    load: Counter[ReplicaID] = Counter()
+    hashed: dict[str, int] = {}
+    drawn: dict[str, int] = {}
+    load: Counter[int] = Counter()
     hits = {"affinity": 0, "power_of_two": 0}
     continuations = 0
     for key in turns:
@@ -83,7 +75,7 @@ def simulate(count: int, rng: random.Random) -> dict[str, float]:
 def main() -> None:
     rng = random.Random(17)
     print(
-        "| replicas | continuations from cache, affinity | without (PowerOfTwoChoices) |"
+        "| replicas | continuations from cache, affinity | without (two drawn, the less loaded) |"
         " keys on the busiest replica / mean | keys moved when one leaves | of them not"
         " the leaver's |"
     )

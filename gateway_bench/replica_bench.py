@@ -1,20 +1,20 @@
-"""`llm-gateway bench --scenario replicas`: what engine replicas on Ray Serve cost and buy.
+"""`llm-gateway bench --scenario replicas`: what engine replicas on Ray cost and buy.
 
 Each target is a gateway started for it (its own local Ray cluster, `ray start --head` on
 loopback, where it has replicas), measured, and stopped. With `--ray-address HOST:PORT` the
 targets with replicas run on that cluster instead (one started once, as the tests do): each
-target's gateway then starts Ray Serve there and deploys the replicas it asks for, as on a
-cluster of its own. The bench refuses a cluster where Serve already runs an application (the
-gateway would attach to it, whatever its replicas and routing) or with fewer CPUs than the
-target has replicas, and shuts Serve down after each target, replicas included.
+target's gateway then creates the replicas it asks for there, as on a cluster of its own. The
+bench refuses a cluster where replicas already run (the gateway would use them, whatever
+their settings) or with fewer CPUs than the target has replicas, and removes the target's
+replicas after it.
 
 1. throughput: the in-process engine, then ENGINE_REPLICAS=1 (the same engine on the same
    cores, reached through a Ray actor), `repeats` times, each ratio within its pair (the
    machine's load drifts between pairs). `concurrency` clients on WS `/ws` each send `rounds`
    requests (`prompt_tokens` in, `output_tokens` out, greedy, EOS ignored) back to back: the
    tok/s of each and their ratio is what the actor hop costs.
-2. continuation: ENGINE_REPLICAS=2 with REPLICA_ROUTING=affinity, then =load (Ray's default
-   router, PowerOfTwoChoices). Per repetition, on WS `/ws`, one request at a time: a new
+2. continuation: ENGINE_REPLICAS=2 with REPLICA_ROUTING=affinity, then =load (the less loaded
+   of two replicas drawn at random). Per repetition, on WS `/ws`, one request at a time: a new
    request_id generates `generated` tokens after a prompt of `history - generated` tokens; its
    continuation (the same id, no prompt) and a fresh prompt as long as that history (not in
    any cache) each generate `new_tokens`. TTFT of each (medians), and for each continuation the
@@ -39,7 +39,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from time import perf_counter
-from typing import Any
 
 import aiohttp
 import msgspec
@@ -184,27 +183,28 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def _serve_of_its_own(address: str, replicas: int) -> AsyncIterator[str]:
-    """An existing cluster for one target: no Serve application on it before (the target's
-    gateway deploys its own), Serve shut down after (its replicas with it), as the end of a
-    cluster of its own would. Ray joined from this process (the first time only)."""
-    await asyncio.to_thread(_serve_absent, address, replicas)
+async def _replicas_of_its_own(address: str, replicas: int) -> AsyncIterator[str]:
+    """An existing cluster for one target: no replicas on it before (the target's gateway
+    creates its own), its replicas removed after, as the end of a cluster of its own would
+    remove them. Ray joined from this process (the first time only)."""
+    await asyncio.to_thread(_replicas_absent, address, replicas)
     try:
         yield address
     finally:
-        await asyncio.to_thread(_serve_shutdown)
+        await asyncio.to_thread(_remove_replicas, replicas)
 
 
-def _serve_absent(address: str, replicas: int) -> None:
+def _replicas_absent(address: str, replicas: int) -> None:
     for name, value in RAY_ENV.items():  # as the gateways get them; read when Ray is imported
         os.environ.setdefault(name, value)
     import ray
-    from ray import serve
+
+    from gateway.engine.replicas import NAMESPACE, replica_names
 
     if not ray.is_initialized():  # as the gateway joins (gateway/engine/replicas.py)
         ray.init(
             address=address,
-            namespace="llm-gateway",
+            namespace=NAMESPACE,
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.WARNING,
@@ -212,29 +212,28 @@ def _serve_absent(address: str, replicas: int) -> None:
     cpus = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
     if cpus < replicas:
         raise RuntimeError(f"the Ray cluster at {address} has {cpus} CPUs, {replicas} wanted")
-    running = sorted(serve.status().applications)
+    running = [name for name in replica_names(replicas) if _named(name, NAMESPACE)]
     if running:
         raise RuntimeError(
-            f"Ray Serve already runs {', '.join(running)} at {address}: a gateway would attach "
-            "to it, not deploy the replicas its target asks for"
+            f"{', '.join(running)} already run at {address}: a gateway would use them, not "
+            "create the replicas its target asks for"
         )
 
 
-def _deployed(replicas: int) -> None:
-    """The one application on the cluster is the target's, with the replicas it asked for."""
-    from ray import serve
+def _named(name: str, namespace: str) -> bool:
+    import ray
 
-    apps = serve.status().applications
-    # Each deployment's replicas by state: keys are state names (str, or Serve's str enum)
-    states: list[Any] = [d.replica_states for a in apps.values() for d in a.deployments.values()]
-    if len(apps) != 1 or states != [{"RUNNING": replicas}]:
-        raise RuntimeError(f"{replicas} replicas asked for, Ray Serve runs {states} in {apps}")
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
 
 
-def _serve_shutdown() -> None:
-    from ray import serve
+def _remove_replicas(replicas: int) -> None:
+    from gateway.engine.replicas import remove_replicas
 
-    serve.shutdown()  # type: ignore[no-untyped-call]
+    remove_replicas(replicas)
 
 
 async def _listening(port: int) -> bool:
@@ -269,7 +268,7 @@ async def _gateway(
         session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
         if replicas:
             if options.ray_address:
-                cluster = _serve_of_its_own(options.ray_address, replicas)
+                cluster = _replicas_of_its_own(options.ray_address, replicas)
             else:
                 cluster = _ray_cluster(max(replicas, 2), out / f"{name}-ray.log")
             env |= RAY_ENV | {"RAY_ADDRESS": await stack.enter_async_context(cluster)}
@@ -277,8 +276,6 @@ async def _gateway(
         endpoint = await stack.enter_async_context(
             targets.server(command, env, port, log, options.start_timeout, served)
         )
-        if replicas and options.ray_address:
-            await asyncio.to_thread(_deployed, replicas)
         yield Context(session, endpoint.url)
 
 

@@ -1,6 +1,6 @@
 """One local Ray cluster for the session, shared by the tests that run engine replicas
 (tests/test_replicas.py, tests/test_bench_replicas.py): `ray start` once, not per module or
-per target. Each user leaves it as it found it: Ray Serve shut down, replicas with it.
+per target. Each user leaves it as it found it: the replicas its gateways created removed.
 
 Importing this file imports no Ray (conftest.py imports it for `make test-fast` too).
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER and RAY_AUTH_MODE: set in conftest.py, before vLLM imports
@@ -52,8 +52,8 @@ def ray_address() -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def shutdown_serve() -> None:
-    """Ray Serve off the session's cluster (this process joined it), its replicas with it."""
-    from ray import serve
+def remove_replicas(count: int) -> None:
+    """The replicas a gateway left on the session's cluster (this process joined it), ended."""
+    from gateway.engine.replicas import remove_replicas as remove
 
-    serve.shutdown()  # type: ignore[no-untyped-call]
+    remove(count)

@@ -3,7 +3,7 @@
 The in-process engine (the session's own server: an engine in-process, on the tests'
 settings) and one Ray replica (throughput), then two replicas routed by continuation key and
 by load (continuation): each replica target a gateway of its own, started and stopped, its
-replicas deployed on the session's Ray cluster (`--ray-address`), Serve shut down after it.
+replicas created on the session's Ray cluster (`--ray-address`) and removed after it.
 It asserts that each part ran and reported, never a speed figure (docs/BENCHMARKS.md has
 those); with one repetition even the cache-hit share under load routing is chance.
 """

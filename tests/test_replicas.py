@@ -1,10 +1,11 @@
-"""Engine replicas on Ray Serve: a real local Ray cluster on loopback, 2 replicas of the
-default model (eager, one core each), Redis for the histories; the gateway in this process.
+"""Engine replicas on Ray: a real local Ray cluster on loopback, 2 replicas of the default
+model (eager, one core each), Redis for the histories; the gateway in this process.
 
 Every protocol through the replicas, each key on one replica (100 keys, over both), an abort
 reaching its replica, and a killed replica: its running request ends with one error, its keys
-move, and their next continuation is recomputed from Redis. LoRA is on (the engines are eager
-either way): an adapter loaded at run time reaches every replica, one started since included.
+move while Ray restarts it, and their next continuation is recomputed from Redis. LoRA is on
+(the engines are eager either way): an adapter loaded at run time reaches every replica, one
+restarted since included.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
 import pytest
-from ray_cluster import shutdown_serve
+from ray_cluster import remove_replicas
 from redis_server import RedisServer, running_redis
 
 from clients import (
@@ -37,6 +38,9 @@ from clients import (
 )
 from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
+
+if TYPE_CHECKING:
+    from gateway.engine.adapter import Engine
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
 REPLICAS = 2  # on the session's Ray cluster (tests/ray_cluster.py: `ray_address`)
@@ -55,6 +59,7 @@ def replicas(
     loop_thread: LoopThread, ray_address: str, redis_server: RedisServer, adapter_dir: Path
 ) -> Iterator[RunningServer]:
     from gateway.app import default_loader
+    from gateway.engine.replicas import ReplicaEngine
 
     env = {
         "ENGINE_REPLICAS": str(REPLICAS),
@@ -64,35 +69,58 @@ def replicas(
         "ADMIN_API_KEYS": ADMIN,
     }
     settings = gateway_settings(**env, REDIS_URL=redis_server.url)
-    server = start_server(loop_thread, settings, default_loader(settings))
+    loader = default_loader(settings)
+
+    async def load() -> Engine:  # the gateway's engine, kept: its router is what the tests ask
+        engine = await loader()
+        assert isinstance(engine, ReplicaEngine)
+        _fleets.append(engine.fleet)
+        return engine
+
+    server = start_server(loop_thread, settings, load)
     wait_for(lambda: health(server)["status"] in ("ready", "failed"))
     assert health(server) == {"status": "ready"}
-    assert replica_states() == [{"RUNNING": REPLICAS}]  # its own deployment, not one left there
+    assert sorted(fleet().up) == list(range(REPLICAS))  # each answering, in a process of its own
+    assert len(set(fleet().up.values())) == REPLICAS
     yield server
     server.stop()
-    shutdown_serve()  # with RAY_ADDRESS the gateway leaves its replicas on the cluster
+    remove_replicas(REPLICAS)  # with RAY_ADDRESS the gateway leaves its replicas on the cluster
+
+
+_fleets: list[Any] = []
+
+
+def fleet() -> Any:
+    """The replicas as the gateway sees them (gateway/engine/replicas.py `Fleet`)."""
+    return _fleets[-1]
 
 
 def health(server: RunningServer) -> dict[str, str]:
     return dict(httpx.get(server.http + "/health", timeout=None).json())
 
 
-def replica_states() -> list[Any]:
-    """Each Serve deployment's replicas by state ({"RUNNING": 2}), over every application."""
-    from ray import serve
+def all_up() -> bool:
+    return len(fleet().up) == REPLICAS
 
-    apps = serve.status().applications.values()
-    return [d.replica_states for a in apps for d in a.deployments.values()]
+
+def restarted(index: int, pid: int) -> bool:
+    """Every replica answering, replica `index` in a process other than `pid`."""
+    return all_up() and fleet().up.get(index) not in (None, pid)
 
 
 def routed(key: str, method: str) -> Any:
-    """A replica method called through the gateway's router with `key` as its session."""
-    from ray import serve
+    """A replica method called on the replica the gateway's router picks for `key`."""
+    import ray
 
-    from gateway.engine.replicas import APP
+    actor = fleet().actors[fleet().pick(key)]
+    return ray.get(getattr(actor, method).remote(*([key] if method == "served" else [])))
 
-    handle = serve.get_app_handle(APP).options(session_id=key)
-    return getattr(handle, method).remote(*([key] if method == "served" else [])).result()
+
+def everywhere(key: str) -> list[tuple[str, int, int]]:
+    """Each replica's `served(key)`, whichever the router picks."""
+    import ray
+
+    return [ray.get(actor.served.remote(key)) for actor in fleet().actors]
 
 
 def key_of(request_id: str) -> str:
@@ -223,8 +251,8 @@ def test_a_killed_replica_ends_its_requests_once_and_its_keys_move(
         ]
         assert any(e["type"] == "PROGRESS" for e in json.loads(living.recv()))  # unaffected
 
-    # The ring drops the dead replica (Serve starts another): the key moves, and its history,
-    # from Redis, is recomputed there.
+    # The router drops the dead replica while Ray restarts it: the key moves, and its history,
+    # from Redis, is recomputed on the replica serving it (in a process that never saw it).
     def moved() -> bool:
         try:
             return bool(routed(key_of(continued), "served")[0] != victim)
@@ -235,7 +263,11 @@ def test_a_killed_replica_ends_its_requests_once_and_its_keys_move(
     again = batch(replicas, [(continued, "")], only_new_tokens=False, generation_config=greedy(4))
     assert again.status_code == 200, again.text
     assert again.json()[0]["prompt"] == prompt + first["response"]
-    assert routed(key_of(continued), "served")[1] == 1
+    index = int(victim.rsplit("-", 1)[1])
+    wait_for(lambda: restarted(index, pid))
+    served = everywhere(key_of(continued))
+    assert pid not in [p for _, _, p in served]
+    assert sum(count for _, count, _ in served) == 1  # the continuation, once, since the kill
 
 
 def replica_keys() -> dict[str, str]:
@@ -262,7 +294,7 @@ def load(server: RunningServer, name: str, path: str) -> httpx.Response:
 def test_an_adapter_loaded_at_run_time_reaches_every_replica(
     replicas: RunningServer, adapter_dir: Path
 ) -> None:
-    wait_for(lambda: replica_states() == [{"RUNNING": REPLICAS}])  # the killed one replaced
+    wait_for(all_up)  # the killed one restarted
     nowhere = load(replicas, "parrot", "/nowhere")
     assert nowhere.status_code == 400, nowhere.text
     error = nowhere.json()["error"]
@@ -279,19 +311,13 @@ def test_an_adapter_loaded_at_run_time_reaches_every_replica(
             assert answer.status_code == 200 and SPOKEN in answer.json()[0]["response"]
         assert SPOKEN not in generated(replicas, f"{rid}-base").json()[0]["response"]
 
-    # A replica started after the load (Serve replacing a killed one) serves it too.
+    # A replica started after the load (Ray restarting a killed one) serves it too.
     placed = replica_keys()
     victim = next(iter(placed))
-    os.kill(routed(key_of(placed[victim]), "served")[2], signal.SIGKILL)
-
-    def replaced() -> bool:
-        try:
-            tags = {routed(f"new-{uuid.uuid4()}", "served")[0] for _ in range(20)}
-        except Exception:
-            return False
-        return replica_states() == [{"RUNNING": REPLICAS}] and victim not in tags
-
-    wait_for(replaced)
+    pid = routed(key_of(placed[victim]), "served")[2]
+    os.kill(pid, signal.SIGKILL)
+    index = int(victim.rsplit("-", 1)[1])
+    wait_for(lambda: restarted(index, pid))
     for rid in replica_keys().values():
         answer = generated(replicas, f"{rid}-after", adapter_id="parrot")
         assert answer.status_code == 200 and SPOKEN in answer.json()[0]["response"], answer.text
@@ -308,55 +334,81 @@ def test_an_adapter_loaded_at_run_time_reaches_every_replica(
         assert SPOKEN in answer.json()[0]["response"]
 
 
+class _Method:
+    """An actor method's `.remote(...)`, answered in this process."""
+
+    def __init__(self, method: Callable[..., Awaitable[Any]]) -> None:
+        self.remote = method
+
+
 class _Replica:
     """A replica's adapter calls, without an engine: the load fails where `fails`."""
 
     def __init__(self, fails: bool) -> None:
         self.fails = fails
         self.loaded: set[str] = set()
+        self.load_adapter = _Method(self._load)
+        self.unload_adapter = _Method(self._unload)
 
+    async def _load(self, adapter: Any) -> Any:
+        from gateway.engine.replica_actor import ReplicaFailure
+        from protocols.errors import invalid
 
-def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    from gateway.engine import replicas as module
-    from gateway.engine.lora import Adapter
-    from gateway.engine.replicas import ReplicaEngine, ReplicaFailure, ReplicaInfo
-    from protocols.errors import GenerationError, invalid
-
-    fleet = {"r1": _Replica(fails=False), "r2": _Replica(fails=True)}
-
-    async def running(*, required: bool = True) -> dict[str, Any]:
-        return dict(fleet)
-
-    async def call(replica: _Replica, method: str, adapter: Adapter) -> Any:
-        if method == "unload_adapter":
-            replica.loaded.discard(adapter.name)
-            return None
-        if replica.fails:
+        if self.fails:
             return ReplicaFailure.of(
                 invalid("lora rank 64 is greater than max_lora_rank 8", "lora_path")
             )
-        replica.loaded.add(adapter.name)
+        self.loaded.add(adapter.name)
         return None
 
-    monkeypatch.setattr(module, "_running_replicas", running)
-    monkeypatch.setattr(module, "_call", call)
+    async def _unload(self, adapter: Any) -> None:
+        self.loaded.discard(adapter.name)
+
+
+def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(tmp_path: Path) -> None:
+    from gateway.engine.replica_actor import ReplicaInfo
+    from gateway.engine.replicas import Fleet, ReplicaEngine
+    from protocols.errors import GenerationError
+
+    replicas = [_Replica(fails=False), _Replica(fails=True)]
+    fleet = Fleet(replicas, "affinity")
+    fleet.up = {0: 1, 1: 2}
 
     class Tokenizer:
         all_special_ids: tuple[int, ...] = ()
 
     info = ReplicaInfo(Tokenizer(), 2048, "float32", "", frozenset(), lora=True)
-    engine = ReplicaEngine(None, info, lambda: None)
+    engine = ReplicaEngine(fleet, info, lambda: None)
     with pytest.raises(GenerationError) as refused:
         asyncio.run(engine.load_adapter("parrot", tmp_path))
     assert refused.value.field == "lora_path"
-    assert "on 1 of 2 engine replicas (r2: lora rank 64" in refused.value.message
-    assert "loaded on none" in refused.value.message
-    assert fleet["r1"].loaded == set() and "parrot" not in engine.adapters
+    message = refused.value.message
+    assert "on 1 of 2 engine replicas (llm-gateway-engine-1: lora rank 64" in message
+    assert "loaded on none" in message
+    assert replicas[0].loaded == set() and "parrot" not in engine.adapters
 
-    fleet["r2"].fails = False
+    replicas[1].fails = False
     asyncio.run(engine.load_adapter("parrot", tmp_path))
-    assert "parrot" in engine.adapters and all(r.loaded == {"parrot"} for r in fleet.values())
+    assert "parrot" in engine.adapters and all(r.loaded == {"parrot"} for r in replicas)
     assert asyncio.run(engine.unload_adapter("parrot"))
-    assert "parrot" not in engine.adapters and all(not r.loaded for r in fleet.values())
+    assert "parrot" not in engine.adapters and all(not r.loaded for r in replicas)
+
+
+def test_the_router_moves_only_a_stopped_replicas_keys_and_back() -> None:
+    from gateway.engine.replicas import Fleet
+
+    fleet = Fleet([None] * 4, "affinity")
+    fleet.up = dict.fromkeys(range(4), 0)
+    keys = [key_of(f"route-{i}") for i in range(400)]
+    before = {key: fleet.pick(key) for key in keys}
+    assert set(before.values()) == {0, 1, 2, 3}
+    del fleet.up[2]
+    after = {key: fleet.pick(key) for key in keys}
+    assert {k for k in keys if after[k] != before[k]} == {k for k in keys if before[k] == 2}
+    fleet.up[2] = 0
+    assert {key: fleet.pick(key) for key in keys} == before
+
+    fleet.routing = "load"
+    fleet.up = {0: 0, 1: 0}
+    fleet.running = [3, 1]
+    assert {fleet.pick(key) for key in keys} == {1}  # both drawn: the less loaded

@@ -155,12 +155,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     engine_max_restarts: Annotated[int, Meta(ge=0)] = 3
     engine_restart_window_seconds: PositiveFloat = 600.0
     # Past one machine (docs/SCALE-OUT.md): continuation histories in Redis instead of this
-    # process; the engine as ENGINE_REPLICAS Ray Serve replicas (RAY_ADDRESS: a cluster to
+    # process; the engine as ENGINE_REPLICAS Ray actors (RAY_ADDRESS: a cluster to
     # join). Unset: one process, no Redis, no Ray.
     redis_url: str = ""
     engine_replicas: Annotated[int, Meta(ge=0)] = 0
     ray_address: str = ""
-    # affinity: by continuation key (ConsistentHashRouter); load: Ray's default router
+    # affinity: by continuation key (rendezvous hashing); load: the less loaded of two drawn
     replica_routing: Literal["affinity", "load"] = "affinity"
     # Priorities (docs/PRIORITIES.md); the bulk class's cap is an engine setting.
     admission_fairness: Literal["caller", "fifo"] = "caller"

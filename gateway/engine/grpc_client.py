@@ -1,6 +1,8 @@
 """gRPC's client settings for a gateway that reaches engine replicas (ENGINE_REPLICAS).
 
-Serve's handle takes each streamed engine step over gRPC (gateway/engine/replicas.py). grpcio 1.85's
+Set when Ray Serve's handle took each streamed engine step over grpcio; since the replicas
+are plain Ray actors (gateway/engine/replicas.py), steps travel in Ray's own core worker, and
+what this setting still does for them is not measured (docs/BENCHMARKS.md). grpcio 1.85's
 EventEngine client reads every message on a thread pool of its own and hands it on: 2.5 to 3.3
 thread wake-ups a message in the gateway, against 1.25 with gRPC's older poller, which reads
 on the thread that waits for completions. On a machine whose cores the model's threads fill,
