@@ -21,12 +21,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.connection import Connection
 
-from clients import CHAT, UNENDING, connect, frames_until_done, payload, wait_for
+from clients import CHAT, UNENDING, connect, frames_until_done, payload, wait_for, web
 from gateway.edge.connections import OWN_FILES
 from serving import RunningServer
 
@@ -192,7 +191,7 @@ def test_a_websocket_or_a_stream_in_use_outlives_the_timeouts(
     body["parameters"] = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
     with (
         connect(server.ws + "/ws") as ws,
-        httpx.stream("POST", server.http + "/generate_stream", json=body, timeout=None) as sse,
+        web.stream("POST", server.http + "/generate_stream", json=body) as sse,
     ):
         events = (line for line in sse.iter_lines() if line)
         assert "token" in json.loads(next(events).removeprefix("data:"))

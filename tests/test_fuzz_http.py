@@ -38,6 +38,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from clients import web
 from serving import RunningServer
 
 TOKENS = 3  # the most any example may generate, per sequence
@@ -227,11 +228,11 @@ def test_every_number_past_its_bounds_is_the_protocols_4xx_naming_it(
     that body: the fields take turns through the numbers (the nearest past each bound, 2^64,
     -2^63 - 1, +-1e308, +-1e400) and through the routes, one request each.
     tests/test_fuzz_decoders.py sends every field every one of them, and drawn ones."""
-    doc = httpx.get(server.http + "/openapi.json", timeout=None).json()
+    doc = web.get(server.http + "/openapi.json").json()
     fields = _numeric_fields(doc)
     assert len(fields) >= 90, [f"{f.body}: {field_name(f.place)}" for f in fields]
     failures: list[str] = []
-    with httpx.Client(base_url=server.http, timeout=None) as client:
+    with web.client(base_url=server.http) as client:
         for turn, field in enumerate(fields):
             route = field.routes[turn % len(field.routes)]
             try:
@@ -323,18 +324,18 @@ def test_unreadable_bodies_are_the_protocols_4xx(
     server: RunningServer, path: str, kind: str
 ) -> None:
     body = CHAT_UTF8 if (path, kind) == ("/v1/chat/completions", "utf8") else UNREADABLE[kind]
-    answer = httpx.post(server.http + path, content=body, timeout=None)
+    answer = web.post(server.http + path, content=body)
     message = ROUTES[path](answer)
     assert f"Malformed JSON: {REASONS[kind]}" in message, message
 
 
 @pytest.mark.parametrize("kind", sorted(UNREADABLE))
 def test_unreadable_bodies_on_tgis_compat_route(server: RunningServer, kind: str) -> None:
-    answer = httpx.post(server.http + "/", content=UNREADABLE[kind], timeout=None)
+    answer = web.post(server.http + "/", content=UNREADABLE[kind])
     assert f"Malformed JSON: {REASONS[kind]}" in _tgi(answer)
 
 
 def test_healthy_afterwards(server: RunningServer, idle_engine: Callable[[], None]) -> None:
     """Last in this file: no engine request outlived its client, and the server serves."""
     idle_engine()
-    assert httpx.get(server.http + "/health", timeout=None).status_code == 200
+    assert web.get(server.http + "/health").status_code == 200

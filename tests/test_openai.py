@@ -7,14 +7,13 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 from huggingface_hub import InferenceClient
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from clients import CHAT, CITY_SCHEMA, wait_ready
+from clients import CHAT, CITY_SCHEMA, wait_ready, web
 from serving import (
     LoopThread,
     RunningServer,
@@ -303,7 +302,7 @@ def test_engine_failures_are_500_or_an_error_event_then_done(
             )
         assert before.value.status_code == 500
         body = {"prompt": ["Hello", FAULT], "max_tokens": 4, "stream": True}
-        streamed = httpx.post(failing.http + "/v1/completions", json=body, timeout=None)
+        streamed = web.post(failing.http + "/v1/completions", json=body)
         assert streamed.status_code == 200
         events = [e.removeprefix("data: ") for e in streamed.text.split("\n\n") if e]
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"
