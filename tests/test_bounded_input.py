@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from clients import CHAT, MAX_MODEL_LEN, UNENDING, web
-from serving import RunningServer
+from serving import LoopThread, RunningServer, loading_server
+
+if TYPE_CHECKING:
+    from gateway.engine.adapter import Engine
+
+SSE = "text/event-stream"
 
 
 def test_a_body_past_max_body_bytes_is_413_in_the_protocols_shape(
@@ -51,16 +57,35 @@ def test_new_tokens_are_bounded_by_the_room_the_context_leaves(server: RunningSe
 def test_request_timeout_ends_a_stream_with_its_protocols_error(
     make_server: Callable[..., RunningServer],
 ) -> None:
+    """A generation that cannot end within the deadline (every token the context allows):
+    however many tokens it streamed first (the machine's speed decides, none included), it
+    ends with the deadline's error event, never cut."""
     server = make_server(REQUEST_TIMEOUT_SECONDS="1")
     parameters = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
     body = {"inputs": CHAT.format("Count."), "parameters": parameters}
     with web.stream("POST", server.http + "/generate_stream", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith(SSE)
         events = [json.loads(line.removeprefix("data:")) for line in r.iter_lines() if line]
     *tokens, last = events
-    assert all("error" not in e for e in tokens)
+    assert all("token" in e and "error" not in e for e in tokens)
     assert "longer than this server allows" in last["error"], last
-    whole = web.post(
-        server.http + "/v1/completions",
-        json={"prompt": "Count.", "max_tokens": UNENDING, "ignore_eos": True},
-    )
-    assert whole.status_code == 503 and "longer" in whole.json()["error"]["message"]
+
+
+def test_request_timeout_counts_the_wait_for_the_engine(
+    loop_thread: LoopThread, engine: Engine
+) -> None:
+    """The deadline runs from a request's arrival: on an engine that stays loading, nothing
+    can answer before it, whatever the machine. A stream's one event is the deadline's error;
+    a whole answer is the protocol's 503."""
+    with loading_server(loop_thread, engine, REQUEST_TIMEOUT_SECONDS="1") as (server, _):
+        body = {"inputs": CHAT.format("Count."), "parameters": {"max_new_tokens": 4}}
+        with web.stream("POST", server.http + "/generate_stream", json=body) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith(SSE)
+            lines = [line for line in r.iter_lines() if line]
+        [event] = [json.loads(line.removeprefix("data:")) for line in lines]
+        assert "longer than this server allows" in event["error"], event
+        whole = web.post(
+            server.http + "/v1/completions", json={"prompt": "Count.", "max_tokens": 4}
+        )
+        assert whole.status_code == 503, whole.text
+        assert "longer than this server allows" in whole.json()["error"]["message"]

@@ -37,6 +37,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from starlette.routing import Route
 
 from clients import web
 from serving import RunningServer
@@ -66,6 +67,24 @@ CONFIG = schemathesis.Config.from_dict(
 )
 DEEP = 50_000
 Operation = APIOperation[Any, Any, Any, Any]
+UNFUZZED = {("get", "/openapi.json")}  # schemathesis skips the document itself
+# Routes the document does not describe yet: the adapter admin APIs (vLLM's and DJL's), behind
+# ADMIN_API_KEYS. Listed so that any other route missing fails, and so that this set shrinks
+# (describing one of them fails here until it leaves the set).
+UNDESCRIBED = {
+    ("post", "/v1/load_lora_adapter"),
+    ("post", "/v1/unload_lora_adapter"),
+    ("get", "/adapters"),
+    ("post", "/adapters"),
+    ("get", "/adapters/{adapter_name}"),
+    ("delete", "/adapters/{adapter_name}"),
+    ("post", "/adapters/{adapter_name}/update"),
+    ("get", "/models/{model_name}/adapters"),
+    ("post", "/models/{model_name}/adapters"),
+    ("get", "/models/{model_name}/adapters/{adapter_name}"),
+    ("delete", "/models/{model_name}/adapters/{adapter_name}"),
+    ("post", "/models/{model_name}/adapters/{adapter_name}/update"),
+}
 
 
 def _cut(value: Any) -> Any:
@@ -134,6 +153,30 @@ def _described(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _documented(server: RunningServer) -> set[tuple[str, str]]:
+    """(method, path) of every operation the served /openapi.json describes."""
+    paths = web.get(server.http + "/openapi.json").json()["paths"]
+    return {(method, path) for path, operations in paths.items() for method in operations}
+
+
+def test_every_http_route_of_the_app_is_in_the_openapi_document(server: RunningServer) -> None:
+    """The app's own route table (gateway/app.py) against the served document: a route added
+    without its description is listed here. WebSocket routes are not HTTP operations (the
+    document says so), and HEAD is Starlette's own beside each GET."""
+    routes = {
+        (method.lower(), route.path)
+        for route in server.app.routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
+        if method != "HEAD"
+    }
+    documented = _documented(server)
+    missing = sorted(routes - documented - UNDESCRIBED)
+    assert not missing, f"routes missing from /openapi.json: {missing}"
+    assert documented <= routes, sorted(documented - routes)  # nothing described is not served
+    assert routes - documented >= UNDESCRIBED, sorted(UNDESCRIBED & documented)
+
+
 def test_every_route_answers_as_documented(server: RunningServer) -> None:
     """schemathesis' pytest integration (lazy schemas) fails on pytest 9, hence a loop."""
     api = schemathesis.openapi.from_url(server.http + "/openapi.json", config=CONFIG)
@@ -142,7 +185,8 @@ def test_every_route_answers_as_documented(server: RunningServer) -> None:
     for result in api.get_all_operations():
         assert isinstance(result, Ok), result.err()  # the served document is valid
         operations.append(result.ok())
-    assert len(operations) >= 19  # every route but /openapi.json, which schemathesis skips
+    fuzzed = {(operation.method, operation.path) for operation in operations}
+    assert fuzzed == _documented(server) - UNFUZZED, sorted(fuzzed ^ _documented(server))
     for operation in operations:
         for mode in EXAMPLES:
             bodiless = "requestBody" not in operation.definition.raw
