@@ -84,16 +84,22 @@ def _sent_whole(server: RunningServer, data: bytes) -> socket.socket:
     return sock
 
 
-def _sse_sent_whole(server: RunningServer, path: str, body: object) -> http.client.HTTPResponse:
+@contextmanager
+def _sse_sent_whole(
+    server: RunningServer, path: str, body: object
+) -> Iterator[http.client.HTTPResponse]:
     """A streamed POST whose request the server finds whole as it accepts the connection."""
     connection = http.client.HTTPConnection("127.0.0.1", server.port)
-    with _paused(server):
-        connection.sock = _open(server)
-        headers = {"Content-Type": "application/json"}
-        connection.request("POST", path, body=json.dumps(body), headers=headers)
-    answer = connection.getresponse()
-    assert answer.status == 200, answer.read()
-    return answer
+    try:
+        with _paused(server):
+            connection.sock = _open(server)
+            headers = {"Content-Type": "application/json"}
+            connection.request("POST", path, body=json.dumps(body), headers=headers)
+        answer = connection.getresponse()
+        assert answer.status == 200, answer.read()
+        yield answer
+    finally:
+        connection.close()
 
 
 def _websocket_sent_whole(server: RunningServer, path: str) -> ClientConnection:
@@ -253,8 +259,10 @@ def test_a_websocket_or_a_stream_in_use_outlives_the_timeouts(
     server = make_server(KEEP_ALIVE_SECONDS="1", HEADER_TIMEOUT_SECONDS="1")
     body = {"inputs": CHAT.format("Tell me a long story."), "parameters": {}}
     body["parameters"] = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
-    sse = _sse_sent_whole(server, "/generate_stream", body)
-    with _websocket_sent_whole(server, "/ws") as ws, closing(sse):
+    with (
+        _sse_sent_whole(server, "/generate_stream", body) as sse,
+        _websocket_sent_whole(server, "/ws") as ws,
+    ):
         lines = (line.strip() for line in iter(sse.readline, b""))
         events = (line.decode() for line in lines if line)
         assert "token" in json.loads(next(events).removeprefix("data:"))
