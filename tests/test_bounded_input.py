@@ -77,7 +77,8 @@ def test_request_timeout_counts_the_wait_for_the_engine(
     """The deadline runs from a request's arrival: on an engine that stays loading, nothing
     can answer before it, whatever the machine. A stream's one event is the deadline's error;
     a whole answer is the protocol's 503."""
-    with loading_server(loop_thread, engine, REQUEST_TIMEOUT_SECONDS="1") as (server, _):
+    timed = loading_server(loop_thread, engine, REQUEST_TIMEOUT_SECONDS="1")
+    with timed as (server, finish_loading):
         body = {"inputs": CHAT.format("Count."), "parameters": {"max_new_tokens": 4}}
         with web.stream("POST", server.http + "/generate_stream", json=body) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith(SSE)
@@ -89,3 +90,4 @@ def test_request_timeout_counts_the_wait_for_the_engine(
         )
         assert whole.status_code == 503, whole.text
         assert "longer than this server allows" in whole.json()["error"]["message"]
+        finish_loading()  # else the server stops with its engine's load pending
