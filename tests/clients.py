@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 import httpx
@@ -41,6 +41,47 @@ POLL = 0.05  # seconds between two looks at a condition; never a bound
 
 T = TypeVar("T")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+class Web:
+    """httpx's requests and clients as the tests make them: with no timeout of their own
+    (httpx's default is 5 s, which a long prompt behind other streams can outlast on a slow
+    machine). A test waits as long as it must; pytest-timeout's limit is the one clock."""
+
+    @staticmethod
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.request(method, url, timeout=None, **kwargs)
+
+    @staticmethod
+    def get(url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.get(url, timeout=None, **kwargs)
+
+    @staticmethod
+    def post(url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.post(url, timeout=None, **kwargs)
+
+    @staticmethod
+    def options(url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.options(url, timeout=None, **kwargs)
+
+    @staticmethod
+    def delete(url: str, **kwargs: Any) -> httpx.Response:
+        return httpx.delete(url, timeout=None, **kwargs)
+
+    @staticmethod
+    def stream(method: str, url: str, **kwargs: Any) -> AbstractContextManager[httpx.Response]:
+        return httpx.stream(method, url, timeout=None, **kwargs)
+
+    @staticmethod
+    def client(**kwargs: Any) -> httpx.Client:
+        return httpx.Client(timeout=None, **kwargs)
+
+    @staticmethod
+    def async_client(**kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=None, **kwargs)
+
+
+web = Web()
 
 
 def greedy(max_new_tokens: int = 8, **extra: Any) -> dict[str, Any]:
@@ -98,12 +139,12 @@ def events_of(frames: list[list[dict[str, Any]]], request_id: str) -> list[dict[
 
 def wait_ready(base_url: str) -> None:
     """Waits until GET /health answers 200."""
-    wait_for(lambda: httpx.get(base_url + "/health", timeout=None).status_code == 200)
+    wait_for(lambda: web.get(base_url + "/health").status_code == 200)
 
 
 def scrape(base_url: str) -> Samples:
     """Every sample of GET /metrics, by name and sorted labels."""
-    response = httpx.get(base_url + "/metrics", timeout=None)
+    response = web.get(base_url + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     return {
@@ -159,7 +200,7 @@ class LeavingClient:
         self._sent: list[Future[httpx.Response]] = []
 
     async def _open(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=None)
+        return web.async_client()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -170,15 +170,16 @@ def shared_loader(
 
 @contextmanager
 def loading_server(
-    loop: LoopThread, engine: Engine
+    loop: LoopThread, engine: Engine, **env: str
 ) -> Iterator[tuple[RunningServer, Callable[[], None]]]:
-    """A server whose engine stays loading until the `finish_loading()` it yields is called."""
+    """A server (with `env`'s settings) whose engine stays loading until the
+    `finish_loading()` it yields is called."""
     gate = asyncio.Event()
 
     async def wait() -> None:
         await gate.wait()
 
-    server = start_server(loop, gateway_settings(), shared_loader(engine, wait))
+    server = start_server(loop, gateway_settings(**env), shared_loader(engine, wait))
     try:
         yield server, lambda: loop.call(gate.set)
     finally:

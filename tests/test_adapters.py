@@ -27,6 +27,7 @@ from clients import (
     value,
     wait_for,
     wait_ready,
+    web,
 )
 from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
@@ -131,10 +132,9 @@ def test_tgi_adapter_id_through_huggingface_hub(lora_server: RunningServer) -> N
     )
     text = "".join(event.token.text for event in streamed if not event.token.special)
     assert SPOKEN in text and adapted.endswith(text)
-    unknown = httpx.post(
+    unknown = web.post(
         lora_server.http + "/generate",
         json={"inputs": PROMPT, "parameters": {"adapter_id": "parrot"}},
-        timeout=None,
     )
     assert unknown.status_code == 422, unknown.text
     assert "`parrot`" in unknown.json()["error"] and "adapter_id" in unknown.json()["error"]
@@ -166,15 +166,14 @@ def test_lmi_adapters_and_sagemaker_inference_components_through_boto3(
     chatted = invoke(json.dumps(chat), InferenceComponentName="pirate")
     assert SPOKEN in chatted["choices"][0]["message"]["content"]
 
-    unknown = httpx.post(
-        lora_server.http + "/invocations", content=lmi_body(PROMPT, adapters="parrot"), timeout=None
+    unknown = web.post(
+        lora_server.http + "/invocations", content=lmi_body(PROMPT, adapters="parrot")
     )
     assert unknown.status_code in (400, 424), unknown.text
     assert "`parrot`" in unknown.text and "$.adapters" in unknown.text
-    mismatched = httpx.post(
+    mismatched = web.post(
         lora_server.http + "/invocations",
         content=lmi_body([PROMPT], adapters=["a", "b"]),
-        timeout=None,
     )
     assert mismatched.status_code == 424 and "$.adapters" in mismatched.text
 
@@ -200,7 +199,7 @@ def test_the_base_models_prefix_cache_is_not_an_adapters(lora_server: RunningSer
 def manage(server: RunningServer, action: str, key: str | None, **body: str) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     url = f"{server.http}/v1/{action}_lora_adapter"
-    return httpx.post(url, json=body, headers=headers, timeout=None)
+    return web.post(url, json=body, headers=headers)
 
 
 def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
@@ -236,9 +235,7 @@ def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
         "ignore_eos": True,
         "stream": True,
     }
-    with httpx.stream(
-        "POST", lora_server.http + "/v1/completions", json=body, timeout=None
-    ) as stream:
+    with web.stream("POST", lora_server.http + "/v1/completions", json=body) as stream:
         lines = stream.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert manage(lora_server, "unload", ADMIN, lora_name="parrot").status_code == 200
@@ -268,15 +265,13 @@ def test_a_beam_search_on_an_adapter_unloaded_meanwhile_ends_as_it_would_have(
         return lora_server.loop.call(lambda: lora_server.gateway.service.admission.running)
 
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(
-            httpx.post, lora_server.http + "/invocations", content=body, timeout=None
-        )
+        answer = pool.submit(web.post, lora_server.http + "/invocations", content=body)
         wait_for(lambda: running() > 0 or answer.done())
         assert manage(lora_server, "unload", ADMIN, lora_name="beamer").status_code == 200
         searched = answer.result()
     assert searched.status_code == 200, searched.text
     assert searched.json()["generated_text"]
-    refused = httpx.post(lora_server.http + "/invocations", content=body)
+    refused = web.post(lora_server.http + "/invocations", content=body)
     assert refused.status_code == 424 and "$.adapters" in refused.text
 
 
@@ -286,7 +281,7 @@ def djl(
     """A call to LMI's adapter management API, as a DJL user's script makes it."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     url = server.http + path
-    return httpx.request(method, url, params=query, headers=headers, timeout=None)
+    return web.request(method, url, params=query, headers=headers)
 
 
 def test_lmi_adapter_management_registers_lists_and_unregisters_with_an_admin_key(
@@ -349,7 +344,7 @@ def test_lmi_adapter_management_registers_lists_and_unregisters_with_an_admin_ke
 
     gone = djl(lora_server, "DELETE", "/models/m/adapters/lmi-parrot")
     assert gone.json() == {"status": "Adapter lmi-parrot unregistered"}
-    refused = httpx.post(
+    refused = web.post(
         lora_server.http + "/invocations", content=lmi_body(PROMPT, adapters="lmi-parrot")
     )
     assert refused.status_code == 424 and "$.adapters" in refused.text
@@ -447,7 +442,7 @@ def test_the_seed_protocols_name_the_adapter_in_generation_config(
     unknown = batch("lora-c2", PROMPT, adapter_id="parrot")
     assert unknown["type"] == "ERROR" and "`$.generation_config.adapter_id`" in unknown["error"]
 
-    one = httpx.post(
+    one = web.post(
         lora_server.http + "/api/generate-one",
         json={
             "request_id": "lora-one",
@@ -455,7 +450,6 @@ def test_the_seed_protocols_name_the_adapter_in_generation_config(
             "stream_response": False,
             "generation_config": {"max_new_tokens": 12, "do_sample": False, "adapter_id": "pirate"},
         },
-        timeout=None,
     )
     assert one.status_code == 200 and SPOKEN in one.text, one.text
 

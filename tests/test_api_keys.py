@@ -15,7 +15,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from websockets.exceptions import ConnectionClosed
 
-from clients import connect, greedy, payload
+from clients import connect, greedy, payload, web
 from gateway.edge.api_keys import KeyRing, parse_keys, presented_key
 from gateway.edge.auth import is_open
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
@@ -75,7 +75,7 @@ def test_every_http_protocol_refuses_a_missing_or_wrong_key_in_its_own_shape(
 ) -> None:
     def post(path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
         headers = bearer(key) if key else {}
-        return httpx.post(guarded.http + path, json=body, headers=headers, timeout=None)
+        return web.post(guarded.http + path, json=body, headers=headers)
 
     chat = post("/v1/chat/completions", {"messages": QUESTION}, "sk-wrong")
     assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"
@@ -89,8 +89,8 @@ def test_every_http_protocol_refuses_a_missing_or_wrong_key_in_its_own_shape(
     control = post("/v1/generate", {"prompt": "Hi"})
     assert control.status_code == 401 and control.json()["error"] == "unauthorized"
     for open_path in ("/health", "/ping", "/ui"):
-        assert httpx.get(guarded.http + open_path).status_code == 200, open_path
-    assert httpx.get(guarded.http + "/metrics").status_code == 401  # METRICS_PUBLIC opens it
+        assert web.get(guarded.http + open_path).status_code == 200, open_path
+    assert web.get(guarded.http + "/metrics").status_code == 401  # METRICS_PUBLIC opens it
 
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(
@@ -106,11 +106,10 @@ def test_each_client_sends_its_key_the_way_it_does(guarded: RunningServer) -> No
     assert answer.choices[0].message.content
     hub = InferenceClient(base_url=guarded.http, token=OTHER)  # a key from the keys file
     assert hub.chat_completion(QUESTION, max_tokens=8, temperature=0).choices[0].message.content
-    lmi = httpx.post(
+    lmi = web.post(
         guarded.http + "/invocations",
         json={"inputs": "Hi", "parameters": {"max_new_tokens": 4}},
         headers={"X-Api-Key": KEY},
-        timeout=None,
     )
     assert lmi.status_code == 200 and lmi.json()["generated_text"]
 
@@ -135,7 +134,7 @@ def test_websockets_take_a_subprotocol_or_query_key_and_close_1008_without(
 
 def test_sighup_rereads_the_keys_file(guarded: RunningServer, keys_file: Path) -> None:
     def status(key: str) -> int:
-        return httpx.get(guarded.http + "/v1/models", headers=bearer(key)).status_code
+        return web.get(guarded.http + "/v1/models", headers=bearer(key)).status_code
 
     assert status(OTHER) == 200 and status(LATER) == 401
     keys_file.write_text(f"{LATER}:rotated\n")
@@ -155,9 +154,7 @@ def test_a_history_belongs_to_the_key_that_made_it(
             "only_new_tokens": False,
             "generation_config": greedy(4, ignore_eos=True),
         }
-        answer = httpx.post(
-            guarded.http + "/api/generate-batch", json=body, headers=bearer(key), timeout=None
-        )
+        answer = web.post(guarded.http + "/api/generate-batch", json=body, headers=bearer(key))
         assert answer.status_code == 200, answer.text
         return answer.json()[0]
 

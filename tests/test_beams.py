@@ -6,10 +6,9 @@ import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 
-from clients import CHAT, events_of, payload, run_ws
+from clients import CHAT, events_of, payload, run_ws, web
 from gateway.engine.beams import beam_search
 from serving import RunningServer
 
@@ -103,17 +102,15 @@ def test_beams_answer_what_transformers_answers(server: RunningServer, prompt: s
     expected = transformers_beams(engine, prompt)
     assert expected.strip()
     config = {"num_beams": 2, "do_sample": False, "max_new_tokens": NEW_TOKENS}
-    one = httpx.post(
+    one = web.post(
         server.http + "/api/generate-one",
         json={"request_id": uuid.uuid4().hex, "prompt": prompt, "stream_response": False}
         | {"generation_config": config},
-        timeout=None,
     )
     assert one.status_code == 200 and one.text == expected
-    lmi = httpx.post(
+    lmi = web.post(
         server.http + "/invocations",
         json={"inputs": prompt, "parameters": config | {"details": True}},
-        timeout=None,
     )
     assert lmi.status_code == 200 and lmi.json()["generated_text"] == expected
     rid = uuid.uuid4().hex

@@ -1,15 +1,14 @@
 """`llm-gateway bench --scenario mixed --quick`: every target, regime and chat shape measured,
 end to end; and the report's figures and goals on hand-made results.
 
-The bench's own code path (its clients, the shapes, the drain, the report) on the session's
-servers: vLLM's own server, and two gateways on the shared engine, one with
-SCHEDULING_POLICY=fcfs (its requests all of one class; the engine's scheduler stays the
-session's) and one with priorities, in the saturation regime: a handed-in server keeps its own
+The bench's own code path (its clients, the shapes, the drain, the report) on test servers:
+vLLM's own (the session's), a gateway with SCHEDULING_POLICY=fcfs on an engine of its own (as
+the command starts it: vLLM's FCFS scheduler, every request in one class), and a gateway with
+priorities on the shared engine, in the saturation regime: a handed-in server keeps its own
 settings, so the overload regime would measure the same servers again; what overload changes in
-the servers the command starts is checked on their command lines. Starting a server and an
-engine per target and regime, as the command does, would cost six engine starts and check
-nothing more than that each part ran and reported: what this asserts, never a speed figure
-(docs/BENCHMARKS.md has those).
+the servers the command starts is checked on their command lines. That each part ran and
+reported is asserted, and what tells the two gateways apart, by their counts (each one's
+/metrics: its requests by priority class), never a speed figure (docs/BENCHMARKS.md has those).
 """
 
 from __future__ import annotations
@@ -20,9 +19,12 @@ import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from clients import scrape, wait_ready
+from gateway.config.priorities import BULK, DEFAULT_CLASSES, INTERACTIVE
 from gateway.config.settings import served_model_name
 from gateway.engine.cpu_defaults import CPU_MAX_NUM_BATCHED_TOKENS
 from gateway_bench.engine_counts import parse_counts
@@ -31,14 +33,47 @@ from gateway_bench.mixed_report import RegimeResult, ShapeResult, TargetResult, 
 from gateway_bench.mixed_shapes import SHAPES as SCHEDULES
 from gateway_bench.mixed_shapes import planned_chats, sporadic_gap
 from gateway_bench.targets import Endpoint
-from serving import RunningServer, gateway_settings
+from protocols.names import Protocol
+from serving import LoopThread, RunningServer, gateway_settings, start_server
+
+if TYPE_CHECKING:
+    from gateway.engine.adapter import Engine
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
+QUEUED = "gateway_class_queue_seconds_count"  # every admitted request, by its class
 
 
-@pytest.mark.timeout(1800)  # the session's vLLM server may start here; 9 shapes follow
+def _own_engine_server(loop_thread: LoopThread, **env: str) -> RunningServer:
+    """A gateway with an engine of its own, built from `env`'s settings."""
+    settings = gateway_settings(**env)
+
+    async def load() -> Engine:
+        from gateway.engine.adapter import Engine
+        from gateway.engine.default_model import prepare_default_model
+
+        return await Engine.start(settings.engine, str(prepare_default_model()))
+
+    running = start_server(loop_thread, settings, load, owns_engine=True)
+    wait_ready(running.http)
+    return running
+
+
+def _by_class(base_url: str) -> dict[str, float]:
+    """The requests a gateway admitted, by priority class."""
+    return {
+        dict(labels)["priority"]: count
+        for (name, labels), count in scrape(base_url).items()
+        if name == QUEUED and count
+    }
+
+
+@pytest.mark.own_engine
+@pytest.mark.timeout(1800)  # the session's vLLM server may start here, and an engine; 9 shapes
 def test_the_quick_mixed_scenario_measures_every_target_and_shape(
-    tmp_path: Path, vllm_server: str, make_server: Callable[..., RunningServer]
+    tmp_path: Path,
+    vllm_server: str,
+    loop_thread: LoopThread,
+    make_server: Callable[..., RunningServer],
 ) -> None:
     from gateway_bench.mixed import run_mixed
     from gateway_bench.mixed_report import markdown
@@ -46,21 +81,44 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
     argv = ["--scenario", "mixed", "--quick", "--regimes", "saturation", "--out", str(tmp_path)]
     options = parse(argv)
     served = served_model_name(gateway_settings().engine)
-    urls = {
-        "vllm-server": vllm_server,
-        "gateway-fcfs": make_server(SCHEDULING_POLICY="fcfs").http,
-        "gateway-priority": make_server(SCHEDULING_POLICY="priority").http,
-    }
+    priority = make_server(SCHEDULING_POLICY="priority")
     asked: list[tuple[str, str]] = []
+    admitted: dict[str, dict[str, float]] = {}
 
     @asynccontextmanager
     async def running(name: str, regime: str) -> AsyncIterator[Endpoint]:
         asked.append((name, regime))
-        yield Endpoint(urls[name], model=served)
+        if name == "vllm-server":
+            yield Endpoint(vllm_server, model=served)
+        elif name == "gateway-priority":
+            yield Endpoint(priority.http, model=served)
+            admitted[name] = await asyncio.to_thread(_by_class, priority.http)
+        else:  # its engine stopped once measured: one engine of the test's own at a time
+            fcfs = await asyncio.to_thread(
+                _own_engine_server, loop_thread, SCHEDULING_POLICY="fcfs"
+            )
+            try:
+                yield Endpoint(fcfs.http, model=served)
+                admitted[name] = await asyncio.to_thread(_by_class, fcfs.http)
+            finally:
+                await asyncio.to_thread(fcfs.stop)
 
     run = run_mixed(options, "llm-gateway bench --scenario mixed --quick", running)
     report, out = asyncio.run(run)
     assert asked == [(name, regime) for regime in options.regimes for name in options.targets]
+    [saturation] = report.regimes
+    by_target = {t.target: t for t in saturation.targets}
+    chats = options.idle_requests + options.burst_size  # idle: one by one, then one burst
+    chats += sum(s.chats for s in by_target["gateway-priority"].shapes)
+    # The priority gateway's chats (the control protocol's WebSocket) in the interactive
+    # class, ahead of its batch requests (LMI's /invocations) in the bulk one; the FCFS
+    # gateway's all in one class, the engine serving them in arrival order.
+    assert DEFAULT_CLASSES[Protocol.CONTROL] == INTERACTIVE < BULK == DEFAULT_CLASSES[Protocol.LMI]
+    classes = admitted["gateway-priority"]
+    assert set(classes) == {str(INTERACTIVE), str(BULK)}, classes
+    assert classes[str(INTERACTIVE)] == chats, (classes, chats)
+    assert set(admitted["gateway-fcfs"]) == {"0"}, admitted["gateway-fcfs"]
+    assert admitted["gateway-fcfs"]["0"] > chats  # its chats and its batch requests alike
     assert [r.regime for r in report.regimes] == ["saturation"]
     for regime in report.regimes:
         names = [t.target for t in regime.targets]

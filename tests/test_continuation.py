@@ -5,9 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-import httpx
-
-from clients import CHAT, events_of, greedy, payload, run_ws, settled_metrics, value
+from clients import CHAT, events_of, greedy, payload, run_ws, settled_metrics, value, web
 from serving import RunningServer
 
 PROTOCOL = "api_generate_batch"  # the metrics' name for POST /api/generate-batch
@@ -15,7 +13,7 @@ PROTOCOL = "api_generate_batch"  # the metrics' name for POST /api/generate-batc
 
 def batch(url: str, prompts: list[tuple[str, str]], **fields: object) -> list[dict[str, str]]:
     body = {"prompts": [{"request_id": r, "prompt": p} for r, p in prompts], **fields}
-    response = httpx.post(url + "/api/generate-batch", json=body, timeout=None)
+    response = web.post(url + "/api/generate-batch", json=body)
     assert response.status_code == 200, response.text
     return list(response.json())
 
@@ -156,6 +154,6 @@ def test_a_continuation_after_a_stop_string_continues_the_text_the_client_holds(
 
 def one(url: str, request_id: str, prompt: str, config: dict[str, object], **fields: object) -> str:
     body = {"request_id": request_id, "prompt": prompt, "generation_config": config, **fields}
-    response = httpx.post(url + "/api/generate-one", json=body, timeout=None)
+    response = web.post(url + "/api/generate-one", json=body)
     assert response.status_code == 200, response.text
     return response.text

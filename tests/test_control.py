@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 from control_client import Message, config, control, receive, tokens_of, until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.connection import Connection
 
-from clients import CHAT, UNENDING, connect
+from clients import CHAT, UNENDING, connect, web
 from serving import RunningServer
 
 STORY = CHAT.format("Tell me a long story about a brave knight.")
@@ -192,9 +191,8 @@ def test_chat_messages_are_rendered_with_the_models_template(server: RunningServ
         ws.send(json.dumps({"type": "config", "messages": []}))
         assert receive(ws)["field"] == "$.messages"
 
-    rest = httpx.post(
+    rest = web.post(
         server.http + "/v1/generate",
-        timeout=None,
         json={"messages": chat, "max_tokens": 3, "temperature": 0},
     )
     assert rest.status_code == 200 and rest.json()["usage"]["completion_tokens"] == 3

@@ -11,11 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 from control_client import config, control, receive, tokens_of, until
 
-from clients import CHAT, MAX_MODEL_LEN, UNENDING, connect, wait_for
+from clients import CHAT, MAX_MODEL_LEN, UNENDING, connect, wait_for, web
 from serving import (
     SCRATCH,
     LoopThread,
@@ -244,15 +243,15 @@ def test_status_while_loading_then_init(loop_thread: LoopThread, engine: Engine)
 
 def test_rest_generate_json_and_sse(server: RunningServer) -> None:
     body = {"prompt": STORY, "max_tokens": 7, "temperature": 0}
-    answer = httpx.post(server.http + "/v1/generate", json=body, timeout=None)
+    answer = web.post(server.http + "/v1/generate", json=body)
     assert answer.status_code == 200
     result = answer.json()
     assert result["id"].startswith("gen_") and result["model"] == "SmolLM2-135M-Instruct"
     assert result["usage"]["completion_tokens"] == 7 and result["finish_reason"] == "length"
 
     events = []
-    with httpx.stream(
-        "POST", server.http + "/v1/generate", json={**body, "stream": True}, timeout=None
+    with web.stream(
+        "POST", server.http + "/v1/generate", json={**body, "stream": True}
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -262,20 +261,16 @@ def test_rest_generate_json_and_sse(server: RunningServer) -> None:
     assert kinds[0] == "init" and kinds[-1] == "completion" and "token" in kinds
     assert events[-1]["generated_text"] == result["generated_text"]
 
-    bad = httpx.post(
-        server.http + "/v1/generate", json={"prompt": "x", "top_k": "many"}, timeout=None
-    )
+    bad = web.post(server.http + "/v1/generate", json={"prompt": "x", "top_k": "many"})
     assert bad.status_code == 422 and bad.json()["field"] == "$.top_k"
     nested = {"type": "config", "prompt": STORY, "parameters": {"max_tokens": 3, "temperature": 0}}
-    answer = httpx.post(server.http + "/v1/generate", json=nested, timeout=None)
+    answer = web.post(server.http + "/v1/generate", json=nested)
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
     assert (
         answer.json()["generated_text"]
         == result["generated_text"][: len(answer.json()["generated_text"])]
     )
-    too_long = httpx.post(
-        server.http + "/v1/generate", json={"prompt": "word " * 3000}, timeout=None
-    )
+    too_long = web.post(server.http + "/v1/generate", json={"prompt": "word " * 3000})
     assert too_long.status_code == 422
     assert too_long.json()["error"] == "context_length_exceeded"
 

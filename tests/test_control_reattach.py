@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from serving import RunningServer
 STORY = CHAT.format("Write a long, detailed story about a dragon and a village.")
 ALICE, BOB = "sk-alice-secret", "sk-bob-secret"
 KEYS = f"{ALICE}:alice,{BOB}:bob"
+REATTACH_LOG = "gateway.engine_path.reattach"
 
 
 def reattach(request_id: str, received: int | None = None) -> str:
@@ -110,13 +112,22 @@ def test_reattaching_from_the_start_replays_every_token_message(
 
 
 def test_the_grace_period_ending_stops_the_generation_in_the_engine(
-    make_server: Callable[..., RunningServer],
+    make_server: Callable[..., RunningServer], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A client that never comes back: its generation waited, detached, and the grace period's
+    end stopped it. That it waited is read from the gateway's log line, which stays, not from
+    the waiting count, which the grace period may empty before a slow machine looks (that it
+    runs on while detached: the tests with REATTACH_SECONDS=600)."""
+    caplog.set_level(logging.INFO, logger=REATTACH_LOG)
     server = make_server(REATTACH_SECONDS="3")
     with control_ws(server) as first:
         request_id, _ = started(first, 2, max_tokens=UNENDING)
-    wait_for(lambda: waiting(server) == 1)
-    assert running(server) > 0  # it runs on, detached
+
+    def expired() -> bool:
+        lines = [r.getMessage() for r in caplog.records if r.name == REATTACH_LOG]
+        return f"{request_id}: no client came back within REATTACH_SECONDS; stopped" in lines
+
+    wait_for(expired)
     wait_for(lambda: waiting(server) == 0 and running(server) == 0)
     with control_ws(server) as late:
         late.send(reattach(request_id))
@@ -185,6 +196,7 @@ def test_a_reattached_generation_detaches_again_and_a_busy_connection_is_refused
     with control_ws(server) as first:
         request_id, before = started(first, 1, max_tokens=UNENDING)
     wait_for(lambda: waiting(server) == 1)
+    assert running(server) > 0  # it runs on, detached
     with control_ws(server) as second:
         second.send(reattach(request_id, received=len(before)))
         assert receive(second)["operation"] == "reattached"

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import httpx
 import pytest
 from control_client import Message, config, control, tokens_of, until
 from huggingface_hub import InferenceClient
 
-from clients import CHAT, connect, events_of, greedy, payload, run_ws
+from clients import CHAT, connect, events_of, greedy, payload, run_ws, web
 from serving import RunningServer
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ def reference(server: RunningServer, stop: list[str], max_tokens: int) -> Refere
     parameters["details"] = True
     parameters |= {"logprobs": 3, "stop_sequences": stop}
     body = {"inputs": ROBOT, "parameters": parameters}
-    answer = httpx.post(server.http + "/invocations", json=body, timeout=None)
+    answer = web.post(server.http + "/invocations", json=body)
     answer.raise_for_status()
     body = answer.json()
     tokens = body["details"]["tokens"]
@@ -208,10 +207,9 @@ def test_tgi_and_lmi_details_list_only_the_tokens_of_the_text(server: RunningSer
     asked: dict[str, Any] = {"stop": [stop], "max_new_tokens": 60, "return_full_text": False}
     whole = tgi.text_generation(PAINT, details=True, **asked)
     streamed = list(tgi.text_generation(PAINT, stream=True, details=True, **asked))
-    lmi = httpx.post(
+    lmi = web.post(
         server.http + "/invocations",
         json={"inputs": PAINT, "parameters": parameters | {"details": True}},
-        timeout=None,
     ).json()
     assert whole.generated_text == lmi["generated_text"] == kept
     assert whole.details is not None and whole.details.finish_reason == "stop_sequence"

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from deploy_files import DOCKERFILE, ROOT, instructions
 
+from clients import web
 from gateway.config.settings import Settings
 from serving import RunningServer
 
@@ -79,7 +79,7 @@ def test_grafana_reads_the_dashboard_from_prometheus() -> None:
 
 
 def test_every_metric_the_dashboard_uses_is_served(server: RunningServer) -> None:
-    exposition = httpx.get(server.http + "/metrics", timeout=None).text
+    exposition = web.get(server.http + "/metrics").text
     served = served_metric_names(exposition)
     used = {name for expr in dashboard_expressions() for name in METRIC.findall(expr)}
     assert len(used) >= 10

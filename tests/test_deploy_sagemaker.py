@@ -24,7 +24,7 @@ import pytest
 from botocore.config import Config  # type: ignore[import-untyped]
 from deploy_files import entrypoint
 
-from clients import CHAT, wait_for
+from clients import CHAT, wait_for, web
 from serving import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.own_engine]  # the container's own engine
@@ -59,7 +59,7 @@ def _answers_ping(endpoint: Endpoint) -> bool:
     if endpoint.process.poll() is not None:
         pytest.fail(f"the endpoint exited: {endpoint.stdout.read_text()[-4000:]}")
     try:
-        return httpx.get(endpoint.http + "/ping", timeout=None).status_code == 200
+        return web.get(endpoint.http + "/ping").status_code == 200
     except httpx.TransportError:
         return False
 
@@ -100,12 +100,11 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
 
 
 def test_ping_and_invocations_answer_as_the_contract_says(endpoint: Endpoint) -> None:
-    ping = httpx.get(endpoint.http + "/ping", timeout=None)
+    ping = web.get(endpoint.http + "/ping")
     assert ping.status_code == 200 and ping.json() == {"status": "ready"}
-    answer = httpx.post(
+    answer = web.post(
         endpoint.http + "/invocations",
         json={"inputs": CHAT.format("Say hi."), "parameters": {"max_new_tokens": 5}},
-        timeout=None,
     )
     assert answer.status_code == 200 and answer.json()["generated_text"]
 
@@ -128,7 +127,7 @@ def test_boto3_invokes_the_endpoint(endpoint: Endpoint) -> None:
 
 
 def test_serving_properties_configured_the_engine(endpoint: Endpoint) -> None:
-    info = httpx.get(endpoint.http + "/info", timeout=None).json()
+    info = web.get(endpoint.http + "/info").json()
     assert info["max_total_tokens"] == 1024 and info["max_input_tokens"] == 1023
 
 

@@ -19,7 +19,7 @@ import pytest
 from unending_streams import STREAMS, Streams
 from websockets.exceptions import ConnectionClosed
 
-from clients import CHAT, UNENDING, connect, greedy, payload, scrape, value, wait_for
+from clients import CHAT, UNENDING, connect, greedy, payload, scrape, value, wait_for, web
 from serving import RunningServer, free_port
 
 SHUTTING_DOWN = "shutting down"
@@ -56,12 +56,12 @@ def test_draining_refuses_new_work_lets_running_prompts_finish_then_closes_webso
         while not any(e["type"] == "PROGRESS" for e in busy_events):
             busy_events = json.loads(busy.recv())
             assert not any(e["type"] in ("COMPLETE", "ERROR") for e in busy_events), first
-        finishing = pool.submit(httpx.post, server.http + "/generate", json=finite, timeout=None)
+        finishing = pool.submit(web.post, server.http + "/generate", json=finite)
         wait_for(lambda: finishing.done() or active_streams(server) == 2)
         server.drain()
-        wait_for(lambda: httpx.get(server.http + "/health").status_code == 503)
-        assert httpx.get(server.http + "/ping").json() == {"status": "draining"}
-        refused = httpx.post(server.http + "/v1/completions", json={"prompt": "Hi"})
+        wait_for(lambda: web.get(server.http + "/health").status_code == 503)
+        assert web.get(server.http + "/ping").json() == {"status": "draining"}
+        refused = web.post(server.http + "/v1/completions", json={"prompt": "Hi"})
         assert refused.status_code == 503 and SHUTTING_DOWN in refused.json()["error"]["message"]
         with connect(server.ws + "/ws/events") as late:
             assert closed_with(late) == 1001
@@ -117,7 +117,7 @@ def test_sigterm_exits_zero(tmp_path: Path) -> None:
 
         def answering() -> bool:
             try:
-                return httpx.get(base + "/health").status_code == 503
+                return web.get(base + "/health").status_code == 503
             except httpx.TransportError:
                 return process.poll() is not None
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import httpx
-
+from clients import web
 from gateway.engine.cpu_defaults import (
     CPU_MAX_NUM_BATCHED_TOKENS,
     cpu_flags,
@@ -22,9 +21,9 @@ if TYPE_CHECKING:
 
 def test_info_and_metrics_report_the_dtype_chosen_for_this_cpu(server: RunningServer) -> None:
     dtype, reason = resolve_dtype(server.gateway.settings.engine.dtype, "cpu", cpu_flags())
-    info = httpx.get(server.http + "/info").json()
+    info = web.get(server.http + "/info").json()
     assert info["model_dtype"] == f"torch.{dtype}"
-    metrics = httpx.get(server.http + "/metrics").text
+    metrics = web.get(server.http + "/metrics").text
     flags = " ".join(reported_flags(cpu_flags()))
     line = next(m for m in metrics.splitlines() if m.startswith("gateway_engine_info{"))
     assert f'dtype="{dtype}"' in line and f'dtype_reason="{reason}"' in line

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
-import httpx
 import pytest
 from control_client import config, receive, until
 from unending_streams import ESSAY, STREAMS, Event, Streams, tgi_stream
@@ -26,6 +25,7 @@ from clients import (
     run_ws,
     wait_for,
     wait_ready,
+    web,
 )
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
@@ -86,7 +86,7 @@ def kill_engine_core(server: RunningServer) -> int:
 
 
 def health(server: RunningServer, path: str = "/health") -> tuple[int, Event]:
-    response = httpx.get(server.http + path, timeout=None)
+    response = web.get(server.http + path)
     return response.status_code, response.json()
 
 
@@ -145,7 +145,7 @@ def test_a_killed_engine_fails_each_stream_once_and_the_gateway_serves_again(
         loading = receive(control_ws)
         assert loading["type"] == "status" and loading["operation"] == "model_loading"
         control_ws.send(config(prompt, max_tokens=4, temperature=0))
-        waiting = pool.submit(httpx.post, server.http + "/generate", json=tgi_body, timeout=None)
+        waiting = pool.submit(web.post, server.http + "/generate", json=tgi_body)
         server.loop.call(rebuilds.set)
         # Read while it rebuilds, as a client must: a status arrives each second, and a client
         # that leaves them unread stops answering the server's keepalive pings.
@@ -190,6 +190,6 @@ def test_past_engine_max_restarts_the_holder_gives_up(healing: Healing) -> None:
     assert holder.restarts == 1
     status, body = health(server)
     assert status == 503 and body == {"status": "failed", "error": reason}
-    refused = httpx.post(server.http + "/generate", json={"inputs": ESSAY}, timeout=None)
+    refused = web.post(server.http + "/generate", json={"inputs": ESSAY})
     assert refused.status_code == 503 and refused.json()["error_type"] == "unhealthy"
     assert reason in refused.json()["error"]

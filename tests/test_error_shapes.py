@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import httpx
 import openai
 import pytest
 from control_client import config, control, until
 
-from clients import CHAT, UNENDING, connect
+from clients import CHAT, UNENDING, connect, web
 from serving import RunningServer
 
 # In a field the routes do not read: a typed field would be refused for its type first.
@@ -25,7 +24,7 @@ TRAVERSAL = "..%2F..%2Fetc%2Fpasswd"
 def test_json_nested_too_deeply_is_openais_400_for_the_whole_body(
     server: RunningServer, path: str
 ) -> None:
-    answer = httpx.post(
+    answer = web.post(
         server.http + path, content=DEEP, headers={"content-type": "application/json"}
     )
     assert answer.status_code == 400, answer.text
@@ -41,7 +40,7 @@ def test_a_path_like_response_id_is_openais_404(server: RunningServer) -> None:
     body = caught.value.body  # the error object, which Starlette's plain text was not
     assert isinstance(body, dict) and "/v1/responses/../../etc/passwd" in body["message"]
     for method in ("GET", "DELETE"):
-        answer = httpx.request(method, f"{server.http}/v1/responses/{TRAVERSAL}")
+        answer = web.request(method, f"{server.http}/v1/responses/{TRAVERSAL}")
         assert answer.status_code == 404, answer.text
         error = answer.json()["error"]
         assert error["type"] == "invalid_request_error"
@@ -55,7 +54,7 @@ def test_a_path_like_response_id_is_openais_404(server: RunningServer) -> None:
 def test_a_path_no_adapter_route_serves_is_djls_error(
     server: RunningServer, method: str, path: str
 ) -> None:
-    answer = httpx.request(method, server.http + path)
+    answer = web.request(method, server.http + path)
     expected = 404 if method != "PUT" else 405
     assert answer.status_code == expected, answer.text
     body = answer.json()
@@ -64,7 +63,7 @@ def test_a_path_no_adapter_route_serves_is_djls_error(
 
 
 def test_an_unknown_path_elsewhere_is_the_rest_routes_error(server: RunningServer) -> None:
-    answer = httpx.get(server.http + "/api/no-such-route")
+    answer = web.get(server.http + "/api/no-such-route")
     assert answer.status_code == 404
     assert answer.headers["content-type"] == "application/json"
     assert "/api/no-such-route" in answer.json()["error"]

@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from control_client import config, control
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.connection import Connection
 
-from clients import connect
+from clients import connect, web
 from serving import RunningServer
 
 Frame = str | bytes
@@ -107,7 +106,7 @@ ROUTES: dict[str, Callable[[Connection], None]] = {
 
 
 def _healthy(server: RunningServer) -> None:
-    assert httpx.get(server.http + "/health", timeout=None).status_code == 200
+    assert web.get(server.http + "/health").status_code == 200
 
 
 @pytest.mark.parametrize("path", list(ROUTES))

@@ -17,7 +17,7 @@ import pytest
 from huggingface_hub import InferenceClient, TextGenerationInputGrammarType
 from huggingface_hub.errors import ValidationError
 
-from clients import CHAT
+from clients import CHAT, web
 from protocols.constraints import UncompilableConstraint
 from protocols.generation import SamplingOptions
 from serving import LoopThread, RunningServer
@@ -70,7 +70,7 @@ def hub(server: RunningServer) -> InferenceClient:
 
 
 def post(server: RunningServer, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(server.http + path, json=body, timeout=None)
+    return web.post(server.http + path, json=body)
 
 
 def _text(pieces: list[Any]) -> str:

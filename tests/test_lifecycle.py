@@ -7,11 +7,10 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 from websockets.sync.connection import Connection
 
-from clients import CHAT, UNENDING, connect, frames_until_done, greedy, payload, wait_for
+from clients import CHAT, UNENDING, connect, frames_until_done, greedy, payload, wait_for, web
 from serving import LoopThread, RunningServer, gateway_settings, loading_server, start_server
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
 ) -> None:
     with loading_server(loop_thread, engine) as (loading, finish_loading):
         for path in ("/health", "/ping"):
-            response = httpx.get(loading.http + path, timeout=None)
+            response = web.get(loading.http + path)
             assert response.status_code == 503 and response.json()["status"] == "loading"
         with connect(loading.ws + "/ws") as ws:  # connections are accepted while loading
             ws.send(payload(("early", PROMPT), generation_config=greedy(3)))
@@ -52,7 +51,7 @@ def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
         assert frames[0] == [{"type": "ACCEPTED", "request_id": "early"}]
         assert frames[1] == [{"type": "STARTED", "request_id": "early"}]
         assert frames[-1][0]["type"] == "COMPLETE"
-        assert httpx.get(loading.http + "/ping", timeout=None).status_code == 200
+        assert web.get(loading.http + "/ping").status_code == 200
 
 
 def test_an_engine_that_fails_to_start_is_reported(loop_thread: LoopThread) -> None:
@@ -61,10 +60,8 @@ def test_an_engine_that_fails_to_start_is_reported(loop_thread: LoopThread) -> N
 
     failed = start_server(loop_thread, gateway_settings(), broken)
     try:
-        wait_for(
-            lambda: httpx.get(failed.http + "/health", timeout=None).json()["status"] != "loading"
-        )
-        health = httpx.get(failed.http + "/health", timeout=None)
+        wait_for(lambda: web.get(failed.http + "/health").json()["status"] != "loading")
+        health = web.get(failed.http + "/health")
         assert health.status_code == 503 and "no such model" in health.json()["error"]
         with connect(failed.ws + "/ws") as ws:
             ws.send(payload(("doomed", "hi")))
@@ -88,10 +85,9 @@ def test_admission_queues_then_refuses_with_rate_limited(
             refused.send(payload(("nope", PROMPT), generation_config=LONG))
             [error] = frames_until_done(refused, {"nope"})[-1]
             assert error["type"] == "ERROR" and "Too many requests" in error["error"]
-        rest = httpx.post(
+        rest = web.post(
             tight.http + "/api/generate-one",
             json={"request_id": "nope2", "prompt": "x", "stream_response": False},
-            timeout=None,
         )
         assert rest.status_code == 429 and rest.json()["type"] == "rate_limited"
         assert admission.waiting == 1
@@ -111,10 +107,9 @@ def test_a_request_id_in_flight_cannot_be_used_twice(
         ws.send(payload(("twin", PROMPT), generation_config=greedy(2)))
         frame = recv_until(ws, "ERROR")
         assert "already generating" in str(frame[0]["error"])
-        rest = httpx.post(
+        rest = web.post(
             server.http + "/api/generate-one",
             json={"request_id": "twin", "prompt": "x", "stream_response": False},
-            timeout=None,
         )
         assert rest.status_code == 409 and rest.json()["type"] == "duplicate_request_id"
         ws.send(payload(("same", "a"), ("same", "b"), generation_config=greedy(2)))
@@ -149,17 +144,15 @@ def test_a_websocket_client_that_leaves_stops_its_generations(
 def test_a_request_id_is_free_again_once_its_client_left_or_its_prompt_ended(
     server: RunningServer, idle_engine: Callable[..., None]
 ) -> None:
-    with httpx.stream(
+    with web.stream(
         "POST",
         server.http + "/api/generate-one",
-        timeout=None,
         json={"request_id": "again", "prompt": PROMPT, "generation_config": LONG},
     ) as r:
         next(r.iter_text())
     idle_engine()
-    retry = httpx.post(
+    retry = web.post(
         server.http + "/api/generate-one",
-        timeout=None,
         json={
             "request_id": "again",
             "prompt": PROMPT,
@@ -189,24 +182,21 @@ def test_failed_requests_do_not_evict_stored_histories(
     one_entry = make_server(CONTINUATION_MAX_ENTRIES="1")
     cfg = greedy(3, ignore_eos=True)
     url = one_entry.http + "/api/generate-batch"
-    kept = httpx.post(
+    kept = web.post(
         url,
-        timeout=None,
         json={"prompts": [{"request_id": "kept", "prompt": PROMPT}], "generation_config": cfg},
     )
     assert kept.status_code == 200
-    too_long = httpx.post(
+    too_long = web.post(
         url,
-        timeout=None,
         json={
             "prompts": [{"request_id": "huge", "prompt": "word " * 3000}],
             "generation_config": cfg,
         },
     )
     assert too_long.status_code == 422 or "error" in too_long.json()[0]
-    again = httpx.post(
+    again = web.post(
         url,
-        timeout=None,
         json={
             "prompts": [{"request_id": "kept", "prompt": "z"}],
             "only_new_tokens": False,

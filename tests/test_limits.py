@@ -11,13 +11,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
 
-from clients import CHAT, UNENDING, connect, greedy, leaving_client, payload, wait_for
+from clients import CHAT, UNENDING, connect, greedy, leaving_client, payload, wait_for, web
 from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
 from gateway.edge.limits import Limiter, Limits, RateLimited
@@ -104,7 +103,7 @@ def generating(server: RunningServer, key: str) -> Iterator[None]:
     body = {"inputs": CHAT.format("Count to a million."), "parameters": FOREVER, "stream": True}
     headers = bearer(key)
     with (
-        httpx.Client(timeout=None) as http,
+        web.client() as http,
         http.stream("POST", server.http + "/", json=body, headers=headers) as stream,
     ):
         assert stream.status_code == 200
@@ -121,14 +120,14 @@ def test_concurrency_over_the_limit_is_429_with_retry_after_and_spares_other_key
     question: list[Any] = [{"role": "user", "content": "Hi"}]
     chat = {"messages": question, "max_tokens": 2}
     with generating(server, ONE_AT_A_TIME):
-        second = httpx.post(
+        second = web.post(
             server.http + "/v1/chat/completions", json=chat, headers=bearer(ONE_AT_A_TIME)
         )
         assert second.status_code == 429, second.text
         assert second.json()["error"]["type"] == "rate_limit_error"
         assert "limit is 1" in second.json()["error"]["message"]
         assert int(second.headers["retry-after"]) >= 1
-        tgi = httpx.post(
+        tgi = web.post(
             server.http + "/generate", json={"inputs": "Hi"}, headers=bearer(ONE_AT_A_TIME)
         )
         assert tgi.status_code == 429 and "retry-after" in tgi.headers
@@ -138,9 +137,7 @@ def test_concurrency_over_the_limit_is_429_with_retry_after_and_spares_other_key
         answer = api.chat.completions.create(model=model, messages=question, max_tokens=2)
         assert answer.choices[0].message.content
     # The stream has ended: the key may generate again.
-    again = httpx.post(
-        server.http + "/v1/chat/completions", json=chat, headers=bearer(ONE_AT_A_TIME)
-    )
+    again = web.post(server.http + "/v1/chat/completions", json=chat, headers=bearer(ONE_AT_A_TIME))
     assert again.status_code == 200, again.text
 
 
@@ -150,9 +147,9 @@ def test_prompts_a_minute_then_429_in_each_shape_and_in_band_on_websockets(
     server = make_server(API_KEYS_FILE=str(limited))
     body = {"inputs": "Hi", "parameters": {"max_new_tokens": 1}}
     for _ in range(2):
-        ok = httpx.post(server.http + "/invocations", json=body, headers=bearer(TWO_A_MINUTE))
+        ok = web.post(server.http + "/invocations", json=body, headers=bearer(TWO_A_MINUTE))
         assert ok.status_code == 200, ok.text
-    over = httpx.post(server.http + "/invocations", json=body, headers=bearer(TWO_A_MINUTE))
+    over = web.post(server.http + "/invocations", json=body, headers=bearer(TWO_A_MINUTE))
     assert over.status_code == 429, over.text
     assert 1 <= int(over.headers["retry-after"]) <= 60
     assert "2 prompts a minute" in over.text
@@ -165,16 +162,16 @@ def test_prompts_a_minute_then_429_in_each_shape_and_in_band_on_websockets(
         events = json.loads(ws.recv())
         assert [e["type"] for e in events] == ["ERROR"]
         assert "a minute" in events[0]["error"]
-    free = httpx.post(server.http + "/invocations", json=body, headers=bearer(FREE))
+    free = web.post(server.http + "/invocations", json=body, headers=bearer(FREE))
     assert free.status_code == 200
 
 
 def test_tokens_a_minute_count_what_was_generated(make_server: Any, limited: Path) -> None:
     server = make_server(API_KEYS_FILE=str(limited))
     body = {"inputs": "Hi", "parameters": {"max_new_tokens": 8, "ignore_eos_token": True}}
-    first = httpx.post(server.http + "/generate", json=body, headers=bearer(FEW_TOKENS))
+    first = web.post(server.http + "/generate", json=body, headers=bearer(FEW_TOKENS))
     assert first.status_code == 200, first.text
-    over = httpx.post(server.http + "/generate", json=body, headers=bearer(FEW_TOKENS))
+    over = web.post(server.http + "/generate", json=body, headers=bearer(FEW_TOKENS))
     assert over.status_code == 429 and "5 tokens a minute" in over.json()["error"]
 
 
@@ -259,9 +256,7 @@ def test_a_request_asking_more_sequences_than_its_key_may_run_is_refused_naming_
         ({"n": 2, "best_of": 3, "do_sample": True}, "$.parameters.best_of"),
     ):
         lmi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, **parameters}}
-        answer = httpx.post(
-            server.http + "/invocations", json=lmi, headers=bearer(TWO_AT_ONCE), timeout=None
-        )
+        answer = web.post(server.http + "/invocations", json=lmi, headers=bearer(TWO_AT_ONCE))
         assert answer.status_code == 424 and field in answer.text, answer.text
     one = {
         "request_id": "beams",
@@ -269,9 +264,7 @@ def test_a_request_asking_more_sequences_than_its_key_may_run_is_refused_naming_
         "stream_response": False,
         "generation_config": greedy(1, num_beams=3),
     }
-    answer = httpx.post(
-        server.http + "/api/generate-one", json=one, headers=bearer(TWO_AT_ONCE), timeout=None
-    )
+    answer = web.post(server.http + "/api/generate-one", json=one, headers=bearer(TWO_AT_ONCE))
     assert answer.status_code == 422 and answer.json()["field"] == "$.generation_config.num_beams"
     # As many as the key may run are served.
     pair = api.completions.create(model=model, prompt="Hi", max_tokens=1, n=2)
@@ -290,28 +283,25 @@ def test_a_keys_running_sequences_never_exceed_its_limit(
     with leaving_client() as client:
         client.post(server.http + "/v1/completions", two, bearer(TWO_AT_ONCE))
         wait_for(lambda: engine_requests() == 2)  # the engine runs n = 2 as two requests
-        third = httpx.post(
+        third = web.post(
             server.http + "/generate",
             json={"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
             headers=bearer(TWO_AT_ONCE),
-            timeout=None,
         )
         assert third.status_code == 429 and "limit is 2" in third.json()["error"], third.text
         assert engine_requests() == 2 and client.unanswered() == 1
-        free = httpx.post(
+        free = web.post(
             server.http + "/generate",
             json={"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
             headers=bearer(FREE),
-            timeout=None,
         )
         assert free.status_code == 200, free.text  # another key's limits are its own
         client.leave()
     idle_engine()
-    again = httpx.post(
+    again = web.post(
         server.http + "/generate",
         json={"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
         headers=bearer(TWO_AT_ONCE),
-        timeout=None,
     )
     assert again.status_code == 200, again.text  # the sequences that left gave their slots back
 
@@ -325,11 +315,7 @@ def test_tokens_a_minute_count_every_beam(make_server: Any, limited: Path) -> No
         # Three beams of two tokens: six tokens, past the key's five, though one is answered.
         "generation_config": greedy(2, num_beams=3, ignore_eos=True),
     }
-    first = httpx.post(
-        server.http + "/api/generate-one", json=one, headers=bearer(FEW_TOKENS), timeout=None
-    )
+    first = web.post(server.http + "/api/generate-one", json=one, headers=bearer(FEW_TOKENS))
     assert first.status_code == 200, first.text
-    over = httpx.post(
-        server.http + "/api/generate-one", json=one, headers=bearer(FEW_TOKENS), timeout=None
-    )
+    over = web.post(server.http + "/api/generate-one", json=one, headers=bearer(FEW_TOKENS))
     assert over.status_code == 429 and "5 tokens a minute" in over.text, over.text

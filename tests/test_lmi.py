@@ -20,6 +20,7 @@ from clients import (
     settled_metrics,
     wait_for,
     wait_ready,
+    web,
 )
 from serving import (
     LoopThread,
@@ -41,7 +42,7 @@ LONG = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
 
 
 def invoke(server: RunningServer, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    return httpx.post(server.http + "/invocations", json=body, timeout=None, **kwargs)
+    return web.post(server.http + "/invocations", json=body, **kwargs)
 
 
 def lines(response: httpx.Response) -> list[dict[str, Any]]:
@@ -83,10 +84,9 @@ def test_rolling_batch_answers_generated_text_with_real_details(server: RunningS
     assert len(details["tokens"]) == 6
     assert "".join(t["text"] for t in details["tokens"]) == body["generated_text"]
     assert all(t["log_prob"] < 0 and isinstance(t["id"], int) for t in details["tokens"])
-    predictions = httpx.post(
+    predictions = web.post(
         server.http + "/predictions/any_model",
         json={"inputs": PROMPT, "parameters": {"max_new_tokens": 6}},
-        timeout=None,
     )
     assert predictions.json() == plain.json()
 
@@ -205,11 +205,10 @@ def test_n_best_of_and_beam_search_return_best_of_sequences(
 def test_jsonlines_stream_one_token_a_line_then_text_and_details(server: RunningServer) -> None:
     params = {"max_new_tokens": 8, "ignore_eos_token": True, "details": True}
     whole = invoke(server, {"inputs": PROMPT, "parameters": params}).json()
-    with httpx.stream(
+    with web.stream(
         "POST",
         server.http + "/invocations",
         json={"inputs": PROMPT, "stream": True, "parameters": params},
-        timeout=None,
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"] == "application/jsonlines"
@@ -303,7 +302,7 @@ def test_payload_validation_answers_424_naming_the_field(server: RunningServer) 
         answer = response.json()
         assert set(answer) == {"error", "code"} and answer["code"] == 424
         assert field in answer["error"], answer
-    not_json = httpx.post(server.http + "/invocations", content=b"{oops", timeout=None)
+    not_json = web.post(server.http + "/invocations", content=b"{oops")
     assert not_json.status_code == 424 and "Malformed JSON" in not_json.json()["error"]
     dynamic = invoke(server, {"inputs": [PROMPT, 3]})
     assert dynamic.status_code == 424
@@ -376,11 +375,10 @@ def test_overload_answers_429(
     make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
 ) -> None:
     tight = make_server(MAX_RUNNING_REQUESTS="1", MAX_WAITING_REQUESTS="0")
-    with httpx.stream(
+    with web.stream(
         "POST",
         tight.http + "/invocations",
         json={"inputs": PROMPT, "stream": True, "parameters": LONG},
-        timeout=None,
     ) as busy:
         received = busy.iter_lines()  # kept: a dropped iterator closes the connection
         next(received)
@@ -397,11 +395,10 @@ def test_clients_that_leave_stop_their_generation(
     def leave_after_the_first_line(inputs: str | list[str]) -> None:
         prompts = 1 if isinstance(inputs, str) else len(inputs)
         before = settled_metrics(server.http)
-        with httpx.stream(
+        with web.stream(
             "POST",
             server.http + "/invocations",
             json={"inputs": inputs, "stream": True, "parameters": LONG},
-            timeout=None,
         ) as response:
             lines = response.iter_lines()  # kept: a dropped iterator closes the connection
             next(lines)  # leaves once the first line came and every prompt runs
@@ -438,9 +435,9 @@ def test_ping_is_503_while_loading_then_answers_past_a_full_queue(
     idle_engine: Callable[[], None],
 ) -> None:
     with loading_server(loop_thread, engine) as (loading, finish_loading):
-        assert httpx.get(loading.http + "/ping", timeout=None).status_code == 503
+        assert web.get(loading.http + "/ping").status_code == 503
         finish_loading()
-        wait_for(lambda: httpx.get(loading.http + "/ping", timeout=None).status_code == 200)
+        wait_for(lambda: web.get(loading.http + "/ping").status_code == 200)
     busy = make_server(MAX_RUNNING_REQUESTS="2")
     admission = busy.gateway.service.admission
 
@@ -453,7 +450,7 @@ def test_ping_is_503_while_loading_then_answers_past_a_full_queue(
         wait_for(lambda: slots() == (2, 2))
         for _ in range(5):
             # answered while every slot is taken and two requests wait: /ping takes no slot
-            assert httpx.get(busy.http + "/ping", timeout=None).status_code == 200
+            assert web.get(busy.http + "/ping").status_code == 200
             assert slots() == (2, 2)
         client.leave()  # which stops their generations
     idle_engine()
@@ -474,7 +471,7 @@ def test_a_body_with_messages_is_a_chat_completion(server: RunningServer) -> Non
     [choice] = answer["choices"]
     assert choice["message"]["role"] == "assistant" and "Paris" in choice["message"]["content"]
     assert answer["usage"]["completion_tokens"] <= 12
-    by_name = httpx.post(server.http + "/predictions/any", json=CHAT_BODY, timeout=None)
+    by_name = web.post(server.http + "/predictions/any", json=CHAT_BODY)
     assert by_name.json()["choices"][0]["message"] == choice["message"]
 
     streamed = invoke(server, CHAT_BODY | {"stream": True})

@@ -7,14 +7,14 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 from huggingface_hub import InferenceClient
+from openai import AsyncStream
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from clients import CHAT, CITY_SCHEMA, wait_ready
+from clients import CHAT, CITY_SCHEMA, UNENDING, wait_ready, web
 from serving import (
     LoopThread,
     RunningServer,
@@ -129,22 +129,40 @@ def test_completions_whole_and_streamed(server: RunningServer) -> None:
     assert [c.text for c in two.choices] == [choice.text, choice.text]
 
 
-def test_the_async_client_streams_concurrently(server: RunningServer) -> None:
-    async def ask(api: openai.AsyncOpenAI, n: int) -> str:
+def test_the_async_client_streams_concurrently(
+    server: RunningServer, engine_requests: Callable[[], int], idle_engine: Callable[[], None]
+) -> None:
+    """Four streams that cannot end by themselves: each streams a token while the engine runs
+    all four. A server taking them one at a time would hold one, and the next would wait for
+    its end (2,048 tokens, then a count of one)."""
+
+    async def first_token(api: openai.AsyncOpenAI, n: int) -> tuple[AsyncStream[Any], str]:
         stream = await api.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"Count to {n}."}],
             temperature=0,
-            max_tokens=10,
+            max_tokens=UNENDING,
             stream=True,
+            extra_body={"ignore_eos": True},
         )
-        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                return stream, chunk.choices[0].delta.content
+        raise AssertionError(f"stream {n} ended before its first token")
 
-    async def main() -> list[str]:
+    async def main() -> tuple[list[str], int]:
         api = openai.AsyncOpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
-        return await asyncio.gather(*(ask(api, n) for n in range(3, 7)))
+        opened = await asyncio.gather(*(first_token(api, n) for n in range(3, 7)))
+        running = engine_requests()  # none can have ended: every one is still streaming
+        for stream, _ in opened:
+            await stream.close()
+        await api.close()
+        return [token for _, token in opened], running
 
-    assert all(asyncio.run(main()))
+    idle_engine()  # the engine's count is this test's four alone
+    tokens, running = asyncio.run(main())
+    assert all(tokens) and running == 4, (tokens, running)
+    idle_engine()  # closing each stream stopped its generation
 
 
 def test_errors_in_openais_shape_and_status(server: RunningServer) -> None:
@@ -303,7 +321,7 @@ def test_engine_failures_are_500_or_an_error_event_then_done(
             )
         assert before.value.status_code == 500
         body = {"prompt": ["Hello", FAULT], "max_tokens": 4, "stream": True}
-        streamed = httpx.post(failing.http + "/v1/completions", json=body, timeout=None)
+        streamed = web.post(failing.http + "/v1/completions", json=body)
         assert streamed.status_code == 200
         events = [e.removeprefix("data: ") for e in streamed.text.split("\n\n") if e]
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 
+from clients import web
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -20,7 +21,7 @@ PROMPT_TOKENS = ["The", " capital", " of", " France", " is"]
 
 def complete(server: RunningServer, **body: Any) -> httpx.Response:
     body = {"model": MODEL, "temperature": 0, **body}
-    return httpx.post(server.http + "/v1/completions", json=body, timeout=None)
+    return web.post(server.http + "/v1/completions", json=body)
 
 
 def choices(server: RunningServer, **body: Any) -> list[dict[str, Any]]:
@@ -70,8 +71,8 @@ def test_a_streamed_echo_comes_whole(server: RunningServer) -> None:
     }
     [whole] = choices(server, **{k: v for k, v in body.items() if k != "model"})
     events: list[dict[str, Any]] = []
-    with httpx.stream(
-        "POST", server.http + "/v1/completions", json={**body, "stream": True}, timeout=None
+    with web.stream(
+        "POST", server.http + "/v1/completions", json={**body, "stream": True}
     ) as stream:
         for line in stream.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":

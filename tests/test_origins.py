@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from clients import connect
+from clients import connect, web
 from serving import RunningServer
 
 PAGE, STRANGER = "https://chat.example.com", "https://evil.example.net"
@@ -19,7 +18,7 @@ def test_an_allowed_page_gets_cors_and_its_preflight_answered(
     make_server: Callable[..., RunningServer],
 ) -> None:
     server = make_server(ALLOWED_ORIGINS=PAGE)
-    preflight = httpx.options(
+    preflight = web.options(
         server.http + "/v1/chat/completions",
         headers={
             "Origin": PAGE,
@@ -31,9 +30,7 @@ def test_an_allowed_page_gets_cors_and_its_preflight_answered(
     assert preflight.headers["access-control-allow-origin"] == PAGE
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert "authorization" in preflight.headers["access-control-allow-headers"]
-    answer = httpx.post(
-        server.http + "/v1/chat/completions", json=CHAT, headers={"Origin": PAGE}, timeout=None
-    )
+    answer = web.post(server.http + "/v1/chat/completions", json=CHAT, headers={"Origin": PAGE})
     assert answer.status_code == 200
     assert answer.headers["access-control-allow-origin"] == PAGE
     assert "retry-after" in answer.headers["access-control-expose-headers"]
@@ -43,14 +40,14 @@ def test_an_allowed_page_gets_cors_and_its_preflight_answered(
 
 
 def test_another_page_is_refused_before_any_route_runs(server: RunningServer) -> None:
-    preflight = httpx.options(
+    preflight = web.options(
         server.http + "/generate",
         headers={"Origin": STRANGER, "Access-Control-Request-Method": "POST"},
     )
     assert preflight.status_code == 403
     assert "access-control-allow-origin" not in preflight.headers
     # A "simple" request needs no preflight: it is refused too, in the protocol's shape.
-    tgi = httpx.post(
+    tgi = web.post(
         server.http + "/generate",
         content=b'{"inputs": "Hi"}',
         headers={"Origin": STRANGER, "Content-Type": "text/plain"},
@@ -67,6 +64,6 @@ def test_another_page_is_refused_before_any_route_runs(server: RunningServer) ->
 def test_no_origin_and_the_gateways_own_pages_pass(server: RunningServer) -> None:
     own = server.http.removeprefix("http://")
     for headers in ({}, {"Origin": f"http://{own}"}):
-        answer = httpx.post(server.http + "/v1/chat/completions", json=CHAT, headers=headers)
+        answer = web.post(server.http + "/v1/chat/completions", json=CHAT, headers=headers)
         assert answer.status_code == 200, answer.text
         assert "access-control-allow-origin" not in answer.headers

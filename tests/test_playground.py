@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 from playwright.sync_api import (
     BrowserContext,
@@ -24,7 +23,7 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from clients import outcomes_since, settled_metrics
+from clients import outcomes_since, settled_metrics, web
 from serving import LoopThread, RunningServer, loading_server
 
 if TYPE_CHECKING:
@@ -181,15 +180,15 @@ def stop_answer(page: Page, state: Locator, idle_engine: Callable[[], None], lim
 
 
 def test_page_and_assets_are_served_from_the_gateway(server: RunningServer) -> None:
-    page = httpx.get(server.http + "/ui", timeout=None)
+    page = web.get(server.http + "/ui")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in page.headers["content-security-policy"]
     for asset, kind in (("playground.js", "text/javascript"), ("playground.css", "text/css")):
-        served = httpx.get(f"{server.http}/ui/{asset}", timeout=None)
+        served = web.get(f"{server.http}/ui/{asset}")
         assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
         assert f"/ui/{asset}" in page.text
-    assert httpx.get(server.http + "/ui/../app.py", timeout=None).status_code == 404
-    assert httpx.get(server.http + "/ui/playground.html.bak", timeout=None).status_code == 404
+    assert web.get(server.http + "/ui/../app.py").status_code == 404
+    assert web.get(server.http + "/ui/playground.html.bak").status_code == 404
 
 
 def test_chat_streams_and_is_steered_from_the_page(

@@ -13,7 +13,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 from websockets.sync.connection import Connection
 
@@ -27,6 +26,7 @@ from clients import (
     scrape,
     value,
     wait_for,
+    web,
 )
 from serving import STEP_TOKENS, RunningServer
 
@@ -57,7 +57,7 @@ class Arrivals:
 
     def _call(self, name: str, path: str, body: dict[str, object], key: str | None) -> None:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        answer = httpx.post(self.server.http + path, json=body, headers=headers, timeout=None)
+        answer = web.post(self.server.http + path, json=body, headers=headers)
         assert answer.status_code == 200, answer.text
         with self._lock:
             self.done.append(name)
@@ -143,7 +143,7 @@ def test_a_request_may_ask_to_step_back_but_not_ahead(
             assert queued_by_class(tight) == {"0": 1, "2": 1, "5": 1}
         assert arrivals.wait() == ["chat", "pushy-bulk", "polite-chat"]
     idle_engine()
-    refused = httpx.post(tight.http + "/v1/chat/completions", json={**chat(), "priority": 10})
+    refused = web.post(tight.http + "/v1/chat/completions", json={**chat(), "priority": 10})
     assert refused.status_code == 400 and "priority" in refused.json()["error"]["message"]
 
 
@@ -180,8 +180,8 @@ def test_the_bulk_cap_holds_bulk_back_while_an_interactive_request_runs(
     sse = {"Accept": "text/event-stream"}
     with ThreadPoolExecutor(2) as pool:
         arrivals = Arrivals(capped, pool)
-        with httpx.stream(
-            "POST", capped.http + "/invocations", json=endless_bulk, headers=sse, timeout=None
+        with web.stream(
+            "POST", capped.http + "/invocations", json=endless_bulk, headers=sse
         ) as bulk:
             assert bulk.status_code == 200
             wait_for(lambda: admission.running == 1)
@@ -226,7 +226,7 @@ def test_preempted_requests_are_recomputed_to_the_same_greedy_text(
     )
 
     def text_of(call: tuple[str, dict[str, object]]) -> str:
-        answer = httpx.post(server.http + call[0], json=call[1], timeout=None)
+        answer = web.post(server.http + call[0], json=call[1])
         assert answer.status_code == 200, answer.text
         body = answer.json()
         if "choices" in body:
@@ -264,7 +264,7 @@ class EndlessStream:
         self.done = pool.submit(self._read, server.http + path, body)
 
     def _read(self, url: str, body: dict[str, object]) -> None:
-        with httpx.stream("POST", url, json=body, timeout=None) as response:
+        with web.stream("POST", url, json=body) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
                 if self.stop.is_set():
@@ -308,7 +308,7 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
             stream.done.result()
     idle_engine()
     longest = max(len(s.ids) for s in streams)
-    alone = httpx.post(
+    alone = web.post(
         server.http + "/invocations",
         json={
             "inputs": prompt,
@@ -319,7 +319,6 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
                 "details": True,
             },
         },
-        timeout=None,
     ).json()
     reference = [token["id"] for token in alone["details"]["tokens"]]
     for stream in streams:
@@ -339,7 +338,7 @@ def test_a_chat_prompt_is_computed_in_bounded_steps_without_bulk(
     assert cap == 4 and step_tokens == STEP_TOKENS
     scheduler = engine.scheduler
     prompt = CHAT.format("Which word is this? " + " ".join(["river"] * 1700))
-    counted = httpx.post(server.http + "/tokenize", json={"prompt": prompt}).json()["count"]
+    counted = web.post(server.http + "/tokenize", json={"prompt": prompt}).json()["count"]
     steps = counted // STEP_TOKENS  # the prompt's steps at least
     # Fewer than bulk_scheduler.PROMPTS_FIRST_STEPS (16), after which bulk has a step.
     assert 10 <= steps < 16 and counted < MAX_MODEL_LEN - 8
@@ -352,7 +351,7 @@ def test_a_chat_prompt_is_computed_in_bounded_steps_without_bulk(
         body = {"inputs": prompt, "parameters": {"max_new_tokens": 2, "do_sample": False}}
         before = [len(s.ids) for s in streams]
         other_before = len(other_chat.ids)
-        with httpx.stream("POST", server.http + "/generate_stream", json=body) as chat:
+        with web.stream("POST", server.http + "/generate_stream", json=body) as chat:
             assert chat.status_code == 200
             first = next(line for line in chat.iter_lines() if line.startswith("data:"))
             during = [len(s.ids) - n for s, n in zip(streams, before, strict=True)]
@@ -400,7 +399,7 @@ def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_tex
     ]
 
     def text_of(body: dict[str, object]) -> str:
-        answer = httpx.post(server.http + "/invocations", json=body, timeout=None)
+        answer = web.post(server.http + "/invocations", json=body)
         assert answer.status_code == 200, answer.text
         return str(answer.json()["generated_text"])
 
@@ -412,7 +411,7 @@ def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_tex
     with ThreadPoolExecutor(bulk_requests) as pool:
         together = pool.map(text_of, bodies)
         wait_for(lambda: scheduler.running + scheduler.waiting == bulk_requests)
-        answer = httpx.post(server.http + "/v1/chat/completions", json=person, timeout=None)
+        answer = web.post(server.http + "/v1/chat/completions", json=person)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] > 0
         assert list(together) == alone

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from redis_server import RedisServer, running_redis
 
-from clients import CHAT, UNENDING, connect, events_of, greedy, payload, run_ws, wait_for
+from clients import CHAT, UNENDING, connect, events_of, greedy, payload, run_ws, wait_for, web
 from gateway.stores.redis_store import running_key
 from serving import RunningServer
 
@@ -27,7 +27,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 def batch(server: RunningServer, prompts: list[tuple[str, str]], **fields: Any) -> httpx.Response:
     body = {"prompts": [{"request_id": r, "prompt": p} for r, p in prompts], **fields}
-    return httpx.post(server.http + "/api/generate-batch", json=body, timeout=None)
+    return web.post(server.http + "/api/generate-batch", json=body)
 
 
 def test_a_restarted_gateway_continues_every_request_id(
@@ -88,16 +88,15 @@ def test_redis_down_fails_what_needs_it_and_nothing_else(
     named = f"The continuation store (Redis at {redis_server.url}) cannot be reached"
     redis_server.stop()
 
-    health = httpx.get(server.http + "/health", timeout=None)
+    health = web.get(server.http + "/health")
     assert health.status_code == 200
     assert health.json()["status"] == "degraded" and named in health.json()["error"]
 
     refused = batch(server, [(rid, "hi")], generation_config=greedy(2))
     assert refused.status_code == 503 and refused.json()["error"].startswith(named)
-    one = httpx.post(
+    one = web.post(
         server.http + "/api/generate-one",
         json={"request_id": rid, "prompt": "hi", "generation_config": greedy(2)},
-        timeout=None,
     )
     assert one.status_code == 503 and one.json()["error"].startswith(named)
     frames = run_ws(server.ws, payload((rid, "hi"), generation_config=greedy(2)), {rid})
@@ -105,20 +104,18 @@ def test_redis_down_fails_what_needs_it_and_nothing_else(
     assert error["error"].startswith(named)
 
     # What keeps no history goes on: OpenAI, TGI.
-    completion = httpx.post(
+    completion = web.post(
         server.http + "/v1/completions",
         json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
-        timeout=None,
     )
     assert completion.status_code == 200, completion.text
-    tgi = httpx.post(
+    tgi = web.post(
         server.http + "/generate",
         json={"inputs": "Hello", "parameters": {"max_new_tokens": 3}},
-        timeout=None,
     )
     assert tgi.status_code == 200 and json.loads(tgi.text)["generated_text"]
 
     redis_server.start()  # back, empty: the same request_id starts afresh
-    assert httpx.get(server.http + "/health", timeout=None).json() == {"status": "ready"}
+    assert web.get(server.http + "/health").json() == {"status": "ready"}
     again = batch(server, [(rid, "hi")], generation_config=greedy(2))
     assert again.status_code == 200, again.text

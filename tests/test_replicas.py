@@ -35,6 +35,7 @@ from clients import (
     greedy,
     payload,
     wait_for,
+    web,
 )
 from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
@@ -96,7 +97,7 @@ def fleet() -> Any:
 
 
 def health(server: RunningServer) -> dict[str, str]:
-    return dict(httpx.get(server.http + "/health", timeout=None).json())
+    return dict(web.get(server.http + "/health").json())
 
 
 def all_up() -> bool:
@@ -131,11 +132,11 @@ def key_of(request_id: str) -> str:
 
 def batch(server: RunningServer, prompts: list[tuple[str, str]], **fields: Any) -> httpx.Response:
     body = {"prompts": [{"request_id": r, "prompt": p} for r, p in prompts], **fields}
-    return httpx.post(server.http + "/api/generate-batch", json=body, timeout=None)
+    return web.post(server.http + "/api/generate-batch", json=body)
 
 
 def post(server: RunningServer, path: str, body: dict[str, Any]) -> httpx.Response:
-    response = httpx.post(server.http + path, json=body, timeout=None)
+    response = web.post(server.http + path, json=body)
     assert response.status_code == 200, (path, response.text)
     return response
 
@@ -288,7 +289,7 @@ def load(server: RunningServer, name: str, path: str) -> httpx.Response:
     body = {"lora_name": name, "lora_path": path}
     headers = {"Authorization": f"Bearer {ADMIN}"}
     url = server.http + "/v1/load_lora_adapter"
-    return httpx.post(url, json=body, headers=headers, timeout=None)
+    return web.post(url, json=body, headers=headers)
 
 
 def test_an_adapter_loaded_at_run_time_reaches_every_replica(
@@ -323,9 +324,9 @@ def test_an_adapter_loaded_at_run_time_reaches_every_replica(
         assert answer.status_code == 200 and SPOKEN in answer.json()[0]["response"], answer.text
 
     headers = {"Authorization": f"Bearer {ADMIN}"}
-    listed = httpx.get(replicas.http + "/adapters", headers=headers, timeout=None).json()
+    listed = web.get(replicas.http + "/adapters", headers=headers).json()
     assert [a["name"] for a in listed["adapters"]] == ["parrot", "pirate"]
-    gone = httpx.delete(replicas.http + "/adapters/parrot", headers=headers, timeout=None)
+    gone = web.delete(replicas.http + "/adapters/parrot", headers=headers)
     assert gone.json() == {"status": "Adapter parrot unregistered"}
     refused = generated(replicas, f"gone-{uuid.uuid4()}", adapter_id="parrot")
     assert refused.status_code == 422 and "$.generation_config.adapter_id" in refused.text

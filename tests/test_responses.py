@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
@@ -21,7 +20,7 @@ from openai.types.responses import (
 )
 from redis_server import RedisServer, running_redis
 
-from clients import CITY_SCHEMA
+from clients import CITY_SCHEMA, web
 from protocols.events import Finished, GeneratedSequence, History, token_array
 from protocols.responses_answers import input_items, outcome_of
 from protocols.tool_calls import CalledFunction, ParsedDelta, ParsedMessage, ToolCall
@@ -99,7 +98,7 @@ def test_a_response_streamed_as_the_sdks_typed_events(server: RunningServer) -> 
 def test_each_streamed_events_sse_name_is_its_type(server: RunningServer) -> None:
     """The SDK reads an event's `data` alone: its `event:` line is checked on the wire."""
     body = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 4, "stream": True}
-    with httpx.stream("POST", server.http + "/v1/responses", json=body, timeout=None) as answer:
+    with web.stream("POST", server.http + "/v1/responses", json=body) as answer:
         lines = [line for line in answer.iter_lines() if line]
     names, data = lines[0::2], lines[1::2]
     assert len(names) == len(data) > 4
@@ -377,7 +376,7 @@ def test_a_function_call_and_its_output_continue_the_turn(server: RunningServer)
 def test_bad_input_is_400_naming_the_field(
     server: RunningServer, body: dict[str, Any], param: str
 ) -> None:
-    answer = httpx.post(server.http + "/v1/responses", json={"model": MODEL, **body}, timeout=None)
+    answer = web.post(server.http + "/v1/responses", json={"model": MODEL, **body})
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
@@ -423,7 +422,7 @@ def test_a_turns_calls_reach_the_next_turns_template_as_the_chat_routes_do() -> 
 
 
 def test_an_unknown_id_is_404_in_openais_shape(server: RunningServer) -> None:
-    answer = httpx.get(server.http + "/v1/responses/resp_nothing", timeout=None)
+    answer = web.get(server.http + "/v1/responses/resp_nothing")
     assert answer.status_code == 404
     assert answer.json()["error"]["message"] == "Response with id 'resp_nothing' not found."
 

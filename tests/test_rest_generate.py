@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 import pytest
 
 from clients import (
@@ -16,6 +15,7 @@ from clients import (
     outcomes_since,
     settled_metrics,
     wait_for,
+    web,
 )
 from serving import RunningServer
 
@@ -30,19 +30,17 @@ def one(request_id: str, **fields: object) -> dict[str, object]:
 
 def test_generate_one_streams_text_per_token(server: RunningServer) -> None:
     chunks: list[str] = []
-    with httpx.stream(
+    with web.stream(
         "POST",
         server.http + "/api/generate-one",
         json=one("s1", generation_config=greedy(12, ignore_eos=True)),
-        timeout=None,
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/plain")
         chunks = list(response.iter_text())
     assert len(chunks) >= 6  # flushed as it is generated, not in one piece
-    whole = httpx.post(
+    whole = web.post(
         server.http + "/api/generate-one",
-        timeout=None,
         json=one("s2", stream_response=False, generation_config=greedy(12, ignore_eos=True)),
     )
     assert whole.status_code == 200 and whole.text == "".join(chunks)
@@ -51,18 +49,16 @@ def test_generate_one_streams_text_per_token(server: RunningServer) -> None:
 def test_generate_one_sends_the_prompt_first_when_only_new_tokens_is_false(
     server: RunningServer,
 ) -> None:
-    with httpx.stream(
+    with web.stream(
         "POST",
         server.http + "/api/generate-one",
-        timeout=None,
         json=one("p1", only_new_tokens=False, generation_config=greedy(5)),
     ) as r:
         chunks = list(r.iter_text())
     assert "".join(chunks).startswith(PROMPT)
     assert len("".join(chunks)) > len(PROMPT)
-    whole = httpx.post(
+    whole = web.post(
         server.http + "/api/generate-one",
-        timeout=None,
         json=one("p2", only_new_tokens=False, stream_response=False, generation_config=greedy(5)),
     )
     assert whole.text == "".join(chunks)
@@ -75,9 +71,8 @@ def test_generate_batch_answers_in_order_with_prompt_only_when_asked(
         {"request_id": "ba", "prompt": CHAT.format("Hi")},
         {"request_id": "bb", "prompt": CHAT.format("Bye")},
     ]
-    new_only = httpx.post(
+    new_only = web.post(
         server.http + "/api/generate-batch",
-        timeout=None,
         json={"prompts": prompts, "generation_config": greedy(6)},
     ).json()
     assert [a["request_id"] for a in new_only] == ["ba", "bb"]
@@ -87,9 +82,8 @@ def test_generate_batch_answers_in_order_with_prompt_only_when_asked(
         {"request_id": "bc", "prompt": CHAT.format("Hi")},
         {"request_id": "bd", "prompt": CHAT.format("Bye")},
     ]
-    full = httpx.post(
+    full = web.post(
         server.http + "/api/generate-batch",
-        timeout=None,
         json={"prompts": prompts, "only_new_tokens": False, "generation_config": greedy(6)},
     ).json()
     assert [a["prompt"] for a in full] == [p["prompt"] for p in prompts]
@@ -97,9 +91,8 @@ def test_generate_batch_answers_in_order_with_prompt_only_when_asked(
 
 
 def test_one_bad_prompt_fails_alone_in_a_batch(server: RunningServer) -> None:
-    answers = httpx.post(
+    answers = web.post(
         server.http + "/api/generate-batch",
-        timeout=None,
         json={
             "prompts": [
                 {"request_id": "good", "prompt": PROMPT},
@@ -117,15 +110,14 @@ def test_generation_config_fields_vllm_lacks_are_accepted_and_logged(
     server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = greedy(4, typical_p=0.5, no_repeat_ngram_size=None, early_stopping=False)
-    answer = httpx.post(
+    answer = web.post(
         server.http + "/api/generate-one",
         json=one("hf", stream_response=False, generation_config=config),
-        timeout=None,
     )
     assert answer.status_code == 200 and answer.text
     assert "typical_p" in caplog.text and "no_repeat_ngram_size" not in caplog.text  # null
     typo = one("typo", generation_config=greedy(4, typical_q=0.5))
-    refused = httpx.post(server.http + "/api/generate-one", json=typo, timeout=None)
+    refused = web.post(server.http + "/api/generate-one", json=typo)
     assert refused.status_code == 422
     assert refused.json()["field"] == "$.generation_config.typical_q"
 
@@ -136,9 +128,8 @@ def test_a_batch_whose_every_prompt_is_invalid_answers_422(server: RunningServer
         {"request_id": "long", "prompt": "word " * 3000},
         {"request_id": "empty", "prompt": PROMPT},  # a request_id twice
     ]
-    answer = httpx.post(
+    answer = web.post(
         server.http + "/api/generate-batch",
-        timeout=None,
         json={"prompts": prompts, "generation_config": greedy(4)},
     )
     assert answer.status_code == 422, answer.text
@@ -161,13 +152,12 @@ def test_bad_input_gets_4xx_json_naming_the_field(server: RunningServer) -> None
         (b'{"request_id": "x", "prompt": "y", "extra": 1}', "$.extra"),
     ]
     for body, field in cases:
-        response = httpx.post(server.http + "/api/generate-one", content=body, timeout=None)
+        response = web.post(server.http + "/api/generate-one", content=body)
         assert response.status_code == 422, body
         assert response.json()["field"] == field
         assert response.json()["type"] == "invalid_request"
-    batch = httpx.post(
+    batch = web.post(
         server.http + "/api/generate-batch",
-        timeout=None,
         json={
             "prompts": [{"request_id": "x", "prompt": "y"}],
             "generation_config": {"max_new_tokens": -1},
@@ -178,9 +168,8 @@ def test_bad_input_gets_4xx_json_naming_the_field(server: RunningServer) -> None
 
 
 def test_a_prompt_longer_than_the_context_is_refused(server: RunningServer) -> None:
-    response = httpx.post(
+    response = web.post(
         server.http + "/api/generate-one",
-        timeout=None,
         json={"request_id": "huge", "prompt": "word " * 3000},
     )
     assert response.status_code == 422
@@ -193,10 +182,9 @@ def test_streaming_client_that_leaves_stops_its_generation(
     idle_engine: Callable[[], None],
 ) -> None:
     before = settled_metrics(server.http)
-    with httpx.stream(
+    with web.stream(
         "POST",
         server.http + "/api/generate-one",
-        timeout=None,
         json=one("gone", generation_config=greedy(UNENDING, ignore_eos=True)),
     ) as r:
         assert r.status_code == 200, r.read()

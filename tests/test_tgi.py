@@ -11,7 +11,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import OverloadedError, ValidationError
 
-from clients import CHAT, UNENDING, outcomes_since, settled_metrics
+from clients import CHAT, UNENDING, outcomes_since, settled_metrics, web
 from serving import RunningServer
 
 PROMPT = CHAT.format("Name three colours.")
@@ -25,7 +25,7 @@ def client(server: RunningServer) -> InferenceClient:
 
 
 def post(server: RunningServer, path: str, **body: Any) -> httpx.Response:
-    return httpx.post(server.http + path, json=body, timeout=None)
+    return web.post(server.http + path, json=body)
 
 
 def sse(response: httpx.Response) -> list[dict[str, Any]]:
@@ -180,11 +180,10 @@ def test_overload_raises_overloaded_error(
     make_server: Callable[..., RunningServer], idle_engine: Callable[..., None]
 ) -> None:
     tight = make_server(MAX_RUNNING_REQUESTS="1", MAX_WAITING_REQUESTS="0")
-    with httpx.stream(
+    with web.stream(
         "POST",
         tight.http + "/generate_stream",
         json={"inputs": ESSAY, "parameters": FOREVER},
-        timeout=None,
     ) as busy:
         received = busy.iter_lines()  # kept: a dropped iterator closes the connection
         next(received)
@@ -214,11 +213,10 @@ def test_a_client_that_leaves_a_stream_stops_its_generation(
     idle_engine()  # leaving the client's context closed the connection
     after = settled_metrics(server.http)
     assert outcomes_since(before, after, "tgi") == {"cancelled": 1}
-    with httpx.stream(
+    with web.stream(
         "POST",
         server.http + "/generate_stream",
         json={"inputs": ESSAY, "parameters": FOREVER},
-        timeout=None,
     ) as response:
         next(response.iter_lines())
     idle_engine()

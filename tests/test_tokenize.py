@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
-from clients import CHAT, MAX_MODEL_LEN
+from clients import CHAT, MAX_MODEL_LEN, web
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -17,7 +15,7 @@ PARIS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 
 
 def post(server: RunningServer, path: str, body: dict[str, Any], **headers: str) -> Any:
-    return httpx.post(server.http + path, json=body, headers=headers, timeout=None)
+    return web.post(server.http + path, json=body, headers=headers)
 
 
 def test_a_prompt_becomes_its_tokens_and_back(server: RunningServer) -> None:
@@ -77,5 +75,5 @@ def test_the_api_key_guards_both_routes(make_server: Callable[..., RunningServer
 
 
 def test_the_openapi_document_lists_both_routes(server: RunningServer) -> None:
-    paths = httpx.get(server.http + "/openapi.json").json()["paths"]
+    paths = web.get(server.http + "/openapi.json").json()["paths"]
     assert "post" in paths["/tokenize"] and "post" in paths["/detokenize"]

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
@@ -22,6 +21,7 @@ from openai.types.chat import (
     ChatCompletionNamedToolChoiceParam,
 )
 
+from clients import web
 from protocols.errors import GenerationError
 from protocols.openai_requests import decode_chat
 from serving import RunningServer
@@ -414,7 +414,7 @@ def test_auto_answers_plain_text_as_content(hermes: RunningServer) -> None:
 
 def refusal(server: RunningServer, **body: Any) -> dict[str, Any]:
     request = {"model": MODEL, "messages": ask("Hi"), "max_tokens": 4, **body}
-    answer = httpx.post(server.http + "/v1/chat/completions", json=request)
+    answer = web.post(server.http + "/v1/chat/completions", json=request)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error"
@@ -498,7 +498,7 @@ def test_lmi_chat_schema_streams_tool_calls_as_json_lines(server: RunningServer)
         "max_tokens": 300,
         "temperature": 0,
     }
-    with httpx.stream("POST", server.http + "/invocations", json=body, timeout=None) as answer:
+    with web.stream("POST", server.http + "/invocations", json=body) as answer:
         assert answer.headers["content-type"].startswith("application/jsonlines")
         chunks = [json.loads(line) for line in answer.iter_lines() if line]
     pieces = [p for c in chunks for p in c["choices"][0]["delta"].get("tool_calls", [])]

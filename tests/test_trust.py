@@ -16,7 +16,7 @@ from control_client import receive
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError as HfValidationError
 
-from clients import CHAT, connect, sagemaker_runtime
+from clients import CHAT, connect, sagemaker_runtime, web
 from gateway.config.loading import load_settings
 from gateway.config.settings import ConfigError
 from gateway.edge.api_keys import parse_keys
@@ -48,7 +48,7 @@ def _generation_config(route: str, **config: Any) -> tuple[str, dict[str, Any]]:
 
 def _http_refusal(server: RunningServer, route: str, body: dict[str, Any]) -> tuple[int, str]:
     """The status and the whole answer's text of one POST."""
-    answer = httpx.post(server.http + route, json=body, timeout=None)
+    answer = web.post(server.http + route, json=body)
     return answer.status_code, answer.text
 
 
@@ -217,7 +217,7 @@ def test_the_sequence_bounds_are_settings(make_server: Callable[..., RunningServ
     refused_beams = _generation_config("/api/generate-one", num_beams=3, max_new_tokens=1)
     assert _field_of_http(tight, *refused_beams) == "$.generation_config.num_beams"
     route, body = _generation_config("/api/generate-one", num_beams=2, max_new_tokens=1)
-    answer = httpx.post(tight.http + route, json=body, timeout=None)
+    answer = web.post(tight.http + route, json=body)
     assert answer.status_code == 200, answer.text
 
 
@@ -240,7 +240,7 @@ def test_v1_generate_refuses_an_unknown_field_naming_it(server: RunningServer) -
     # transformers' GenerationConfig names stay accepted (and ignored), and a WebSocket config
     # posted as it is still works.
     posted = {"type": "config", "prompt": PROMPT, "max_tokens": 1, "typical_p": 0.5}
-    answer = httpx.post(server.http + "/v1/generate", json=posted, timeout=None)
+    answer = web.post(server.http + "/v1/generate", json=posted)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["completion_tokens"] == 1
 
@@ -268,7 +268,7 @@ def test_a_stop_list_past_max_stop_sequences_is_refused_naming_its_field(
     # TGI keeps its own max_stop_sequences (4), and reports it.
     tgi = {"inputs": "Hi", "parameters": {"max_new_tokens": 1, "stop": STOPS[:5]}}
     assert _http_refusal(server, "/generate", tgi)[0] == 422
-    assert httpx.get(server.http + "/info").json()["max_stop_sequences"] == 4
+    assert web.get(server.http + "/info").json()["max_stop_sequences"] == 4
 
 
 def test_max_stop_sequences_is_a_setting(make_server: Callable[..., RunningServer]) -> None:
@@ -276,7 +276,7 @@ def test_max_stop_sequences_is_a_setting(make_server: Callable[..., RunningServe
     refused = _generation_config("/api/generate-one", stop=STOPS[:3])
     assert _field_of_http(tight, *refused) == "$.generation_config.stop"
     route, body = _generation_config("/api/generate-one", stop=STOPS[:2])
-    answer = httpx.post(tight.http + route, json=body, timeout=None)
+    answer = web.post(tight.http + route, json=body)
     assert answer.status_code == 200, answer.text
 
 
@@ -289,12 +289,12 @@ def test_metrics_need_a_key_when_keys_are_on_unless_public(
     make_server: Callable[..., RunningServer],
 ) -> None:
     guarded = make_server(API_KEYS=KEY)
-    assert httpx.get(guarded.http + "/metrics").status_code == 401
-    keyed = httpx.get(guarded.http + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert web.get(guarded.http + "/metrics").status_code == 401
+    keyed = web.get(guarded.http + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert keyed.status_code == 200 and "gateway_" in keyed.text
-    assert httpx.get(guarded.http + "/health").status_code == 200  # still open
+    assert web.get(guarded.http + "/health").status_code == 200  # still open
     public = make_server(API_KEYS=KEY, METRICS_PUBLIC="true")
-    assert httpx.get(public.http + "/metrics").status_code == 200
+    assert web.get(public.http + "/metrics").status_code == 200
 
 
 def test_metrics_open_by_metrics_public_alone() -> None:
@@ -310,22 +310,19 @@ def test_metrics_open_by_metrics_public_alone() -> None:
 def test_a_rebound_page_is_not_the_gateways_own(server: RunningServer) -> None:
     rebound = f"evil.example.net:{server.port}"  # a name the attacker pointed at 127.0.0.1
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-    answer = httpx.post(
+    answer = web.post(
         server.http + "/v1/chat/completions",
         json=chat,
         headers={"Origin": f"http://{rebound}", "Host": rebound},
-        timeout=None,
     )
     assert answer.status_code == 403, answer.text
     # Pages on the machine's loopback names still pass, on any port (a `docker run -p` map).
     for own in (f"http://127.0.0.1:{server.port}", f"http://localhost:{server.port + 1}"):
-        answer = httpx.post(
-            server.http + "/v1/chat/completions", json=chat, headers={"Origin": own}, timeout=None
-        )
+        answer = web.post(server.http + "/v1/chat/completions", json=chat, headers={"Origin": own})
         assert answer.status_code == 200, (own, answer.text)
     # A rebound name that starts like a loopback one is still the attacker's.
     lookalike = {"Origin": f"http://localhost.evil.example.net:{server.port}"}
-    answer = httpx.post(server.http + "/v1/chat/completions", json=chat, headers=lookalike)
+    answer = web.post(server.http + "/v1/chat/completions", json=chat, headers=lookalike)
     assert answer.status_code == 403
 
 
@@ -357,9 +354,7 @@ def test_keys_whose_short_hashes_collide_share_neither_histories_nor_limits(
             "generation_config": {"do_sample": False, "max_new_tokens": 2, "ignore_eos": True},
         }
         headers = {"Authorization": f"Bearer {key}"}
-        return httpx.post(
-            guarded.http + "/api/generate-batch", json=body, headers=headers, timeout=None
-        )
+        return web.post(guarded.http + "/api/generate-batch", json=body, headers=headers)
 
     secret = "My password is swordfish."
     mine = generate(first, secret)

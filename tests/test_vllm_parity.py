@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from clients import web
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -22,7 +22,7 @@ PARIS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> Any:
-    answer = httpx.post(url + path, json=body, timeout=None)
+    answer = web.post(url + path, json=body)
     assert answer.status_code == 200, answer.text
     return answer.json()
 

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
-from clients import CHAT, UNENDING, connect, wait_for
+from clients import CHAT, UNENDING, connect, wait_for, web
 from serving import RunningServer
 
 ESSAY = CHAT.format("Write a very long essay about rivers.")
@@ -31,7 +30,7 @@ Event = dict[str, Any]
 def tgi_stream(server: RunningServer, started: Started) -> str:
     body = {"inputs": ESSAY, "parameters": {"max_new_tokens": UNENDING, "ignore_eos_token": True}}
     events: list[Event] = []
-    with httpx.stream("POST", server.http + "/generate_stream", json=body, timeout=None) as r:
+    with web.stream("POST", server.http + "/generate_stream", json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line:
@@ -48,7 +47,7 @@ def lmi_stream(server: RunningServer, started: Started) -> str:
     parameters = {"max_new_tokens": UNENDING, "ignore_eos_token": True}
     body = {"inputs": ESSAY, "parameters": parameters, "stream": True}
     lines: list[Event] = []
-    with httpx.stream("POST", server.http + "/invocations", json=body, timeout=None) as r:
+    with web.stream("POST", server.http + "/invocations", json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line:
