@@ -20,6 +20,11 @@ import msgspec
 from protocols.errors import invalid
 from protocols.generation import SamplingOptions
 
+# The field of the grammar the gateway builds from OpenAI `tools` (gateway/engine/tool_calls.py):
+# its schemas are held to the budget as schemas (`check_tools`), not as the grammar they become,
+# which is larger (500 string properties: about 100 KB of grammar).
+TOOLS_FIELD = "tools"
+
 
 class ConstraintBudget(msgspec.Struct, frozen=True, kw_only=True):
     """The largest constraint a request may give (each limit names its setting)."""
@@ -44,6 +49,8 @@ def _past(what: str, given: int, limit: int, setting: str, field: str) -> Except
 def check_options(options: SamplingOptions, field: str | None, budget: ConstraintBudget) -> None:
     """Raises INVALID_REQUEST when the options' constraint is past `budget`, naming `field`
     (where the request gave it) and the limit."""
+    if field == TOOLS_FIELD:
+        return
     where = field or "constraint"
     if options.regex is not None and len(options.regex) > budget.max_regex_chars:
         raise _past(
@@ -156,6 +163,6 @@ def check_tools(tools: Iterable[dict[str, Any]], budget: ConstraintBudget) -> No
             total_bytes,
             budget.max_schema_bytes,
             "MAX_SCHEMA_BYTES",
-            "tools",
+            TOOLS_FIELD,
         )
-    check_schema(combined, "tools", budget)
+    check_schema(combined, TOOLS_FIELD, budget)

@@ -13,7 +13,12 @@ import psutil
 import pytest
 from huggingface_hub import InferenceClient
 
-from protocols.constraint_budget import ConstraintBudget, check_options, check_tools
+from protocols.constraint_budget import (
+    TOOLS_FIELD,
+    ConstraintBudget,
+    check_options,
+    check_tools,
+)
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
@@ -100,6 +105,8 @@ def test_tools_schemas_are_held_to_the_budget() -> None:
     with pytest.raises(GenerationError) as caught:  # together past it: the tools as one
         check_tools([tool(properties_schema(300)), tool(properties_schema(300))], BUDGET)
     assert caught.value.field == "tools" and "MAX_SCHEMA_PROPERTIES" in caught.value.message
+    # The grammar built from them is larger than a grammar given may be: not held to that.
+    check_options(SamplingOptions(grammar="a" * (128 * 1024)), TOOLS_FIELD, BUDGET)
 
 
 def _core_rss(engine: Engine) -> int:

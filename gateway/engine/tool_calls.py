@@ -28,7 +28,7 @@ from vllm.tool_parsers import ToolParser
 from vllm.tool_parsers.utils import get_json_schema_from_tools
 
 from gateway.config.settings import ConfigError, Settings, constraint_budget
-from protocols.constraint_budget import ConstraintBudget, check_tools
+from protocols.constraint_budget import TOOLS_FIELD, ConstraintBudget, check_tools
 from protocols.errors import invalid
 from protocols.generation import GenerationRequest
 from protocols.tool_calls import (
@@ -147,7 +147,7 @@ class ToolCalling:
                     options=msgspec.structs.replace(
                         r.options, grammar=grammar, json_schema=None, regex=None, choice=None
                     ),
-                    constraint_field="tools",
+                    constraint_field=TOOLS_FIELD,
                 )
                 for r in requests
             ]
