@@ -44,7 +44,7 @@ from gateway.engine.compile_worker import (
     frame_length,
 )
 from protocols.constraints import ANY_OBJECT, UncompilableConstraint
-from protocols.errors import ErrorKind
+from protocols.errors import ErrorKind, GenerationError
 
 log = logging.getLogger(__name__)
 _VERDICTS_KEPT = 4096
@@ -198,9 +198,11 @@ class ConstraintChecker:
 
     async def _compiled(self, job: Job) -> str | None:
         self.start()
-        assert self._worker is not None
+        if self._worker is None:  # closed: the engine is shutting down
+            raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, "The engine is shutting down")
         try:
-            worker = await self._worker
+            # Shielded: a request that leaves while the worker starts leaves it starting.
+            worker = await asyncio.shield(self._worker)
         except Exception:
             self._worker = None  # the next request starts another
             raise
