@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from gateway.config.priorities import PriorityClasses
-from gateway.config.settings import Settings
+from gateway.config.settings import Settings, constraint_budget
 from gateway.drain import Drain, DrainMiddleware
 from gateway.edge.api_keys import KeyRing
 from gateway.edge.auth import ApiKeyMiddleware, open_paths_of
@@ -92,7 +92,14 @@ def create_app(
         )
         bounds = SequenceBounds.of(settings)
         service = GenerationService(
-            holder, admission, metrics, deadlines, classes, bounds, chat_template
+            holder,
+            admission,
+            metrics,
+            deadlines,
+            classes,
+            bounds,
+            chat_template,
+            constraint_budget(settings),
         )
         feedback = FeedbackStore(feedback_path(settings), settings.feedback_max_db_bytes)
         feedback_limits = FeedbackLimits(

@@ -7,7 +7,8 @@ clients (a key whose one limit is its concurrency) ask, back to back, for as man
 that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), every third ask one
 more (which the gateway must refuse, naming the field), while the main key sends
 the same chats again. The ratio of the two medians is what one key's largest asks cost
-another (issue 31's goal: <= 2x).
+another (issue 31's goal: <= 2x). Then the same chats once more while the amplifier key sends
+the hostile probe's output constraints at its limit (gateway_bench/soak_constraints.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import aiohttp
 import msgspec
 
 from gateway_bench.soak_calls import Client
+from gateway_bench.soak_constraints import ConstraintLoad, measure_constraint_load
 from gateway_bench.worker import sse_reads
 
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
@@ -39,12 +41,20 @@ class Amplification(msgspec.Struct, kw_only=True):
     over_asks: int  # requests asking one sequence more than the limit
     over_refused_naming_field: int  # of those, a 4xx naming n / num_beams
     server_errors: int  # any 5xx, either key
+    constraints: ConstraintLoad | None = None  # the main key's chats beside the probe's shapes
 
     @property
     def ratio(self) -> float | None:
-        if self.idle_ttft_p50_ms is None or self.contended_ttft_p50_ms is None:
+        return self._ratio(self.contended_ttft_p50_ms)
+
+    @property
+    def constraint_ratio(self) -> float | None:
+        return self._ratio(self.constraints.contended_ttft_p50_ms if self.constraints else None)
+
+    def _ratio(self, contended: float | None) -> float | None:
+        if self.idle_ttft_p50_ms is None or contended is None:
             return None
-        return round(self.contended_ttft_p50_ms / self.idle_ttft_p50_ms, 2)
+        return round(contended / self.idle_ttft_p50_ms, 2)
 
 
 def concurrent_limit(limits: str) -> int:
@@ -165,6 +175,14 @@ async def measure_amplification(
     finally:
         stop.set()
         await asyncio.gather(*asking)
+    constraints = await measure_constraint_load(
+        main,
+        limited,
+        askers=sequences,
+        chats=lambda: _chats(main, prompt, chats, chat_tokens),
+        p50=_p50,
+        prompt=prompt,
+    )
     return Amplification(
         sequences=sequences,
         idle_ttft_p50_ms=_p50(idle),
@@ -177,4 +195,5 @@ async def measure_amplification(
         over_asks=tally.over,
         over_refused_naming_field=tally.over_named,
         server_errors=tally.server_errors,
+        constraints=constraints,
     )

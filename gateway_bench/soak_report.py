@@ -11,6 +11,7 @@ from gateway_bench.metrics import percentile
 from gateway_bench.results import Machine
 from gateway_bench.soak_amplification import Amplification
 from gateway_bench.soak_calls import BY_NAME, ERROR, FINISHED, RATE_LIMITED, REFUSED, Outcome
+from gateway_bench.soak_constraints import ConstraintLoad
 from gateway_bench.soak_run import BASELINE, CONTENDED
 from gateway_bench.soak_watch import Counters, Scrape
 
@@ -208,6 +209,8 @@ def evaluate(
     ]
     if amplification is not None:
         goals.append(amplification_goal(amplification, quick))
+        if amplification.constraints is not None:
+            goals.append(constraint_goal(amplification, amplification.constraints, quick))
     return goals
 
 
@@ -255,6 +258,30 @@ def amplification_goal(a: Amplification, quick: bool) -> Goal:
         "the field"
     )
     return Goal("No amplification by sequences", requirement, measured, passed)
+
+
+def constraint_goal(a: Amplification, c: ConstraintLoad, quick: bool) -> Goal:
+    """Judged on a full run only, as the amplification by sequences."""
+    measured = (
+        f"the main key's TTFT p50 {c.contended_ttft_p50_ms} ms while the limited key sent the "
+        f"probe's constraints vs {a.idle_ttft_p50_ms} ms idle ({c.chats} chats, "
+        f"{c.chat_failures} failed); ratio {a.constraint_ratio}; {c.refused_naming_field} of "
+        f"{c.probes} constraints refused naming the field and the limit; {c.server_errors} 5xx"
+    )
+    sound = (
+        c.server_errors == 0
+        and c.chat_failures == 0
+        and c.probes > 0
+        and c.refused_naming_field == c.probes
+    )
+    ratio = a.constraint_ratio
+    passed = sound and (None if quick or ratio is None else ratio <= AMPLIFICATION_GOAL)
+    requirement = (
+        f"another key's TTFT p50 at most {AMPLIFICATION_GOAL:g} x its idle one while a key sends "
+        "a 50,000-word regex, a 10,000-property schema and a 100,000-value enum at its limit; "
+        "each refused at once, naming the field and the limit"
+    )
+    return Goal("No amplification by constraints", requirement, measured, passed)
 
 
 def _rss_goal(f: Figures) -> Goal:

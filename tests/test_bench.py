@@ -261,6 +261,12 @@ def test_quick_soak_ends_every_prompt_once(
     assert amplification.over_refused_naming_field == amplification.over_asks
     assert amplification.idle_ttft_p50_ms and amplification.contended_ttft_p50_ms
     assert goals["No amplification by sequences"].passed is None  # quick: a ratio of chance
+    constraints = amplification.constraints  # the probe's shapes, each refused naming its limit
+    assert constraints is not None and constraints.probes > 0, constraints
+    assert constraints.refused_naming_field == constraints.probes, constraints
+    assert (constraints.server_errors, constraints.chat_failures) == (0, 0)
+    assert constraints.contended_ttft_p50_ms and amplification.constraint_ratio
+    assert goals["No amplification by constraints"].passed is None
     write(report, tmp_path)
     assert (tmp_path / SOAK_MARKDOWN).read_text().startswith("# llm-gateway bench --scenario soak")
 

@@ -261,11 +261,12 @@ def test_an_uncompilable_constraint_is_each_routes_refusal_naming_its_field(
 def test_a_constraint_is_checked_before_the_request_reaches_the_engine(
     loop_thread: LoopThread, engine: Engine
 ) -> None:
-    """vLLM's own check, asked about the constraint alone (gateway/engine/constraint_check.py),
-    refuses what the engine's grammar backend cannot compile and leaves the request's
-    parameters as they were."""
+    """The compile in the worker, then vLLM's own check, asked about the constraint alone
+    (gateway/engine/constraint_check.py), refuse what the engine's grammar backend cannot
+    compile and leave the request's parameters as they were."""
     from gateway.engine.adapter import sampling_params
-    from gateway.engine.constraint_check import check_constraint
+
+    check_constraint = engine.constraints.check
 
     uncompilable = [
         SamplingOptions(regex=BAD_REGEX),
@@ -274,13 +275,13 @@ def test_a_constraint_is_checked_before_the_request_reaches_the_engine(
     ]
     for options in uncompilable:
         with pytest.raises(UncompilableConstraint) as caught:
-            loop_thread.run(check_constraint(engine.llm, sampling_params(options)))
-        assert caught.value.message.startswith("The engine refused the request: ")
+            loop_thread.run(check_constraint(sampling_params(options)))
+        assert caught.value.message.startswith("The engine ")
     params = sampling_params(SamplingOptions(choice=("yes", "no")))
-    loop_thread.run(check_constraint(engine.llm, params))
+    loop_thread.run(check_constraint(params))
     assert params.structured_outputs is not None
     assert (params.structured_outputs.choice, params.structured_outputs.grammar) == (
         ["yes", "no"],
         None,
     )
-    loop_thread.run(check_constraint(engine.llm, sampling_params(SamplingOptions())))
+    loop_thread.run(check_constraint(sampling_params(SamplingOptions())))

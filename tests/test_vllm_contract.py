@@ -27,7 +27,7 @@ from gateway.engine.vllm_seam import (
 
 # Public names, but what gateway/engine/constraint_check.py builds on: an upgrade checks them too.
 CONSTRAINT_CHECK = Touchpoint(
-    "constraint_check.check_constraint",
+    "constraint_check.ConstraintChecker",
     (
         Use(
             "vllm.sampling_params:SamplingParams",
@@ -40,6 +40,15 @@ CONSTRAINT_CHECK = Touchpoint(
         Use(ASYNC_LLM, "tokenizer"),
         Use("vllm.config:VllmConfig", "speculative_config"),
         Use("vllm.config:VllmConfig", "structured_outputs_config"),
+        # What the compile worker is given: the vocabulary's size, the whitespace setting, and
+        # the constraint's fields, as the xgrammar backend reads them.
+        Use("vllm.config:ModelConfig", "get_vocab_size", ()),
+        Use("vllm.config:StructuredOutputsConfig", "disable_any_whitespace"),
+        Use("vllm.sampling_params:StructuredOutputsParams", "json"),
+        Use("vllm.sampling_params:StructuredOutputsParams", "json_object"),
+        Use("vllm.sampling_params:StructuredOutputsParams", "regex"),
+        Use("vllm.sampling_params:StructuredOutputsParams", "choice"),
+        Use("vllm.sampling_params:StructuredOutputsParams", "grammar"),
     ),
 )
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -145,3 +154,12 @@ def test_a_change_in_vllm_is_named() -> None:
     ]
     moved = Touchpoint("x", (Use("vllm.v1.no_such_module:Scheduler", "running"),))
     assert "cannot be imported" in problems(moved)[0]
+
+
+def test_the_compile_worker_reads_constraints_as_the_xgrammar_backend_does() -> None:
+    """gateway/engine/constraint_check.py turns choices into the grammar vLLM builds for them
+    and tells Lark from EBNF with vLLM's own functions: both must still be there."""
+    from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
+
+    assert choice_as_grammar(["yes", "no"]) == 'root ::= "yes" | "no"'
+    assert grammar_is_likely_lark('start: "a"') and not grammar_is_likely_lark('root ::= "a"')

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from protocols.constraint_budget import ConstraintBudget
+from protocols.constraints import MAX_CHOICES
 from protocols.generation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, SamplingOptions, Seed
 from protocols.tgi import MAX_BEST_OF
 
@@ -55,6 +57,11 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     enable_lora: bool = False
     max_loras: Positive = 4
     max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
+    # An output constraint within the size limits (Settings' MAX_REGEX_CHARS, ...) is compiled
+    # once in a worker process before the engine gets it (gateway/engine/constraint_check.py):
+    # past these seconds or this much memory the worker is killed and the request refused.
+    constraint_compile_seconds: PositiveFloat = 5.0
+    constraint_compile_memory_mib: Positive = 1024
 
 
 # The model served with no configuration (gateway/engine/default_model.py).
@@ -140,6 +147,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_n: SequenceBound = 16
     max_best_of: SequenceBound = MAX_BEST_OF
     max_num_beams: SequenceBound = 10
+    # Output constraints (docs/SECURITY.md, "Output constraints"): past any of these a request
+    # is refused before the engine compiles it (protocols/constraint_budget.py has the
+    # measurements they come from). Tools' `parameters` are JSON schemas too.
+    max_regex_chars: Positive = 64 * 1024
+    max_grammar_chars: Positive = 64 * 1024
+    max_schema_bytes: Positive = 128 * 1024
+    max_schema_properties: Positive = 500
+    max_schema_enum_values: Positive = 5000
+    max_schema_depth: Positive = 32
+    max_choices: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = MAX_CHOICES
+    max_choice_chars: Positive = 64 * 1024
     # Connections (docs/SECURITY.md): a request head must come whole within
     # HEADER_TIMEOUT_SECONDS of its first byte (nginx's client_header_timeout); a connection
     # with no request under way closes after KEEP_ALIVE_SECONDS (uvicorn's); connections past
@@ -167,3 +185,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     priority_classes: dict[str, int] = msgspec.field(default_factory=dict)  # PRIORITY_<PROTOCOL>
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
+
+
+def constraint_budget(settings: Settings) -> ConstraintBudget:
+    """The size limits on a request's output constraint."""
+    return ConstraintBudget(
+        max_regex_chars=settings.max_regex_chars,
+        max_grammar_chars=settings.max_grammar_chars,
+        max_schema_bytes=settings.max_schema_bytes,
+        max_schema_properties=settings.max_schema_properties,
+        max_schema_enum_values=settings.max_schema_enum_values,
+        max_schema_depth=settings.max_schema_depth,
+        max_choices=settings.max_choices,
+        max_choice_chars=settings.max_choice_chars,
+    )

@@ -1,6 +1,6 @@
 """The engine adapter: the gateway's only way to vLLM (gateway/engine/bulk_scheduler.py runs inside
 vLLM's engine process, loaded by it). What it needs of vLLM's internals is in
-gateway/engine/vllm_seam.py; a constraint is checked before submission by
+gateway/engine/vllm_seam.py; a constraint is compiled within a budget before submission by
 gateway/engine/constraint_check.py.
 
 It builds `AsyncLLM`, translates `SamplingOptions` into vLLM's parameters, and streams
@@ -39,7 +39,7 @@ from gateway.config.adapters import (
 from gateway.config.settings import ConfigError, EngineSettings, served_model_name
 from gateway.engine.beams import beam_search
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
-from gateway.engine.constraint_check import check_constraint
+from gateway.engine.constraint_check import CompileLimits, ConstraintChecker
 from gateway.engine.cpu_defaults import (
     cpu_flags,
     engine_environment,
@@ -247,8 +247,10 @@ class Engine:
         dtype_reason: str = "",
         scheduler: SchedulerView | None = None,
         adapters: Adapters | None = None,
+        limits: CompileLimits | None = None,
     ) -> None:
         self.llm = llm
+        self.constraints = ConstraintChecker(llm, limits or CompileLimits())
         self.adapters = adapters or Adapters({}, enabled=False)
         self.scheduler = scheduler or SchedulerView()
         self._ids = itertools.count()
@@ -282,7 +284,12 @@ class Engine:
             base=served_model_name(settings),
         )
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
-        return cls(llm, llm.model_config.max_model_len, reason, view, adapters)
+        limits = CompileLimits(
+            settings.constraint_compile_seconds, settings.constraint_compile_memory_mib
+        )
+        engine = cls(llm, llm.model_config.max_model_len, reason, view, adapters, limits)
+        engine.constraints.start()
+        return engine
 
     async def load_adapter(self, name: str, path: Path, lora_id: int | None = None) -> None:
         """Serves `name` from `path` from now on (vLLM loads it at once, so a bad adapter is
@@ -475,7 +482,7 @@ class Engine:
         first = True
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            await check_constraint(self.llm, params)
+            await self.constraints.check(params)
             async for output in outputs:
                 step = self._step(output, output.outputs[0], first, constrained)
                 first = False
@@ -517,7 +524,7 @@ class Engine:
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            await check_constraint(self.llm, params)
+            await self.constraints.check(params)
             async for output in outputs:
                 if output.finished:
                     steps = [
@@ -671,4 +678,5 @@ class Engine:
         if self._closing:
             return
         self._closing = True
+        self.constraints.close()
         self.llm.shutdown()

@@ -27,7 +27,8 @@ from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers import ToolParser
 from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-from gateway.config.settings import ConfigError, Settings
+from gateway.config.settings import ConfigError, Settings, constraint_budget
+from protocols.constraint_budget import TOOLS_FIELD, ConstraintBudget, check_tools
 from protocols.errors import invalid
 from protocols.generation import GenerationRequest
 from protocols.tool_calls import (
@@ -39,6 +40,8 @@ from protocols.tool_calls import (
     ToolCallDelta,
     ToolUse,
 )
+
+_DEFAULT_BUDGET = ConstraintBudget()
 
 
 class _JsonCalls(DelegatingParser):
@@ -56,12 +59,14 @@ class ToolParsing:
 
     auto: type[Parser] | None = None
     parser_name: str = ""
+    budget: ConstraintBudget = _DEFAULT_BUDGET
 
     @classmethod
     def configured(cls, settings: Settings) -> ToolParsing:
         name = settings.tool_call_parser
+        budget = constraint_budget(settings)
         if not settings.enable_auto_tool_choice:
-            return cls(None, name)
+            return cls(None, name, budget)
         if not name:
             raise ConfigError(
                 "ENABLE_AUTO_TOOL_CHOICE=true needs TOOL_CALL_PARSER (hermes, llama3_json, "
@@ -71,10 +76,13 @@ class ToolParsing:
             parser = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
         except TypeError as e:
             raise ConfigError(f"TOOL_CALL_PARSER={name}: {e}") from e
-        return cls(parser, name)
+        return cls(parser, name, budget)
 
     def calling(self, use: ToolUse, engine: Any) -> ToolCalling:
-        """One request's calls, on `engine`'s tokenizer; its refusals name the field."""
+        """One request's calls, on `engine`'s tokenizer; its refusals name the field. The
+        tools' schemas are held to the size limits on constraints first: `required` and a named
+        function compile them into a grammar here and in the engine."""
+        check_tools(use.tools, self.budget)
         if use.choice == "auto" and self.auto is None:
             raise invalid(
                 '"auto" tool choice needs ENABLE_AUTO_TOOL_CHOICE=true and TOOL_CALL_PARSER '
@@ -139,7 +147,7 @@ class ToolCalling:
                     options=msgspec.structs.replace(
                         r.options, grammar=grammar, json_schema=None, regex=None, choice=None
                     ),
-                    constraint_field="tools",
+                    constraint_field=TOOLS_FIELD,
                 )
                 for r in requests
             ]

@@ -1,11 +1,12 @@
 """The one engine path: every protocol's prompts go through `GenerationService.generate`.
 
 `generate` takes one `GenerationRequest` and yields its events. It applies, once for every
-protocol: the bounds on its sequences and the caller's limits (each sequence counts), the
-in-flight request_id check, the ready engine, tokenizing (off the event loop for
-long prompts) or chat rendering, truncation, the context check, continuation from a history,
-admission, metrics, the error mapping (every failure is a `Failed` event), and abort on
-cancel (closing the generator closes the engine stream, which aborts the engine request).
+protocol: the bounds on its sequences and the caller's limits (each sequence counts), the size
+limits on its output constraint (protocols/constraint_budget.py), the in-flight request_id
+check, the ready engine, tokenizing (off the event loop for long prompts) or chat rendering,
+truncation, the context check, continuation from a history, admission, metrics, the error
+mapping (every failure is a `Failed` event), and abort on cancel (closing the generator closes
+the engine stream, which aborts the engine request).
 Batches of prompts and continuation keys (gateway/engine_path/batch.py) and the control
 session's actions (gateway/engine_path/control_session.py) are layers on top of it.
 """
@@ -32,6 +33,7 @@ from gateway.engine_path.admission import Admission
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
 from gateway.engine_path.sequences import SequenceBounds, checked_sequences
+from protocols.constraint_budget import ConstraintBudget, check_options
 from protocols.constraints import is_constrained, placed
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import (
@@ -65,8 +67,10 @@ class GenerationService:
         classes: PriorityClasses | None = None,
         bounds: SequenceBounds | None = None,
         chat_template: str | None = None,
+        budget: ConstraintBudget | None = None,
     ) -> None:
         self.holder = holder
+        self.budget = budget or ConstraintBudget()
         self.chat_template = chat_template  # CHAT_TEMPLATE; None: the model's own
         self.bounds = bounds or SequenceBounds.of(Settings())
         self.admission = admission
@@ -101,6 +105,7 @@ class GenerationService:
         generated = 0
         try:
             sequences = checked_sequences(request, self.bounds, caller.limits.concurrent)
+            check_options(request.options, request.constraint_field, self.budget)
             self.limiter.acquire(caller.id, caller.limits, sequences)
         except GenerationError as e:
             if isinstance(e, RateLimited):
