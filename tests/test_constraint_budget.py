@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import psutil
 import pytest
 from huggingface_hub import InferenceClient
 
+from clients import web
 from protocols.constraint_budget import (
     TOOLS_FIELD,
     ConstraintBudget,
@@ -124,7 +124,7 @@ def test_the_probes_shapes_are_refused_before_the_engine_on_every_protocol(
     holder = server.gateway.holder
     restarts, compiles = holder.restarts, engine.constraints.compiles
     rss = _core_rss(engine)
-    with httpx.Client(base_url=server.http, timeout=60) as http:
+    with web.client(base_url=server.http) as http:
         for kind, value, setting in PROBES:
             chat = {
                 "model": MODEL,
