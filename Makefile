@@ -20,17 +20,18 @@ run: install
 # What a contributor runs before every commit: every behaviour the session's shared engine and
 # servers can check (about 10 minutes on 2 cores, README). It ends with the slowest 25 tests.
 test: install browser
-	$(PY) -m pytest -q -m "not own_engine" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not own_engine and not long and not conversion" --durations=25 $(PYTEST_ARGS)
 
 # `make test` plus what starts engines, servers or clusters of its own (vLLM's server, Ray
-# replicas, the SageMaker container, engine recovery, the LoRA engine) and the benches' quick
-# runs: what CI runs (.ci/run).
+# replicas, the SageMaker container, engine recovery, the LoRA engine), the benches' quick
+# runs, the long runs on the session's engine and the default model's conversion afresh: what
+# CI runs (.ci/run). About 30 minutes on 2 cores (README).
 test-all: install browser
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # The pure tests only (protocols, config, admission, store...): no engine is started, none
 # needs vLLM (tests/conftest.py marks every test that uses the engine), and the default model
-# is not converted afresh (the `conversion` tests: `make test` runs them).
+# is not converted afresh (the `conversion` tests: `make test-all` runs them).
 test-fast: install
 	$(PY) -m pytest -q -m "not engine and not conversion" $(PYTEST_ARGS)
 

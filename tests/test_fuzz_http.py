@@ -177,6 +177,7 @@ def test_every_http_route_of_the_app_is_in_the_openapi_document(server: RunningS
     assert routes - documented >= UNDESCRIBED, sorted(UNDESCRIBED & documented)
 
 
+@pytest.mark.long  # schemathesis's cases for every operation: make test-all
 def test_every_route_answers_as_documented(server: RunningServer) -> None:
     """schemathesis' pytest integration (lazy schemas) fails on pytest 9, hence a loop."""
     api = schemathesis.openapi.from_url(server.http + "/openapi.json", config=CONFIG)

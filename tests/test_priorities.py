@@ -192,6 +192,7 @@ def test_the_bulk_cap_holds_bulk_back_while_an_interactive_request_runs(
     idle_engine()
 
 
+@pytest.mark.long  # fills the KV cache until vLLM preempts: make test-all
 def test_preempted_requests_are_recomputed_to_the_same_greedy_text(
     server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
 ) -> None:
@@ -367,6 +368,7 @@ def test_a_chat_prompt_is_computed_in_bounded_steps_without_bulk(
     idle_engine()
 
 
+@pytest.mark.long  # fills the KV cache under the bulk cap: make test-all
 def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_text(
     server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
 ) -> None:
