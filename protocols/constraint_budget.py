@@ -67,15 +67,7 @@ def check_options(options: SamplingOptions, field: str | None, budget: Constrain
     if options.choice is not None:
         check_choices(options.choice, where, budget)
     if options.json_schema is not None:
-        size = len(options.json_schema.encode())
-        if size > budget.max_schema_bytes:
-            raise _past(
-                "JSON schema's size in bytes",
-                size,
-                budget.max_schema_bytes,
-                "MAX_SCHEMA_BYTES",
-                where,
-            )
+        check_schema_bytes(len(options.json_schema.encode()), where, budget)
         check_schema(msgspec.json.decode(options.json_schema), where, budget)
 
 
@@ -87,6 +79,13 @@ def check_choices(choices: Iterable[str], field: str, budget: ConstraintBudget) 
     if chars > budget.max_choice_chars:
         raise _past(
             "choices' total length", chars, budget.max_choice_chars, "MAX_CHOICE_CHARS", field
+        )
+
+
+def check_schema_bytes(size: int, field: str, budget: ConstraintBudget) -> None:
+    if size > budget.max_schema_bytes:
+        raise _past(
+            "JSON schema's size in bytes", size, budget.max_schema_bytes, "MAX_SCHEMA_BYTES", field
         )
 
 
@@ -146,14 +145,7 @@ def check_tools(tools: Iterable[dict[str, Any]], budget: ConstraintBudget) -> No
             continue
         where = f"tools[{i}].function.parameters"
         size = len(msgspec.json.encode(parameters))
-        if size > budget.max_schema_bytes:
-            raise _past(
-                "JSON schema's size in bytes",
-                size,
-                budget.max_schema_bytes,
-                "MAX_SCHEMA_BYTES",
-                where,
-            )
+        check_schema_bytes(size, where, budget)
         check_schema(parameters, where, budget)
         total_bytes += size
         combined.append(parameters)
