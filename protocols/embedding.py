@@ -240,5 +240,7 @@ def _is_token_id(value: Any) -> bool:
 def _token_ids(values: list[Any], field: str) -> tuple[int, ...]:
     for i, v in enumerate(values):
         if not _is_token_id(v) or not 0 <= v <= MAX_TOKEN_ID:
-            raise invalid(f"`{field}[{i}]` must be a token id, 0 to {MAX_TOKEN_ID}", f"{field}[{i}]")
+            raise invalid(
+                f"`{field}[{i}]` must be a token id, 0 to {MAX_TOKEN_ID}", f"{field}[{i}]"
+            )
     return tuple(values)

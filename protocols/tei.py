@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.embedding import (
+    Body,
     EmbeddingInput,
     EmbeddingRequest,
     Embeddings,
@@ -27,7 +28,6 @@ from protocols.embedding import (
     check_dimensions,
     cosine,
     decode_inputs,
-    Body,
     decode_struct,
     decode_text,
     decode_texts,
@@ -145,9 +145,8 @@ def decode_similarity(
     source = decode_text(body.inputs.source_sentence, "inputs.source_sentence")
     sentences = decode_texts(body.inputs.sentences, "inputs.sentences", limit=max_inputs)
     check_count(len(sentences) + 1, max_inputs, "inputs.sentences", "inputs with the source")
-    inputs = (EmbeddingInput("inputs.source_sentence", text=source),) + tuple(
-        EmbeddingInput(f"inputs.sentences[{i}]", text=s) for i, s in enumerate(sentences)
-    )
+    others = (EmbeddingInput(f"inputs.sentences[{i}]", text=s) for i, s in enumerate(sentences))
+    inputs = (EmbeddingInput("inputs.source_sentence", text=source), *others)
     p = body.parameters or _Truncation()
     return EmbeddingRequest(
         inputs=inputs,
