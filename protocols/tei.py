@@ -342,6 +342,11 @@ def task_of(doc: dict[str, Any]) -> Task:
     return "embed"
 
 
+def is_tei_rerank(doc: dict[str, Any]) -> bool:
+    """POST `/rerank` is TEI's and vLLM's: TEI's body has `texts`, vLLM's (Jina's) `documents`."""
+    return "texts" in doc and "documents" not in doc
+
+
 def decode_invocation(
     raw: Body,
     *,
