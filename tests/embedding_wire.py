@@ -174,6 +174,8 @@ ROUTES: dict[str, tuple[Route, ErrorOf]] = {
 
 
 def answer(path: str, raw: bytes) -> tuple[int, bytes]:
+    route: Route
+    error_of: ErrorOf
     if path == "/rerank":
         try:
             tei_body = tei.is_tei_rerank(decode_json_object(raw))

@@ -282,9 +282,15 @@ def test_the_cohere_sdk_embeds_in_every_type(base: str, co: cohere.ClientV2) -> 
 
 
 def test_cohere_inputs_of_text_content(co: cohere.ClientV2) -> None:
-    inputs = [cohere.EmbedInput(content=[cohere.TextEmbedContent(text="a"), {"text": "b"}])]
-    answer = co.embed(model="m", input_type="search_query", inputs=inputs)
-    assert answer.embeddings.float_ == [pytest.approx(list(unit(raw_vector("a\nb"))))]
+    parts: list[cohere.EmbedContent] = [
+        cohere.TextEmbedContent(text="a"),
+        cohere.TextEmbedContent(text="b"),
+    ]
+    answer = co.embed(
+        model="m", input_type="search_query", inputs=[cohere.EmbedInput(content=parts)]
+    )
+    [vector] = answer.embeddings.float_ or []
+    assert vector == pytest.approx(list(unit(raw_vector("a\nb"))))
 
 
 def test_the_cohere_sdk_reranks(base: str, co: cohere.ClientV2) -> None:
