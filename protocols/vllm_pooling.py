@@ -23,6 +23,7 @@ from protocols.embedding import (
     Scores,
     TokenEmbeddings,
     check_count,
+    check_dimensions,
     decode_inputs,
     decode_struct,
     decode_text,
@@ -100,8 +101,7 @@ def decode_pooling(
     if body.input is UNSET:
         field = "messages" if body.messages is not None else "input"
         raise invalid("Send `input`: this server embeds texts and token ids", field)
-    if body.dimensions is not None and not dimensions_supported:
-        raise invalid("This model does not support specifying `dimensions`", "dimensions")
+    check_dimensions(body.dimensions, dimensions_supported, "dimensions")
     request = msgspec.structs.replace(
         _request(body, decode_inputs(body.input, "input", limit=max_inputs)),
         normalize=body.use_activation,

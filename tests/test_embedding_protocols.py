@@ -438,3 +438,20 @@ def test_requests_keep_each_inputs_field() -> None:
     call = vllm_pooling.decode_pooling(b'{"input": [[1, 2], [3]]}', dimensions_supported=False)
     assert [i.field for i in call.request.inputs] == ["input[0]", "input[1]"]
     assert call.request.inputs[1].token_ids == (3,)
+
+
+def test_dimensions_where_the_caller_says_the_model_takes_them() -> None:
+    """Each family's field for shortened vectors, accepted with the flag and named without."""
+    decoders: list[tuple[str, Any]] = [
+        ('{"input": "a", "dimensions": 8}', openai_embeddings.decode_embeddings),
+        ('{"inputs": "a", "dimensions": 8}', tei.decode_embed),
+        ('{"texts": ["a"], "output_dimension": 8}', cohere_wire.decode_embed),
+        ('{"input": "a", "dimensions": 8}', vllm_pooling.decode_pooling),
+    ]
+    for body, decode in decoders:
+        decoded = decode(body, dimensions_supported=True)
+        request = decoded if isinstance(decoded, EmbeddingRequest) else decoded.request
+        assert request.dimensions == 8
+        with pytest.raises(GenerationError) as refused:
+            decode(body, dimensions_supported=False)
+        assert refused.value.field == request.dimensions_field
