@@ -38,6 +38,8 @@ SCENARIOS = {
     "constrained": "constrained",
     "adapters": "adapters_bench",
     "replicas": "replica_bench",
+    "cpu-settings": "cpu_settings",
+    "vllm-bench-serve": "vllm_bench_serve",
 }
 
 
@@ -61,12 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = subcommands.add_parser(name, help=scenario.summary, description=scenario.summary)
         scenario.fill(sub)
         scenarios[name] = scenario
-    named = args[:1] and (args[0] in SCENARIOS or args[0] in ("-h", "--help"))
+    named = bool(args) and (args[0] in SCENARIOS or args[0] in ("-h", "--help"))
     given = vars(parser.parse_args(args if named else ["sweep", *args]))
     scenario = scenarios[given.pop("scenario")]
     options = scenario.options_of(given, parser)
     command = shlex.join(["llm-gateway", "bench", *args])
     text, out, ok = run_loop(scenario.run(options, command))
     print(text)
-    print(f"\nllm-gateway bench {scenario.name}: report written to {out}/", file=sys.stderr)
+    if out is not None:
+        print(f"\nllm-gateway bench {scenario.name}: report written to {out}/", file=sys.stderr)
     return 0 if ok else 1

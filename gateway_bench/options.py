@@ -57,8 +57,8 @@ class Options(msgspec.Struct, frozen=True, kw_only=True):
 
 OptionsT = TypeVar("OptionsT", bound=Options)
 # A scenario's run: its options and its command line -> its report's Markdown, where the
-# report was written, and whether every goal it judges held (the exit status).
-Run = Callable[[OptionsT, str], Coroutine[Any, Any, tuple[str, Path, bool]]]
+# report was written (None: nowhere), and whether every goal it judges held (the exit status).
+Run = Callable[[OptionsT, str], Coroutine[Any, Any, tuple[str, Path | None, bool]]]
 
 
 def _items(text: str) -> list[str]:
