@@ -7,8 +7,14 @@ clients (a key whose one limit is its concurrency) ask, back to back, for as man
 that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), every third ask one
 more (which the gateway must refuse, naming the field), while the main key sends
 the same chats again. The ratio of the two medians is what one key's largest asks cost
-another (issue 31's goal: <= 2x). Then the same chats once more while the amplifier key sends
-the hostile probe's output constraints at its limit (gateway_bench/soak_constraints.py).
+another (issue 31's goal: <= 2x).
+
+Then the amplification by constraints (issue 43): the same chats once more while the
+amplifier key sends, back to back at its concurrent limit, the hostile probe's output
+constraints: a regex of 50,000 alternated words, a JSON schema of 10,000 string properties and
+one of a 100,000-value enum (each `structured_outputs` on `/v1/completions`). Each must be
+refused at once, naming the field and the limit (MAX_REGEX_CHARS, MAX_SCHEMA_BYTES...), and
+leave the engine to the others.
 """
 
 from __future__ import annotations
@@ -16,17 +22,93 @@ from __future__ import annotations
 import asyncio
 import re
 import statistics
+from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any
 
-import aiohttp
 import msgspec
 
-from gateway_bench.soak_calls import Client
-from gateway_bench.soak_constraints import ConstraintLoad, measure_constraint_load
-from gateway_bench.worker import sse_reads
+from gateway_bench.worker import Context, sse_reads
 
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
+
+
+def _probes() -> list[tuple[str, Any]]:
+    words = "|".join(f"w7x{i}" for i in range(50_000))
+    properties = {f"p{i}": {"type": "string"} for i in range(10_000)}
+    return [
+        ("regex", words),
+        ("json", {"type": "object", "properties": properties}),
+        ("json", {"type": "string", "enum": [f"value{i}" for i in range(100_000)]}),
+    ]
+
+
+class ConstraintLoad(msgspec.Struct, kw_only=True):
+    contended_ttft_p50_ms: float | None  # the main key's, while the probes were sent
+    chats: int
+    chat_failures: int
+    probes: int  # the limited key's requests carrying a probe's constraint
+    refused_naming_field: int  # of those, a 4xx naming the field and a MAX_ setting
+    server_errors: int
+
+
+async def _prober(
+    client: Context,
+    prompt: str,
+    encoded: list[tuple[str, bytes]],
+    stop: asyncio.Event,
+    tally: dict[str, int],
+) -> None:
+    turn = 0
+    while not stop.is_set():
+        name, body = encoded[turn % len(encoded)]
+        turn += 1
+        async with client.session.post(
+            client.base_url + "/v1/completions", data=body, headers=client.headers()
+        ) as r:
+            text = (await r.read()).decode(errors="replace")
+        tally["probes"] += 1
+        tally["server_errors"] += r.status >= 500
+        named = f"structured_outputs.{name}" in text and "MAX_" in text
+        tally["refused"] += r.status in (400, 422) and named
+
+
+async def measure_constraint_load(
+    main: Context,
+    limited: Context,
+    *,
+    askers: int,
+    chats: Callable[[], Awaitable[list[float | None]]],
+    p50: Callable[[list[float | None]], float | None],
+    prompt: str,
+) -> ConstraintLoad:
+    """`chats()` measures the main key's chats; the probes run until they are done."""
+    encoded = [
+        (
+            name,
+            msgspec.json.encode(
+                {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}}
+            ),
+        )
+        for name, value in _probes()
+    ]
+    stop, tally = asyncio.Event(), {"probes": 0, "refused": 0, "server_errors": 0}
+    probing = [
+        asyncio.create_task(_prober(limited, prompt, encoded, stop, tally)) for _ in range(askers)
+    ]
+    try:
+        contended = await chats()
+    finally:
+        stop.set()
+        await asyncio.gather(*probing)
+    return ConstraintLoad(
+        contended_ttft_p50_ms=p50(contended),
+        chats=len(contended),
+        chat_failures=sum(v is None for v in contended),
+        probes=tally["probes"],
+        refused_naming_field=tally["refused"],
+        server_errors=tally["server_errors"],
+    )
 
 
 class Amplification(msgspec.Struct, kw_only=True):
@@ -70,12 +152,14 @@ class _Tally:
         self.running = asyncio.Event()  # a largest ask has finished: they are in the engine
 
 
-async def _chat_ttft(client: Client, prompt: str, tokens: int) -> float | None:
+async def _chat_ttft(client: Context, prompt: str, tokens: int) -> float | None:
     """The first streamed text's delay in ms; None when the chat did not stream text."""
     body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
     sent = perf_counter()
     async with client.session.post(
-        client.base_url + "/v1/completions", data=msgspec.json.encode(body), headers=client.headers
+        client.base_url + "/v1/completions",
+        data=msgspec.json.encode(body),
+        headers=client.headers(),
     ) as r:
         if r.status != 200:
             await r.read()
@@ -103,7 +187,7 @@ def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, di
 
 
 async def _asker(
-    client: Client,
+    client: Context,
     prompt: str,
     sequences: int,
     tokens: int,
@@ -118,7 +202,7 @@ async def _asker(
         over = turn % 3 == 1  # every third ask is one too many: n and num_beams by turns
         path, body = _ask(prompt, sequences + over, tokens, beams=turn % 2 == 0)
         async with client.session.post(
-            client.base_url + path, data=msgspec.json.encode(body), headers=client.headers
+            client.base_url + path, data=msgspec.json.encode(body), headers=client.headers()
         ) as r:
             text = (await r.read()).decode(errors="replace")
         if r.status >= 500:
@@ -137,7 +221,7 @@ async def _asker(
             await asyncio.sleep(_RATE_LIMITED_PAUSE_S)
 
 
-async def _chats(client: Client, prompt: str, count: int, tokens: int) -> list[float | None]:
+async def _chats(client: Context, prompt: str, count: int, tokens: int) -> list[float | None]:
     return [await _chat_ttft(client, prompt, tokens) for _ in range(count)]
 
 
@@ -147,9 +231,8 @@ def _p50(values: list[float | None]) -> float | None:
 
 
 async def measure_amplification(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    keys: tuple[str, str],
+    main: Context,
+    limited: Context,
     *,
     limits: str,
     chats: int,
@@ -158,8 +241,6 @@ async def measure_amplification(
     askers: int,
     prompt: str,
 ) -> Amplification:
-    main = Client(session, base_url, keys[0], "main")
-    limited = Client(session, base_url, keys[1], "limited")
     sequences = concurrent_limit(limits)
     idle = await _chats(main, prompt, chats, chat_tokens)
     stop, tally = asyncio.Event(), _Tally()
