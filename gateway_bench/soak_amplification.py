@@ -14,18 +14,26 @@ amplifier key sends, back to back at its concurrent limit, the hostile probe's o
 constraints: a regex of 50,000 alternated words, a JSON schema of 10,000 string properties and
 one of a 100,000-value enum (each `structured_outputs` on `/v1/completions`). Each must be
 refused at once, naming the field and the limit (MAX_REGEX_CHARS, MAX_SCHEMA_BYTES...), and
-leave the engine to the others.
+leave the engine to the others. The probing clients run in a process of their own at the lowest
+CPU priority (nice 19): building and sending megabyte bodies is the attacker's own work, on its
+own machine in the world; on a 2-core loopback run, at equal priority, it took a core from the
+engine and doubled the other key's TTFT by itself (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
 import re
 import statistics
 from collections.abc import Awaitable, Callable
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event as EventType
 from time import perf_counter
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from gateway_bench.worker import Context, sse_reads
@@ -52,25 +60,70 @@ class ConstraintLoad(msgspec.Struct, kw_only=True):
     server_errors: int
 
 
+class _ProbeTally(msgspec.Struct):
+    probes: int = 0
+    refused: int = 0
+    server_errors: int = 0
+
+
 async def _prober(
-    client: Context,
-    prompt: str,
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
     encoded: list[tuple[str, bytes]],
-    stop: asyncio.Event,
-    tally: dict[str, int],
+    stop: EventType,
+    started: EventType,
+    tally: _ProbeTally,
 ) -> None:
     turn = 0
     while not stop.is_set():
         name, body = encoded[turn % len(encoded)]
         turn += 1
-        async with client.session.post(
-            client.base_url + "/v1/completions", data=body, headers=client.headers()
-        ) as r:
+        async with session.post(url, data=body, headers=headers) as r:
             text = (await r.read()).decode(errors="replace")
-        tally["probes"] += 1
-        tally["server_errors"] += r.status >= 500
+        started.set()
+        tally.probes += 1
+        tally.server_errors += r.status >= 500
         named = f"structured_outputs.{name}" in text and "MAX_" in text
-        tally["refused"] += r.status in (400, 422) and named
+        tally.refused += r.status in (400, 422) and named
+
+
+async def _probe(
+    url: str, headers: dict[str, str], prompt: str, askers: int, stop: EventType, started: EventType
+) -> _ProbeTally:
+    encoded = [
+        (
+            name,
+            msgspec.json.encode(
+                {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}}
+            ),
+        )
+        for name, value in _probes()
+    ]
+    tally = _ProbeTally()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        await asyncio.gather(
+            *(_prober(session, url, headers, encoded, stop, started, tally) for _ in range(askers))
+        )
+    return tally
+
+
+def _probe_process(
+    url: str,
+    headers: dict[str, str],
+    prompt: str,
+    askers: int,
+    stop: EventType,
+    started: EventType,
+    results: Queue[bytes],
+) -> None:
+    """The probing key's clients, in a process of their own at the lowest CPU priority: a
+    hostile caller's own work (building and sending megabyte bodies) is its machine's, not the
+    server's, and on a 2-core loopback run it would otherwise take a core from the engine."""
+    os.nice(19)
+    results.put(
+        msgspec.json.encode(asyncio.run(_probe(url, headers, prompt, askers, stop, started)))
+    )
 
 
 async def measure_constraint_load(
@@ -82,32 +135,33 @@ async def measure_constraint_load(
     p50: Callable[[list[float | None]], float | None],
     prompt: str,
 ) -> ConstraintLoad:
-    """`chats()` measures the main key's chats; the probes run until they are done."""
-    encoded = [
-        (
-            name,
-            msgspec.json.encode(
-                {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}}
-            ),
-        )
-        for name, value in _probes()
-    ]
-    stop, tally = asyncio.Event(), {"probes": 0, "refused": 0, "server_errors": 0}
-    probing = [
-        asyncio.create_task(_prober(limited, prompt, encoded, stop, tally)) for _ in range(askers)
-    ]
+    """`chats()` measures the main key's chats once the probes are coming; the probes run until
+    the chats are done."""
+    spawn = multiprocessing.get_context("spawn")
+    stop, started, results = spawn.Event(), spawn.Event(), spawn.Queue()
+    url = limited.base_url + "/v1/completions"
+    process = spawn.Process(
+        target=_probe_process,
+        args=(url, limited.headers(), prompt, askers, stop, started, results),
+        daemon=True,
+    )
+    process.start()
+    loop = asyncio.get_running_loop()
     try:
+        await loop.run_in_executor(None, started.wait)
         contended = await chats()
     finally:
         stop.set()
-        await asyncio.gather(*probing)
+        raw = await loop.run_in_executor(None, results.get)
+        await loop.run_in_executor(None, process.join)
+    tally = msgspec.json.decode(raw, type=_ProbeTally)
     return ConstraintLoad(
         contended_ttft_p50_ms=p50(contended),
         chats=len(contended),
         chat_failures=sum(v is None for v in contended),
-        probes=tally["probes"],
-        refused_naming_field=tally["refused"],
-        server_errors=tally["server_errors"],
+        probes=tally.probes,
+        refused_naming_field=tally.refused,
+        server_errors=tally.server_errors,
     )
 
 
