@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.http.openapi import TEXT, Op
 from gateway.state import gateway_of
 
 
@@ -16,3 +17,4 @@ async def metrics(request: Request) -> Response:
 
 
 routes = [Route("/metrics", metrics, methods=["GET"])]
+operations = [Op("get", "/metrics", "Prometheus metrics", None, {"text/plain": TEXT}, None, ())]

@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
+from gateway.http.openapi import TEXT, Op
+
 STATIC = Path(__file__).resolve().parent.parent / "static"
 ASSETS = {  # the only files served: name -> media type
     "playground.js": "text/javascript; charset=utf-8",
@@ -42,3 +44,15 @@ async def asset(request: Request) -> Response:
 
 
 routes = [Route("/ui", page, methods=["GET"]), Route("/ui/{name}", asset, methods=["GET"])]
+operations = [
+    Op("get", "/ui", "The chat playground", None, {"text/html": TEXT}, None, ()),
+    Op(
+        "get",
+        "/ui/{name}",
+        "A playground asset",
+        None,
+        {"text/javascript": TEXT, "text/css": TEXT},
+        None,
+        (404,),
+    ),
+]
