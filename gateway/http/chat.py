@@ -107,8 +107,8 @@ async def prepare(
 def refusal(head: list[Step]) -> Whole | None:
     """A prompt that failed before anything streamed keeps its status."""
     failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
-    streamed = any(isinstance(e, Delta) for step in head for e in step)
-    return error_answer(failed.error()) if failed is not None and not streamed else None
+    began = any(isinstance(e, Delta) for step in head for e in step)
+    return error_answer(failed.error()) if failed is not None and not began else None
 
 
 async def _chunks(
