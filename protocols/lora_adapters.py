@@ -4,7 +4,14 @@ error object."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
+
+# vLLM's clients may send an adapter's id; names are what count here, so it is only held to
+# 64 bits, as every number a decoder reads is held to its bounds.
+LoraId = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class LoadLoraAdapter(msgspec.Struct, forbid_unknown_fields=True):
@@ -14,7 +21,7 @@ class LoadLoraAdapter(msgspec.Struct, forbid_unknown_fields=True):
 
 class UnloadLoraAdapter(msgspec.Struct, forbid_unknown_fields=True):
     lora_name: str
-    lora_int_id: int | None = None  # vLLM's clients may send it; names are what count here
+    lora_int_id: LoraId | None = None
 
 
 def loaded(name: str) -> str:
