@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.container import main as container
 
         return container(argv[1:])
-    if argv[:1] == ["bench"]:  # its own package and options: see gateway_bench/options.py
+    if argv[:1] == ["bench"]:  # its own package, a subcommand per scenario: gateway_bench/
         try:
             from gateway_bench import main as bench
         except ModuleNotFoundError as e:  # the bench extra is not installed

@@ -1,20 +1,24 @@
-"""`llm-gateway bench`: load generator and report, from the in-process ceiling to every protocol.
+"""`llm-gateway bench`: load generators and reports, from the in-process ceiling to every protocol.
 
 A package beside the gateway, not part of it: it drives the gateway from outside (HTTP and
 WebSockets), vLLM directly, and vLLM's own server. See docs/BENCHMARKS.md. `main(argv)` is
-the command line (`llm-gateway bench`, `python -m gateway_bench`); `run_benchmark` the same
-run for callers that already hold an engine or a gateway (the test suite).
+the command line (`llm-gateway bench NAME`, `python -m gateway_bench NAME`), one subcommand
+per scenario; each scenario's `run_*` is the same run for callers that already hold an engine
+or a gateway (the test suite).
 
 Importing it fails with ModuleNotFoundError when the `bench` extra is not installed.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import importlib.util
 import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # The `bench` extra's packages (pyproject.toml), checked without importing them.
 EXTRA = ("aiohttp", "psutil", "tqdm", "matplotlib")
@@ -26,48 +30,46 @@ if _missing:
     )
 
 
-def _scenario(args: Sequence[str]) -> str:
-    """`--scenario NAME` (or `--scenario=NAME`) picks a scenario; the sweep is the default."""
-    for i, arg in enumerate(args):
-        if arg == "--scenario" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--scenario="):
-            return arg.partition("=")[2]
-    return "sweep"
+# The scenarios, each `llm-gateway bench NAME`: the module holding its `SCENARIO`.
+SCENARIOS = {
+    "sweep": "benchmark",
+    "soak": "soak",
+    "mixed": "mixed",
+    "constrained": "constrained",
+    "adapters": "adapters_bench",
+    "replicas": "replica_bench",
+    "cpu-settings": "cpu_settings",
+    "vllm-bench-serve": "vllm_bench_serve",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`llm-gateway bench [NAME] [flags]`: the scenario NAME (the sweep when none is named)."""
     # Before anything imports vLLM: its INFO lines would break the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from gateway_bench.benchmark import run_benchmark
     from gateway_bench.event_loop import run_loop
-    from gateway_bench.options import parse
-    from gateway_bench.report import markdown
+    from gateway_bench.options import Scenario
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if _scenario(args) == "soak":
-        from gateway_bench.soak import main as soak
-
-        return soak(args)
-    if _scenario(args) == "mixed":
-        from gateway_bench.mixed import main as mixed
-
-        return mixed(args)
-    if _scenario(args) == "constrained":
-        from gateway_bench.constrained import main as constrained
-
-        return constrained(args)
-    if _scenario(args) == "adapters":
-        from gateway_bench.adapters_bench import main as adapters
-
-        return adapters(args)
-    if _scenario(args) == "replicas":
-        from gateway_bench.replica_bench import main as replicas
-
-        return replicas(args)
-    options = parse(args)
+    parser = argparse.ArgumentParser(
+        prog="llm-gateway bench",
+        description="Benchmark the gateway, one scenario a subcommand (docs/BENCHMARKS.md); "
+        "without one, the sweep.",
+    )
+    subcommands = parser.add_subparsers(dest="scenario", metavar="{" + ",".join(SCENARIOS) + "}")
+    scenarios: dict[str, Scenario[Any]] = {}
+    for name, module in SCENARIOS.items():
+        scenario = importlib.import_module(f"gateway_bench.{module}").SCENARIO
+        sub = subcommands.add_parser(name, help=scenario.summary, description=scenario.summary)
+        scenario.fill(sub)
+        scenarios[name] = scenario
+    named = bool(args) and (args[0] in SCENARIOS or args[0] in ("-h", "--help"))
+    given = vars(parser.parse_args(args if named else ["sweep", *args]))
+    scenario = scenarios[given.pop("scenario")]
+    options = scenario.options_of(given, parser)
     command = shlex.join(["llm-gateway", "bench", *args])
-    result, out = run_loop(run_benchmark(options, command=command))
-    print(markdown(result, chart=None))
-    print(f"\nllm-gateway bench: report written to {out}/", file=sys.stderr)
-    return 0
+    text, out, ok = run_loop(scenario.run(options, command))
+    print(text)
+    if out is not None:
+        print(f"\nllm-gateway bench {scenario.name}: report written to {out}/", file=sys.stderr)
+    return 0 if ok else 1

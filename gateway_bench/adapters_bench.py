@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario adapters`: what a LoRA adapter costs (issue 33).
+"""`llm-gateway bench adapters`: what a LoRA adapter costs (issue 33).
 
 Two gateways (each its own server and engine, started for the run): one with LoRA on, serving
 an adapter (`--adapter`, a peft adapter directory; none given: the recipe's of
@@ -18,24 +18,17 @@ within its repeat. Goal (docs/BENCHMARKS.md): the adapter >= 0.7x the base at 32
 from __future__ import annotations
 
 import asyncio
-import shlex
-import statistics
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 
-from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
-from gateway_bench.constrained import Row, measure  # a Row's ratio: see _ratio_to
-from gateway_bench.mixed import default_model
+from gateway_bench.constrained import Row, VariantOptions, measure_variants, variants_markdown
+from gateway_bench.options import Scenario
 from gateway_bench.results import Machine, write_report
-from gateway_bench.scenario_options import TargetOptions, parse_options
-from gateway_bench.worker import pooled_connector
 
 ADAPTER = "bench-adapter"  # the adapter's name on the LoRA-on gateway
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -44,19 +37,13 @@ VARIANTS = (BASE_OFF, BASE_ON, ADAPTED)
 GOAL_AT, GOAL_RATIO = 32, 0.7
 
 
-class AdaptersOptions(TargetOptions, kw_only=True):
-    concurrency: list[int] = msgspec.field(default_factory=lambda: [1, 32])
-    rounds: int = 1
-    repeats: int = 3
-    output_tokens: int = 64
-    adapter: str = (
-        ""  # a peft adapter directory; "": the recipe's (gateway_bench/adapter_recipe.py)
-    )
+class AdaptersOptions(VariantOptions, frozen=True, kw_only=True):
+    adapter: str = ""  # a peft adapter directory; "": the recipe's (adapter_recipe.py)
     max_lora_rank: int = 16
     out: str = "docs/bench/adapters"
 
 
-QUICK = {"concurrency": [1, 2], "rounds": 1, "repeats": 1, "output_tokens": 4}
+QUICK = AdaptersOptions(concurrency=[1, 2], rounds=1, repeats=1, output_tokens=4, quick=True)
 
 
 class AdaptersReport(msgspec.Struct, kw_only=True):
@@ -65,10 +52,6 @@ class AdaptersReport(msgspec.Struct, kw_only=True):
     options: AdaptersOptions
     adapter: str
     rows: list[Row]
-
-
-def parse(argv: Sequence[str]) -> AdaptersOptions:
-    return parse_options("adapters", AdaptersOptions, QUICK, argv)
 
 
 def body(options: AdaptersOptions, model: str) -> dict[str, Any]:
@@ -100,41 +83,11 @@ def _ratio_to(variant: str) -> str | None:
 
 
 async def measure_all(options: AdaptersOptions, at: Targets) -> list[Row]:
-    timeout = aiohttp.ClientTimeout(total=None)
-    connector = pooled_connector()
-    rows: list[Row] = []
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        for variant in VARIANTS:  # warm: the adapter loaded, each engine's first step taken
-            url, model = at.of(variant)
-            await measure(session, url, body(options, model), 1, 1)
-        for clients in options.concurrency:
-            runs: dict[str, list[tuple[float, int, int]]] = {v: [] for v in VARIANTS}
-            ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for _ in range(options.repeats):
-                for variant in VARIANTS:
-                    url, model = at.of(variant)
-                    run = await measure(session, url, body(options, model), clients, options.rounds)
-                    print(
-                        f"adapters: {clients} clients, {variant}: {run[0]} tok/s", file=sys.stderr
-                    )
-                    runs[variant].append(run)
-                for variant in VARIANTS:
-                    other = _ratio_to(variant)
-                    if other is not None and runs[other][-1][0]:
-                        ratios[variant].append(runs[variant][-1][0] / runs[other][-1][0])
-            for variant in VARIANTS:
-                measured = runs[variant]
-                rows.append(
-                    Row(
-                        clients,
-                        variant,
-                        round(statistics.median(r[0] for r in measured), 1),
-                        sum(r[1] for r in measured),
-                        sum(r[2] for r in measured),
-                        round(statistics.median(ratios[variant]), 3) if ratios[variant] else None,
-                    )
-                )
-    return rows
+    def request(variant: str) -> tuple[str, dict[str, Any]]:
+        url, model = at.of(variant)
+        return url, body(options, model)
+
+    return await measure_variants(options, VARIANTS, request, _ratio_to)
 
 
 @asynccontextmanager
@@ -142,29 +95,14 @@ async def started_gateways(
     options: AdaptersOptions, adapter: Path, out: Path
 ) -> AsyncIterator[Targets]:
     """The LoRA-off and the LoRA-on gateway, both running for the run."""
-    model = options.model or await asyncio.to_thread(default_model)
-    dtype = machine.cpu_defaults(options.dtype).dtype
-    chosen = {"MODEL": model, "DTYPE": dtype, "ENFORCE_EAGER": options.enforce_eager}
-    settings = msgspec.convert({**chosen, "SEED": options.seed}, EngineSettings)
-    served = served_model_name(settings)
     lora = {"ADAPTERS": f"{ADAPTER}={adapter}", "MAX_LORA_RANK": str(options.max_lora_rank)}
-    urls: list[str] = []
     async with AsyncExitStack() as stack:
+        urls, served = [], ""
         for name, extra in (("lora-off", {}), ("lora-on", lora)):
-            port = targets.free_port()
-            env = targets.gateway_environment(settings) | extra
-            print(f"adapters: starting the {name} gateway on port {port}", file=sys.stderr)
-            endpoint = await stack.enter_async_context(
-                targets.server(
-                    targets.gateway_command(port),
-                    env,
-                    port,
-                    out / f"gateway-{name}.log",
-                    options.start_timeout,
-                    served,
-                )
-            )
+            started = targets.started_gateway(options, out, f"gateway-{name}", extra)
+            endpoint = await stack.enter_async_context(started)
             urls.append(endpoint.url)
+            served = endpoint.model
         yield Targets(urls[0], urls[1], served)
 
 
@@ -201,35 +139,34 @@ async def run_adapters(
 
 
 def markdown(report: AdaptersReport) -> str:
-    lines = [
-        "# LoRA adapters: tok/s of the adapter, and of the base with LoRA on and off",
-        "",
-        f"`{report.command}`",
-        "",
-        report.machine.summary,
-        "",
-        "| concurrency | variant | tok/s | ratio | tokens | failed |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in report.rows:
-        to = _ratio_to(row.variant)
-        ratio = "" if row.ratio is None or to is None else f"{row.ratio:.2f}x {to}"
-        lines.append(
-            f"| {row.concurrency} | {row.variant} | {row.tok_s} | {ratio} | {row.tokens} "
-            f"| {row.failed} |"
-        )
     goal = [r for r in report.rows if r.concurrency == GOAL_AT and r.variant == ADAPTED]
-    if goal:
-        met = all(r.ratio is not None and r.ratio >= GOAL_RATIO for r in goal)
-        verdict = "met" if met else "not met"
-        lines += ["", f"Goal: the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}: {verdict}."]
-    return "\n".join(lines) + "\n"
+    met = all(r.ratio is not None and r.ratio >= GOAL_RATIO for r in goal)
+    verdict = f"Goal: the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}: "
+    return variants_markdown(
+        "LoRA adapters: tok/s of the adapter, and of the base with LoRA on and off",
+        report.command,
+        report.machine,
+        report.rows,
+        "ratio",
+        lambda variant: f" {_ratio_to(variant)}",
+        verdict + ("met." if met else "not met.") if goal else "",
+    )
 
 
-def main(argv: Sequence[str]) -> int:
-    options = parse(argv)
-    command = shlex.join(["llm-gateway", "bench", *argv])
-    report, out = asyncio.run(run_adapters(options, command))
-    print(markdown(report))
-    print(f"\nllm-gateway bench: adapters report written to {out}/", file=sys.stderr)
-    return 0 if all(r.failed == 0 for r in report.rows) else 1
+async def _run(options: AdaptersOptions, command: str) -> tuple[str, Path, bool]:
+    report, out = await run_adapters(options, command)
+    return markdown(report), out, all(r.failed == 0 for r in report.rows)
+
+
+SCENARIO = Scenario(
+    "adapters",
+    "What a LoRA adapter costs (issue 33): its tok/s against the base model's, and the base "
+    "model's with LoRA on against off.",
+    AdaptersOptions,
+    QUICK,
+    _run,
+)
+
+
+def parse(argv: Sequence[str]) -> AdaptersOptions:
+    return SCENARIO.parse(argv)

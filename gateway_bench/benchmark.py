@@ -12,34 +12,22 @@ on with the next.
 from __future__ import annotations
 
 import asyncio
-import shlex
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
-import msgspec
 from tqdm import tqdm
 
 from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import chart, goals, machine, report, targets
-from gateway_bench.clients import (
-    GATEWAY_CLIENTS,
-    INPROCESS,
-    INPROCESS_LOGPROBS,
-    VLLM_SERVER,
-    VLLM_SERVER_CHAT,
-    VLLM_SERVER_DEFAULTS,
-    VLLM_SERVER_LOGPROBS,
-    Client,
-)
 from gateway_bench.connections import connection_scale
 from gateway_bench.continuation import continuation_bench
-from gateway_bench.options import BenchOptions
+from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.results import (
     BenchReport,
     ConnectionResult,
@@ -49,28 +37,102 @@ from gateway_bench.results import (
     TargetResult,
     WorkloadDescription,
 )
-from gateway_bench.runner import requests_per_step, sweep
+from gateway_bench.runner import (
+    GATEWAY_CLIENTS,
+    INPROCESS,
+    INPROCESS_LOGPROBS,
+    VLLM_SERVER,
+    VLLM_SERVER_CHAT,
+    VLLM_SERVER_DEFAULTS,
+    VLLM_SERVER_LOGPROBS,
+    Client,
+    requests_per_step,
+    sweep,
+)
 from gateway_bench.worker import Context, pooled_connector
 from gateway_bench.workload import Workload
+from protocols.names import Protocol
 
 if TYPE_CHECKING:
     from gateway.engine.adapter import Engine
 
 _FD_MARGIN = 1024
+# The gateway protocols the bench measures, by their protocols.names.Protocol value.
+PROTOCOL_NAMES: tuple[Protocol, ...] = tuple(Protocol(c.name) for c in GATEWAY_CLIENTS)
 
 
-def _model_dir(options: BenchOptions) -> str:
-    if options.model:
-        return options.model
-    from gateway.engine.default_model import prepare_default_model
+class BenchOptions(Options, frozen=True, kw_only=True):
+    # Workload
+    concurrency: tuple[Positive, ...] = (1, 8, 32, 64)
+    output_tokens: Positive = 64  # tokens generated per request
+    prompt_tokens: tuple[Positive, Positive] = (128, 128)
+    rounds: Positive = 2  # requests per step: max(rounds * concurrency, min_requests)
+    min_requests: Positive = 8
+    # Targets
+    ceiling: bool = True
+    vllm_server: bool = True
+    vllm_server_defaults: bool = True  # vLLM's server once more, with vLLM's own defaults
+    gateway: bool = True
+    protocols: tuple[Protocol, ...] = PROTOCOL_NAMES
+    gateway_url: str = ""  # measure this running gateway instead of starting one
+    gateway_pid: int | None = None  # its process, for the memory figure
+    vllm_url: str = ""  # measure this running vLLM server instead of starting one
+    # Continuation
+    continuation: bool = True
+    continuation_lengths: tuple[Positive, ...] = (512, 1024, 1536)
+    continuation_repetitions: Positive = 3
+    continuation_generated: Positive = 16
+    continuation_new_tokens: Positive = 4
+    # Connection scale
+    connections: bool = True
+    idle_connections: Positive = 1000
+    streams: Positive = 256
+    stream_tokens: Positive = 16
 
-    return str(prepare_default_model(progress=lambda message: tqdm.write(message)))
+
+QUICK = BenchOptions(
+    concurrency=(1, 4),
+    output_tokens=8,
+    prompt_tokens=(32, 32),
+    rounds=1,
+    min_requests=2,
+    continuation_lengths=(160, 288),
+    continuation_repetitions=1,
+    continuation_generated=8,
+    continuation_new_tokens=2,
+    idle_connections=16,
+    streams=8,
+    stream_tokens=4,
+    enforce_eager=True,
+    quick=True,
+)
+HELP = {
+    "concurrency": "comma-separated sweep",
+    "prompt_tokens": "prompt length N or range N-M",
+    "rounds": "requests per step = rounds x concurrency",
+    "min_requests": "at least this many requests per step",
+    "protocols": "gateway protocols",
+    "ceiling": "vLLM in-process",
+    "vllm_server": "vLLM's OpenAI server (all three variants)",
+    "vllm_server_defaults": "the variant of vLLM's server started with vLLM's own defaults",
+    "gateway_url": "measure this running gateway (e.g. http://10.0.0.5:8000)",
+    "gateway_pid": "the running gateway's pid, for memory per connection",
+    "vllm_url": "measure this running vLLM OpenAI server",
+    "continuation_lengths": "history tokens",
+    "idle_connections": "idle WebSockets held at once",
+    "streams": "concurrent short streams",
+    "stream_tokens": "tokens per stream",
+    "enforce_eager": "no torch.compile: engines start faster",
+}
 
 
-def _tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model)
+def _check(options: BenchOptions) -> str | None:
+    unknown = sorted(set(options.protocols) - set(PROTOCOL_NAMES))
+    if unknown:
+        return f"unknown protocol(s) {','.join(unknown)}; known: {','.join(PROTOCOL_NAMES)}"
+    if options.continuation and min(options.continuation_lengths) <= options.continuation_generated:
+        return "continuation lengths must exceed the generated tokens"
+    return None
 
 
 def _failed(protocol: Client, error: BaseException) -> TargetResult:
@@ -155,8 +217,7 @@ class _Run:
 
     def resolved(self) -> EngineSettings:
         """The engine settings with the dtype the gateway would choose here."""
-        settings = self.options.engine_settings()
-        return msgspec.structs.replace(settings, dtype=self.defaults.dtype)
+        return self.options.engine_settings(self.defaults.dtype)
 
     async def ceiling(self, engine: Engine | None, model: str) -> None:
         """vLLM's AsyncLLM used directly: the shared engine's when given (the test suite's),
@@ -225,13 +286,7 @@ class _Run:
         if o.gateway_url:
             yield targets.Endpoint(o.gateway_url.rstrip("/"), o.gateway_pid)
             return
-        port = targets.free_port()
-        env = targets.gateway_environment(o.engine_settings())  # it applies its CPU defaults
-        self.say(f"starting the gateway on port {port}")
-        command = targets.gateway_command(port)
-        async with targets.server(
-            command, env, port, out / "gateway.log", o.start_timeout
-        ) as endpoint:
+        async with targets.started_gateway(o, out) as endpoint:  # it applies its CPU defaults
             yield endpoint
 
     async def gateway(self, provided: targets.Endpoint | None, out: Path) -> None:
@@ -317,7 +372,7 @@ async def run_benchmark(
     `gateway` are used as they are when given (the test suite's), instead of starting them."""
     began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     host = await asyncio.to_thread(machine.describe, options.dtype)
-    out = Path(options.out_dir())
+    out = options.out_dir()
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     targets.raise_file_limit(options.idle_connections + options.streams + _FD_MARGIN)
     needs_model = (options.ceiling and engine is None) or (
@@ -325,9 +380,11 @@ async def run_benchmark(
     )
     needs_model = needs_model or (options.gateway and gateway is None and not options.gateway_url)
     needs_model = needs_model or engine is None  # the workload needs its tokenizer
-    model = await asyncio.to_thread(_model_dir, options) if needs_model else ""
+    model = await asyncio.to_thread(targets.model_dir, options) if needs_model else ""
     tokenizer = (
-        engine.tokenizer if engine is not None else await asyncio.to_thread(_tokenizer, model)
+        engine.tokenizer
+        if engine is not None
+        else await asyncio.to_thread(targets.tokenizer, model)
     )
     workload = Workload.from_tokenizer(
         tokenizer,
@@ -357,7 +414,7 @@ async def run_benchmark(
             run.bar.close()
     host.load_end = machine.load()
     result = BenchReport(
-        command=command or shlex.join(["llm-gateway", "bench"]),
+        command=command or "llm-gateway bench sweep",
         started_at=started_at,
         duration_s=round(perf_counter() - began, 1),
         quick=options.quick,
@@ -377,3 +434,25 @@ async def run_benchmark(
         tqdm.write(f"llm-gateway bench: no chart: {e}", file=sys.stderr)
     report.write(result, out, drawn)
     return result, out
+
+
+async def _run(options: BenchOptions, command: str) -> tuple[str, Path, bool]:
+    result, out = await run_benchmark(options, command=command)
+    return report.markdown(result, chart=None), out, True
+
+
+SCENARIO = Scenario(
+    "sweep",
+    "Load-test vLLM in-process, vLLM's OpenAI server and every streaming protocol of the "
+    "gateway on the same engine settings (and vLLM's server once more with its own defaults), "
+    "and write a report.",
+    BenchOptions,
+    QUICK,
+    _run,
+    HELP,
+    _check,
+)
+
+
+def parse(argv: Sequence[str]) -> BenchOptions:
+    return SCENARIO.parse(argv)

@@ -19,7 +19,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config.settings import EngineSettings
 from gateway.engine.adapter import engine_args
-from gateway_bench.metrics import BenchError, Record, start
+from gateway_bench.metrics import BenchError, Record
 from gateway_bench.workload import Request
 
 
@@ -46,7 +46,7 @@ async def start_llm(settings: EngineSettings, model: str, variables: Mapping[str
         return await asyncio.to_thread(AsyncLLM.from_engine_args, args)
 
 
-async def generate(llm: AsyncLLM, request: Request, logprobs: int | None) -> Record:
+async def generate(llm: AsyncLLM, request: Request, logprobs: int | None, record: Record) -> None:
     params = SamplingParams(
         max_tokens=request.max_new_tokens,
         temperature=0.0,
@@ -54,10 +54,9 @@ async def generate(llm: AsyncLLM, request: Request, logprobs: int | None) -> Rec
         logprobs=logprobs,
         output_kind=RequestOutputKind.DELTA,
     )
-    record = start()
     async for output in llm.generate(request.prompt, params, request.request_id):
         completion = output.outputs[0]
         if logprobs is not None and completion.token_ids and completion.logprobs is None:
             raise BenchError("logprobs were asked for and the engine returned none")
         record.counted(len(completion.token_ids), bool(completion.text))
-    return record.finish_counted()
+    record.finish_counted()

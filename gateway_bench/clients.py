@@ -1,10 +1,14 @@
-"""One async client function per target, and the table of clients the bench measures.
+"""One async client per protocol, used by every scenario.
 
-Adding a protocol is one function `(worker, request) -> Record` and one `Client` entry in
-`GATEWAY_CLIENTS`. A function sends one request, calls `record.arrive()` for each message
-that carries text and returns `record.finish(tokens)`; or, when the protocol says how many
-tokens each read carries, calls `record.counted(k, text)` per read and returns
-`record.finish_counted()`. It raises on any error.
+A client `(worker, request, record)` sends one request and fills `record` as the answer
+comes (metrics.Record): `arrive()` for each message that carries text, or `counted(k, text)`
+per read when the protocol says how many tokens each read carries; then one terminal per
+prompt: `finish(tokens)` (or `finish_counted()`), or `terminal(kind, message)` for an error
+(`rate_limited`, `refused` naming the field, or `error`). A non-200 answer is each prompt's
+terminal; an answer that ends without one is `cut`. It never raises for what the server
+answers, only for the connection (a closed WebSocket, a timeout): the soak counts every
+outcome, and `send` turns any failure into a `BenchError` for the scenarios that measure
+answers.
 
 The gateway's answers are decoded with the project's own wire types (`protocols/`), so the
 bench reads exactly what the gateway writes; the OpenAI routes, whose answers the bench sends
@@ -14,38 +18,55 @@ to vLLM's server and to the gateway alike, have small Structs here naming the fi
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import msgspec
 
-from gateway_bench.metrics import BenchError, Record, start
-from gateway_bench.results import TargetKind, TokenSource
-from gateway_bench.worker import JSON_HEADERS, Lines, Worker, receive, sse_reads
+from gateway_bench.metrics import (
+    ERROR,
+    RATE_LIMITED,
+    REFUSED,
+    BenchError,
+    Record,
+    kind_of_message,
+    kind_of_status,
+    start,
+)
+from gateway_bench.worker import Lines, Worker, receive, refused, sse_reads
 from gateway_bench.workload import Request
 from protocols import batch_events, control, lmi, tgi, ws_events
-from protocols.names import Protocol
 
+Call = Callable[[Worker, Request, Record], Awaitable[None]]
 _ENCODE = msgspec.json.encode
+
+
+async def send(call: Call, worker: Worker, request: Request) -> Record:
+    """`request` answered whole, every prompt finished with text; else a BenchError."""
+    record = start()
+    await call(worker, request, record)
+    if (failure := record.failure()) is not None:
+        raise BenchError(failure)
+    return record
 
 
 # --- vLLM in-process (the ceiling) ----------------------------------------------------------
 
 
-async def inprocess(worker: Worker, request: Request) -> Record:
+async def inprocess(worker: Worker, request: Request, record: Record) -> None:
     from gateway_bench.ceiling import generate  # imports vLLM: only when this target runs
 
-    return await generate(worker.llm, request, logprobs=None)
+    await generate(worker.llm, request, None, record)
 
 
-async def inprocess_logprobs(worker: Worker, request: Request) -> Record:
+async def inprocess_logprobs(worker: Worker, request: Request, record: Record) -> None:
     """The same, with the sampled token's log-probability computed for every token."""
     from gateway_bench.ceiling import generate
 
-    return await generate(worker.llm, request, logprobs=0)
+    await generate(worker.llm, request, 0, record)
 
 
-# --- OpenAI's routes, streamed: vLLM's server and the gateway -------------------------------
+# --- OpenAI's routes: vLLM's server and the gateway -------------------------------------------
 # The same request goes to both: these Structs name the fields the bench reads.
 
 
@@ -58,15 +79,17 @@ class _Delta(msgspec.Struct):
 
 
 class _Choice(msgspec.Struct):
-    """A completions choice (`text`) or a chat chunk's (`delta.content`)."""
+    """A completions choice (`text`) or a chat chunk's (`delta.content`, `message.content`)."""
 
     text: str = ""
     delta: _Delta = msgspec.field(default_factory=_Delta)
+    message: _Delta = msgspec.field(default_factory=_Delta)
     logprobs: Any = None
+    finish_reason: str | None = None
 
     @property
     def has_text(self) -> bool:
-        return bool(self.text or self.delta.content)
+        return bool(self.text or self.delta.content or self.message.content)
 
 
 class _Chunk(msgspec.Struct):
@@ -78,49 +101,27 @@ class _Chunk(msgspec.Struct):
 _CHUNK = msgspec.json.Decoder(_Chunk)
 
 
-def _model(worker: Worker) -> dict[str, Any]:
-    """vLLM's server is told its model's name; the gateway serves its one model unnamed."""
-    return {"model": worker.context.model} if worker.context.model else {}
+def _openai(worker: Worker, request: Request, stream: bool = True) -> dict[str, Any]:
+    """What every OpenAI request shares: greedy, every token generated, usage at the end.
+    vLLM's server is told its model's name; the gateway serves its one model unnamed."""
+    body: dict[str, Any] = {"model": worker.context.model} if worker.context.model else {}
+    body |= {"max_tokens": request.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return body
 
 
-def _streamed(worker: Worker, request: Request) -> dict[str, Any]:
-    """What both routes' requests share: greedy, every token generated, usage at the end."""
-    return {
-        **_model(worker),
-        "max_tokens": request.max_new_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def _error_text(error: Any) -> str:
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
 
 
-async def vllm_completions(worker: Worker, request: Request) -> Record:
-    return await _completions(worker, request, logprobs=None)
-
-
-async def vllm_completions_logprobs(worker: Worker, request: Request) -> Record:
-    """The same, with the sampled token's log-probability for every token."""
-    return await _completions(worker, request, logprobs=0)
-
-
-async def _completions(worker: Worker, request: Request, logprobs: int | None) -> Record:
-    body = {**_streamed(worker, request), "prompt": request.prompt}
-    if logprobs is not None:
-        body["logprobs"] = logprobs
-    return await _openai_stream(worker, "/v1/completions", body, logprobs is not None)
-
-
-async def chat_completions(worker: Worker, request: Request) -> Record:
-    """Streaming /v1/chat/completions, the prompt as one user message: the very same request
-    to vLLM's server and to the gateway."""
-    body = {**_streamed(worker, request), "messages": [{"role": "user", "content": request.prompt}]}
-    return await _openai_stream(worker, "/v1/chat/completions", body, False)
-
-
-async def _openai_stream(worker: Worker, path: str, body: dict[str, Any], logprobs: bool) -> Record:
-    record, tokens = start(), None
-    async with worker.post(path, body) as r:
+async def _openai_stream(
+    worker: Worker, path: str, body: dict[str, Any], record: Record, logprobs: bool = False
+) -> None:
+    tokens, finished = None, False
+    async with worker.post(path, body, record) as r:
+        if await refused(r, record):
+            return
         async for payloads in sse_reads(r):
             text = False
             for payload in payloads:
@@ -128,36 +129,81 @@ async def _openai_stream(worker: Worker, path: str, body: dict[str, Any], logpro
                     continue
                 chunk = _CHUNK.decode(payload)
                 if chunk.error is not None:
-                    raise BenchError(f"error event: {chunk.error}")
+                    message = _error_text(chunk.error)
+                    record.terminal(kind_of_message(message), message)
                 text = text or any(c.has_text for c in chunk.choices)
                 if logprobs and any(c.has_text and c.logprobs is None for c in chunk.choices):
-                    raise BenchError("logprobs were asked for and none came")
+                    record.terminal(ERROR, "logprobs were asked for and none came")
+                finished = finished or any(c.finish_reason for c in chunk.choices)
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             if text:
                 record.arrive()
-    if tokens is None:
-        raise BenchError("the stream ended without usage")
-    return record.finish(tokens)
+    if record.terminals:
+        return
+    if not finished:
+        record.cut = True
+    elif tokens is None:
+        record.terminal(ERROR, "the stream ended without usage")
+    else:
+        record.finish(tokens)
 
 
-# --- The gateway ------------------------------------------------------------------------------
+async def completions(worker: Worker, request: Request, record: Record) -> None:
+    """Streaming /v1/completions."""
+    body = {**_openai(worker, request), "prompt": request.prompt}
+    await _openai_stream(worker, "/v1/completions", body, record)
+
+
+async def completions_logprobs(worker: Worker, request: Request, record: Record) -> None:
+    """The same, with the sampled token's log-probability for every token."""
+    body = {**_openai(worker, request), "prompt": request.prompt, "logprobs": 0}
+    await _openai_stream(worker, "/v1/completions", body, record, logprobs=True)
+
+
+def _messages(request: Request) -> list[dict[str, str]]:
+    return [{"role": "user", "content": request.prompt}]
+
+
+async def chat_completions(worker: Worker, request: Request, record: Record) -> None:
+    """Streaming /v1/chat/completions, the prompt as one user message: the very same request
+    to vLLM's server and to the gateway."""
+    body = {**_openai(worker, request), "messages": _messages(request)}
+    await _openai_stream(worker, "/v1/chat/completions", body, record)
+
+
+async def chat_whole(worker: Worker, request: Request, record: Record) -> None:
+    """/v1/chat/completions, not streamed: each choice's finish_reason is its end."""
+    body = {**_openai(worker, request, stream=False), "messages": _messages(request)}
+    async with worker.post("/v1/chat/completions", body, record) as r:
+        if await refused(r, record):
+            return
+        answer = _CHUNK.decode(await r.read())
+    record.arrive()
+    for choice in answer.choices:
+        if choice.finish_reason:
+            record.finish(answer.usage.completion_tokens if answer.usage else 0)
+        else:
+            record.terminal(ERROR, "a choice without its end")
+
+
+# --- The gateway's WebSockets -----------------------------------------------------------------
 
 
 def _generation_config(request: Request) -> dict[str, Any]:
     return {"max_new_tokens": request.max_new_tokens, "do_sample": False, "ignore_eos": True}
 
 
-async def ws_batch(worker: Worker, request: Request) -> Record:
+async def ws_batch(worker: Worker, request: Request, record: Record) -> None:
     """WS `/ws`: one prompt per payload; PROGRESS carries text, COMPLETE the token count."""
     ws = await worker.websocket("/ws")
     payload = {
         "prompts": [{"request_id": request.request_id, "prompt": request.prompt}],
         "generation_config": _generation_config(request),
     }
-    record, received = start(), 0
+    received = 0
     await ws.send_bytes(_ENCODE(payload))
-    while True:
+    while not record.terminals:
         for event in batch_events.decode_frame(await receive(ws)):
             if isinstance(event, batch_events.Progress):
                 if event.text:
@@ -167,75 +213,12 @@ async def ws_batch(worker: Worker, request: Request) -> Record:
                 if len(event.text) > received:  # the last step's text came with COMPLETE
                     record.arrive()
                 record.text = event.text
-                return record.finish(event.new_tokens_count)
+                record.finish(event.new_tokens_count)
             elif isinstance(event, batch_events.ErrorEvent):
-                raise BenchError(f"ERROR event: {event.error}")
+                record.terminal(kind_of_message(event.error), event.error)
 
 
-async def generate_one(worker: Worker, request: Request) -> Record:
-    """POST `/api/generate-one`: streamed text/plain, one chunk per engine step."""
-    body = {
-        "request_id": request.request_id,
-        "prompt": request.prompt,
-        "generation_config": _generation_config(request),
-    }
-    record = start()
-    async with worker.post("/api/generate-one", body) as r:
-        async for data in r.content.iter_any():
-            if data:
-                record.arrive()
-    # The plain-text answer says nothing about tokens; ignore_eos makes it max_new_tokens.
-    return record.finish(request.max_new_tokens)
-
-
-def _control_parameters(request: Request) -> dict[str, Any]:
-    return {"max_tokens": request.max_new_tokens, "temperature": 0, "ignore_eos": True}
-
-
-async def control_ws(worker: Worker, request: Request) -> Record:
-    """WS `/generate`: one `config` per generation, `token` messages, then `completion`."""
-    ws = await worker.websocket("/generate")
-    config = {
-        "type": "config",
-        "prompt": request.prompt,
-        "parameters": _control_parameters(request),
-    }
-    record = start()
-    await ws.send_bytes(_ENCODE(config))
-    while True:
-        message = control.decode_server(await receive(ws))
-        if isinstance(message, control.Token):
-            if message.token:
-                record.arrive()
-        elif isinstance(message, control.Completion):
-            return record.finish(message.usage.completion_tokens)
-        elif isinstance(message, control.Error):
-            raise BenchError(f"{message.error}: {message.message}")
-
-
-async def v1_generate(worker: Worker, request: Request) -> Record:
-    """POST `/v1/generate` with `stream: true`: the control messages as server-sent events."""
-    body = {"prompt": request.prompt, "stream": True, **_control_parameters(request)}
-    record = start()
-    async with worker.post("/v1/generate", body) as r:
-        async for payloads in sse_reads(r):
-            text = False
-            for payload in payloads:
-                message = control.decode_server(payload)
-                if isinstance(message, control.Token):
-                    text = text or bool(message.token)
-                elif isinstance(message, control.Completion):
-                    if text:
-                        record.arrive()
-                    return record.finish(message.usage.completion_tokens)
-                elif isinstance(message, control.Error):
-                    raise BenchError(f"{message.error}: {message.message}")
-            if text:
-                record.arrive()
-    raise BenchError("the stream ended without a completion")
-
-
-async def ws_events_stream(worker: Worker, request: Request) -> Record:
+async def ws_events_stream(worker: Worker, request: Request, record: Record) -> None:
     """WS `/ws/events`: START in; START echo, PROGRESS, COMPLETE out."""
     ws = await worker.websocket("/ws/events")
     start_event = {
@@ -244,9 +227,9 @@ async def ws_events_stream(worker: Worker, request: Request) -> Record:
         "data": request.prompt,
         "parameters": _generation_config(request),
     }
-    record, received = start(), 0
+    received = 0
     await ws.send_bytes(_ENCODE([start_event]))
-    while True:
+    while not record.terminals:
         for event in ws_events.decode_frame(await receive(ws)):
             if isinstance(event, ws_events.Progress):
                 if event.data:
@@ -256,9 +239,94 @@ async def ws_events_stream(worker: Worker, request: Request) -> Record:
                 if len(event.data) > received:
                     record.arrive()
                 # COMPLETE carries no token count; ignore_eos makes it max_new_tokens.
-                return record.finish(request.max_new_tokens)
+                record.finish(request.max_new_tokens)
             elif isinstance(event, ws_events.Error):
-                raise BenchError(f"ERROR event: {event.data}")
+                record.terminal(kind_of_message(event.data), event.data)
+
+
+def _control_parameters(request: Request) -> dict[str, Any]:
+    return {"max_tokens": request.max_new_tokens, "temperature": 0, "ignore_eos": True}
+
+
+def _control(message: control.ServerMessage, record: Record) -> bool:
+    """One control message read: whether it carried text."""
+    if isinstance(message, control.Completion):
+        record.finish(message.usage.completion_tokens)
+    elif isinstance(message, control.Error):
+        kind = RATE_LIMITED if message.error == "rate_limited" else None
+        record.terminal(kind or kind_of_message(message.message), message.message)
+    return isinstance(message, control.Token) and bool(message.token)
+
+
+async def control_ws(worker: Worker, request: Request, record: Record) -> None:
+    """WS `/generate`: one `config` per generation, `token` messages, then `completion`."""
+    ws = await worker.websocket("/generate")
+    config = {"type": "config", "prompt": request.prompt}
+    await ws.send_bytes(_ENCODE({**config, "parameters": _control_parameters(request)}))
+    while not record.terminals:
+        if _control(control.decode_server(await receive(ws)), record):
+            record.arrive()
+
+
+# --- The gateway's HTTP routes ----------------------------------------------------------------
+
+
+async def v1_generate(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/v1/generate` with `stream: true`: the control messages as server-sent events."""
+    body = {"prompt": request.prompt, "stream": True, **_control_parameters(request)}
+    async with worker.post("/v1/generate", body, record) as r:
+        if await refused(r, record):
+            return
+        async for payloads in sse_reads(r):
+            text = False
+            for payload in payloads:
+                text = _control(control.decode_server(payload), record) or text
+            if text:
+                record.arrive()
+            if record.terminals:
+                return
+    record.cut = True
+
+
+async def generate_one(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/api/generate-one`: streamed text/plain, one chunk per engine step; a clean end of
+    the body is the prompt's end."""
+    body = {
+        "request_id": request.request_id,
+        "prompt": request.prompt,
+        "generation_config": _generation_config(request),
+    }
+    async with worker.post("/api/generate-one", body, record) as r:
+        if await refused(r, record):
+            return
+        try:
+            async for data in r.content.iter_any():
+                if data:
+                    record.arrive()
+        except aiohttp.ClientPayloadError:  # the route's way to end a failed stream: a cut
+            record.cut = True
+            return
+    # The plain-text answer says nothing about tokens; ignore_eos makes it max_new_tokens.
+    record.finish(request.max_new_tokens)
+
+
+async def generate_batch(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/api/generate-batch`: two prompts in one payload, answered as one JSON array."""
+    record.prompts = 2
+    ids = [f"{request.request_id}-{i}" for i in range(2)]
+    prompts = [{"request_id": i, "prompt": request.prompt} for i in ids]
+    body = {"prompts": prompts, "generation_config": _generation_config(request)}
+    async with worker.post("/api/generate-batch", body, record) as r:
+        if await refused(r, record):
+            return
+        answers = msgspec.json.decode(await r.read(), type=list[dict[str, Any]])
+    record.arrive()
+    for answer in answers:
+        error = answer.get("error")
+        if isinstance(error, str):
+            record.terminal(kind_of_message(error), error)
+        else:
+            record.finish(request.max_new_tokens)
 
 
 _LMI_LINE = msgspec.json.Decoder(lmi.Line)
@@ -274,20 +342,26 @@ def _lmi_failed(line: lmi.Line) -> bool:
     return isinstance(token, dict) and (token.get("id", 0) < 0 or "error_msg" in token)
 
 
-async def invocations(worker: Worker, request: Request) -> Record:
-    """POST `/invocations`, jsonlines: one line per token, so each read's count is exact."""
-    body = {
-        "inputs": request.prompt,
-        "parameters": {
-            "max_new_tokens": request.max_new_tokens,
-            "do_sample": False,
-            "ignore_eos_token": True,
-        },
-        "stream": True,
-    }
-    headers = {**JSON_HEADERS, "Accept": "application/jsonlines"}
-    record, lines = start(), Lines()
-    async with worker.post("/invocations", body, headers) as r:
+def _lmi_body(request: Request, stream: bool) -> dict[str, Any]:
+    parameters = {"max_new_tokens": request.max_new_tokens, "ignore_eos_token": True}
+    if stream:
+        return {
+            "inputs": request.prompt,
+            "parameters": {**parameters, "do_sample": False},
+            "stream": True,
+        }
+    return {"inputs": request.prompt, "parameters": parameters}
+
+
+async def invocations(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/invocations`, jsonlines: one line per token, so each read's count is exact; the
+    last line carries `generated_text` (or the error)."""
+    headers = {"Accept": "application/jsonlines"}
+    ended = False
+    async with worker.post("/invocations", _lmi_body(request, True), record, headers) as r:
+        if await refused(r, record):
+            return
+        lines = Lines()
         async for data in r.content.iter_any():
             text, tokens = False, 0
             for raw in lines.feed(data):
@@ -295,198 +369,87 @@ async def invocations(worker: Worker, request: Request) -> Record:
                     continue
                 line = _LMI_LINE.decode(raw)
                 if _lmi_failed(line):
-                    raise BenchError(f"LMI error line: {raw[:300]!r}")
+                    record.terminal(ERROR, f"LMI error line: {raw[:300].decode(errors='replace')}")
+                    return
                 token = line.token  # `Any` in protocols.lmi: an LMI or a TGI-compatible token
                 if isinstance(token, dict):
                     tokens += 1
                     text = text or bool(token.get("text"))
+                ended = ended or isinstance(line.generated_text, str)
             record.counted(tokens, text)
-    return record.finish_counted()
+    if ended:
+        record.finish_counted()
+    else:
+        record.cut = True
+
+
+class _ModelError(msgspec.Struct):
+    OriginalStatusCode: int
+    OriginalMessage: str
+
+
+async def sagemaker(worker: Worker, request: Request, record: Record) -> None:
+    """InvokeEndpoint: a whole LMI answer, or a 424 ModelError carrying the LMI status."""
+    path = "/endpoints/soak/invocations"
+    async with worker.post(path, _lmi_body(request, False), record) as r:
+        raw = await r.read()
+    if r.status == 424:
+        error = msgspec.json.decode(raw, type=_ModelError)
+        message = f"ModelError {error.OriginalStatusCode}: {error.OriginalMessage}"
+        record.terminal(kind_of_status(error.OriginalStatusCode, message), message)
+    elif r.status != 200:
+        text = raw.decode(errors="replace")
+        record.terminal(kind_of_status(r.status, text), f"HTTP {r.status}: {text[:300]}")
+    else:
+        record.arrive()
+        record.finish(request.max_new_tokens)
 
 
 _TGI_EVENT = msgspec.json.Decoder(tgi.StreamResponse)
 _TGI_ERROR = msgspec.json.Decoder(tgi.ErrorResponse)
 
 
-def _tgi_event(payload: bytes) -> tgi.StreamResponse:
-    try:
-        return _TGI_EVENT.decode(payload)
-    except msgspec.ValidationError:
-        # A failure inside the stream is one event carrying TGI's error body instead.
-        error = _TGI_ERROR.decode(payload)
-        raise BenchError(f"TGI error event ({error.error_type}): {error.error}") from None
-
-
-async def tgi_stream(worker: Worker, request: Request) -> Record:
-    """POST `/generate_stream` (TGI): one SSE event per token. TGI has no ignore_eos; the
-    gateway's `ignore_eos_token` extension (the one vLLM's own benchmark client sends) fixes
-    the length, and the tokens are counted from the stream."""
+def _tgi_body(request: Request) -> dict[str, Any]:
+    """TGI has no ignore_eos: the gateway's `ignore_eos_token` extension (the one vLLM's own
+    benchmark client sends) fixes the length."""
     parameters = {"max_new_tokens": request.max_new_tokens, "ignore_eos_token": True}
-    body = {"inputs": request.prompt, "parameters": parameters}
-    record = start()
-    async with worker.post("/generate_stream", body) as r:
+    return {"inputs": request.prompt, "parameters": parameters}
+
+
+async def tgi_stream(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/generate_stream` (TGI): one SSE event per token, 200 whatever happens; the last
+    event has `generated_text`, or is the error."""
+    ended = False
+    async with worker.post("/generate_stream", _tgi_body(request), record) as r:
+        if await refused(r, record):
+            return
         async for payloads in sse_reads(r):
             text, tokens = False, 0
             for payload in payloads:
-                event = _tgi_event(payload)
+                try:
+                    event = _TGI_EVENT.decode(payload)
+                except msgspec.ValidationError:  # a failure: one event with TGI's error body
+                    error = _TGI_ERROR.decode(payload)
+                    validation = error.error_type == "validation"
+                    record.terminal(
+                        REFUSED if validation else kind_of_message(error.error), error.error
+                    )
+                    return
                 tokens += 1
                 text = text or bool(event.token.text)
+                ended = ended or event.generated_text is not None
             record.counted(tokens, text)
-    return record.finish_counted()
+    if ended:
+        record.finish_counted()
+    else:
+        record.cut = True
 
 
-# --- The table ------------------------------------------------------------------------------
-
-Call = Callable[[Worker, Request], Awaitable[Record]]
-
-
-@dataclass(frozen=True)
-class Client:
-    """One measured target: how to send it a request, and how to report it."""
-
-    name: str  # CLI and JSON name: a gateway protocol's `protocols.names.Protocol` value
-    label: str  # table label
-    call: Call
-    kind: TargetKind
-    tokens: TokenSource
-    websocket: str | None = None  # a worker opens this path before the measurement
-    notes: str = ""
-    # Every token on the wire carries its log-probability, which the engine must compute.
-    logprobs: bool = False
-    compared_with: TargetKind = "vllm-server"  # the vLLM server target on the same route
-
-
-INPROCESS = Client(
-    "ceiling",
-    "vLLM in-process",
-    inprocess,
-    "ceiling",
-    "counted",
-    notes="vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
-    "settings (dtype, environment); exact token counts",
-)
-INPROCESS_LOGPROBS = Client(
-    "ceiling-logprobs",
-    "vLLM in-process, logprobs=0",
-    inprocess_logprobs,
-    "ceiling-logprobs",
-    "counted",
-    notes="as the ceiling, with logprobs=0: the reference for protocols that send every "
-    "token's log-probability",
-)
-VLLM_SERVER = Client(
-    "vllm-server",
-    "vLLM OpenAI server",
-    vllm_completions,
-    "vllm-server",
-    "reported",
-    notes="streaming /v1/completions, ignore_eos; tokens from usage (stream_options); the "
-    "gateway's CPU settings (--dtype, environment)",
-)
-VLLM_SERVER_LOGPROBS = Client(
-    "vllm-server-logprobs",
-    "vLLM OpenAI server, logprobs=0",
-    vllm_completions_logprobs,
-    "vllm-server-logprobs",
-    "reported",
-    notes="as vLLM's server, with logprobs: 0 (each token's log-probability)",
-)
-VLLM_SERVER_DEFAULTS = Client(
-    "vllm-server-defaults",
-    "vLLM OpenAI server, its defaults",
-    vllm_completions,
-    "vllm-server-defaults",
-    "reported",
-    notes="as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment",
-)
-VLLM_SERVER_CHAT = Client(
-    "vllm-server-chat",
-    "vLLM OpenAI server, chat",
-    chat_completions,
-    "vllm-server-chat",
-    "reported",
-    notes="streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
-    "include_usage; the reference for the gateway's chat route",
-)
-GATEWAY_CLIENTS: tuple[Client, ...] = (
-    Client(
-        Protocol.WS,
-        "WS /ws",
-        ws_batch,
-        "gateway",
-        "reported",
-        websocket="/ws",
-        notes="one prompt per payload, generation_config.ignore_eos; COMPLETE.new_tokens_count",
-    ),
-    Client(
-        Protocol.API_GENERATE_ONE,
-        "POST /api/generate-one",
-        generate_one,
-        "gateway",
-        "requested",
-        notes="streamed text/plain; no token count on the wire: max_new_tokens (ignore_eos)",
-    ),
-    Client(
-        Protocol.CONTROL,
-        "WS /generate",
-        control_ws,
-        "gateway",
-        "reported",
-        websocket="/generate",
-        notes="control protocol, parameters.ignore_eos; usage.completion_tokens",
-    ),
-    Client(
-        Protocol.V1_GENERATE,
-        "POST /v1/generate (SSE)",
-        v1_generate,
-        "gateway",
-        "reported",
-        notes="stream: true, ignore_eos; usage.completion_tokens",
-    ),
-    Client(
-        Protocol.WS_EVENTS,
-        "WS /ws/events",
-        ws_events_stream,
-        "gateway",
-        "requested",
-        websocket="/ws/events",
-        notes="parameters.ignore_eos; no token count on the wire: max_new_tokens",
-    ),
-    Client(
-        Protocol.LMI,
-        "POST /invocations (jsonlines)",
-        invocations,
-        "gateway",
-        "counted",
-        notes="parameters.ignore_eos_token; one line per token, exact counts",
-        logprobs=True,
-    ),
-    Client(
-        Protocol.TGI,
-        "POST /generate_stream (TGI)",
-        tgi_stream,
-        "gateway",
-        "counted",
-        notes="parameters.ignore_eos_token (a gateway extension); tokens counted from the stream",
-        logprobs=True,
-    ),
-    Client(
-        Protocol.OPENAI_CHAT,
-        "POST /v1/chat/completions",
-        chat_completions,
-        "gateway",
-        "reported",
-        notes="the very request sent to vLLM's server (its chat row): stream, include_usage, "
-        "ignore_eos; usage.completion_tokens",
-        compared_with="vllm-server-chat",
-    ),
-    Client(
-        Protocol.OPENAI_COMPLETIONS,
-        "POST /v1/completions",
-        vllm_completions,
-        "gateway",
-        "reported",
-        notes="the very request sent to vLLM's server: stream, include_usage, ignore_eos; "
-        "usage.completion_tokens",
-    ),
-)
+async def tgi_generate(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/generate` (TGI): the whole answer."""
+    async with worker.post("/generate", _tgi_body(request), record) as r:
+        if await refused(r, record):
+            return
+        await r.read()
+    record.arrive()
+    record.finish(request.max_new_tokens)

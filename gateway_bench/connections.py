@@ -17,7 +17,7 @@ from time import perf_counter
 import aiohttp
 import psutil
 
-from gateway_bench.clients import ws_batch
+from gateway_bench.clients import send, ws_batch
 from gateway_bench.metrics import Record
 from gateway_bench.results import ConnectionResult
 from gateway_bench.worker import Context, Worker
@@ -79,7 +79,7 @@ async def _stream(
         finally:
             await barrier.wait()  # also when it failed: nobody waits for it
         async with asyncio.timeout(limit_s):
-            return await ws_batch(worker, request)
+            return await send(ws_batch, worker, request)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     finally:

@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario constrained`: what an output constraint costs (issue 32).
+"""`llm-gateway bench constrained`: what an output constraint costs (issue 32).
 
 One gateway (its own server and engine, started for the run) answers the same chat request on
 `/v1/chat/completions` (not streamed: the answer's usage counts its tokens) in each variant:
@@ -18,17 +18,17 @@ unconstrained run of the same repeat (the machine's load drifts between repeats)
 side; `tokens` are all its answers' tokens. The goal (docs/BENCHMARKS.md): >= 0.8x at 32,
 for `json_schema`, `regex` and `required_tool`.
 
-A variant is one entry of `VARIANTS`: the body fields it adds to the request.
+A variant is one entry of `VARIANTS`: the body fields it adds to the request. `measure_variants`
+and `variants_markdown` are also the adapters scenario's (adapters_bench.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import shlex
 import statistics
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -36,11 +36,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
-from gateway_bench.mixed import default_model
+from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.results import Machine, write_report
-from gateway_bench.scenario_options import TargetOptions, parse_options
 from gateway_bench.worker import pooled_connector
 
 _MIN_CHARS = 400  # more characters than `output_tokens` tokens spell: no answer completes
@@ -98,18 +96,23 @@ BASELINE = "unconstrained"
 GOAL_AT, GOAL_RATIO = 32, 0.8
 
 
-class ConstrainedOptions(TargetOptions, kw_only=True):
-    concurrency: list[int] = msgspec.field(default_factory=lambda: [1, 32])
-    rounds: int = 1  # requests per client, back to back
+class VariantOptions(Options, frozen=True, kw_only=True):
+    """What measuring variants side by side asks (this scenario's, the adapters')."""
+
+    concurrency: list[Positive] = msgspec.field(default_factory=lambda: [1, 32])
+    rounds: Positive = 1  # requests per client, back to back
     # Every variant measured this many times in turn, each ratio taken within its repeat (the
     # machine's load drifts between repeats); the report gives the medians.
-    repeats: int = 3
-    output_tokens: int = 64
+    repeats: Positive = 3
+    output_tokens: Positive = 64
+
+
+class ConstrainedOptions(VariantOptions, frozen=True, kw_only=True):
     variants: list[str] = msgspec.field(default_factory=lambda: list(VARIANTS))
     out: str = "docs/bench/constrained"
 
 
-QUICK = {"concurrency": [1, 2], "rounds": 1, "repeats": 1, "output_tokens": 4}
+QUICK = ConstrainedOptions(concurrency=[1, 2], rounds=1, repeats=1, output_tokens=4, quick=True)
 
 
 class Row(msgspec.Struct):
@@ -118,7 +121,7 @@ class Row(msgspec.Struct):
     tok_s: float
     tokens: int
     failed: int
-    ratio: float | None = None  # to the unconstrained run of its repeat (the median)
+    ratio: float | None = None  # to the variant it is compared with, in its repeat (the median)
 
 
 class ConstrainedReport(msgspec.Struct, kw_only=True):
@@ -128,12 +131,11 @@ class ConstrainedReport(msgspec.Struct, kw_only=True):
     rows: list[Row]
 
 
-def parse(argv: Sequence[str]) -> ConstrainedOptions:
-    options = parse_options("constrained", ConstrainedOptions, QUICK, argv)
+def _check(options: ConstrainedOptions) -> str | None:
     unknown = [v for v in options.variants if v not in VARIANTS]
     if unknown or BASELINE not in options.variants:
-        raise SystemExit(f"--variants: from {', '.join(VARIANTS)}, {BASELINE} among them")
-    return options
+        return f"--variants: from {', '.join(VARIANTS)}, {BASELINE} among them"
+    return None
 
 
 def body(variant: str, options: ConstrainedOptions, model: str) -> dict[str, Any]:
@@ -179,7 +181,7 @@ async def measure(
                 tokens += await _one(session, url, request)
             except (RuntimeError, aiohttp.ClientError) as e:
                 failed += 1
-                print(f"constrained: a request failed: {e}", file=sys.stderr)
+                print(f"bench: a request failed: {e}", file=sys.stderr)
         return tokens
 
     began = perf_counter()
@@ -188,30 +190,33 @@ async def measure(
     return round(sum(counts) / elapsed, 1), sum(counts), failed
 
 
-async def measure_all(options: ConstrainedOptions, url: str, model: str) -> list[Row]:
+async def measure_variants(
+    options: VariantOptions,
+    variants: Sequence[str],
+    request: Callable[[str], tuple[str, dict[str, Any]]],
+    ratio_to: Callable[[str], str | None],
+) -> list[Row]:
+    """Each variant's (`request(variant)`: its URL and body) Row at each concurrency: its
+    median tok/s over the repeats, and its median ratio to `ratio_to(variant)` within each."""
     timeout = aiohttp.ClientTimeout(total=None)
-    connector = pooled_connector()
     rows: list[Row] = []
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        for variant in options.variants:  # warm: each grammar compiled once, before timing
-            await _one(session, url, body(variant, options, model))
+    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
+        for variant in variants:  # warm: each grammar compiled once, each adapter loaded
+            await measure(session, *request(variant), 1, 1)
         for clients in options.concurrency:
-            runs: dict[str, list[tuple[float, int, int]]] = {v: [] for v in options.variants}
-            ratios: dict[str, list[float]] = {v: [] for v in options.variants}
+            runs: dict[str, list[tuple[float, int, int]]] = {v: [] for v in variants}
+            ratios: dict[str, list[float]] = {v: [] for v in variants}
             for _ in range(options.repeats):  # each repeat every variant, one after the other
-                for variant in options.variants:
-                    request = body(variant, options, model)
-                    run = await measure(session, url, request, clients, options.rounds)
-                    print(
-                        f"constrained: {clients} clients, {variant}: {run[0]} tok/s",
-                        file=sys.stderr,
-                    )
+                for variant in variants:
+                    run = await measure(session, *request(variant), clients, options.rounds)
+                    print(f"bench: {clients} clients, {variant}: {run[0]} tok/s", file=sys.stderr)
                     runs[variant].append(run)
-                base = runs[BASELINE][-1][0]
-                for variant in options.variants:
-                    ratios[variant].append(runs[variant][-1][0] / base if base else 0.0)
-            for variant in options.variants:
-                measured = runs[variant]
+                for variant in variants:
+                    other = ratio_to(variant)
+                    if other is not None and runs[other][-1][0]:
+                        ratios[variant].append(runs[variant][-1][0] / runs[other][-1][0])
+            for variant in variants:
+                measured, ratio = runs[variant], ratios[variant]
                 rows.append(
                     Row(
                         clients,
@@ -219,33 +224,10 @@ async def measure_all(options: ConstrainedOptions, url: str, model: str) -> list
                         round(statistics.median(r[0] for r in measured), 1),
                         sum(r[1] for r in measured),
                         sum(r[2] for r in measured),
-                        round(statistics.median(ratios[variant]), 3),
+                        round(statistics.median(ratio), 3) if ratio else None,
                     )
                 )
     return rows
-
-
-def _engine(options: ConstrainedOptions, dtype: str) -> EngineSettings:
-    chosen = {"MODEL": options.model, "DTYPE": dtype, "ENFORCE_EAGER": options.enforce_eager}
-    return msgspec.convert({**chosen, "SEED": options.seed}, EngineSettings)  # upper: its names
-
-
-@asynccontextmanager
-async def started_gateway(
-    options: ConstrainedOptions, out: Path
-) -> AsyncIterator[targets.Endpoint]:
-    """A gateway and its engine, for this run, stopped after it."""
-    model = options.model or await asyncio.to_thread(default_model)
-    defaults = machine.cpu_defaults(options.dtype)
-    settings = _engine(msgspec.structs.replace(options, model=model), defaults.dtype)
-    port = targets.free_port()
-    env = targets.gateway_environment(settings)
-    command = targets.gateway_command(port)
-    print(f"constrained: starting the gateway on port {port}", file=sys.stderr)
-    log = out / "gateway.log"
-    served = served_model_name(settings)
-    async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
-        yield endpoint
 
 
 StartGateway = Callable[[], AbstractAsyncContextManager[targets.Endpoint]]
@@ -260,46 +242,67 @@ async def run_constrained(
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     targets.raise_file_limit(4 * max(options.concurrency) + 256)
     host = await asyncio.to_thread(machine.describe, options.dtype)
-    async with start() if start else started_gateway(options, out) as endpoint:
-        rows = await measure_all(options, endpoint.url, endpoint.model)
+    async with start() if start else targets.started_gateway(options, out) as endpoint:
+        rows = await measure_variants(
+            options,
+            options.variants,
+            lambda variant: (endpoint.url, body(variant, options, endpoint.model)),
+            lambda _: BASELINE,
+        )
     host.load_end = machine.load()
     report = ConstrainedReport(command=command, machine=host, options=options, rows=rows)
     await asyncio.to_thread(write_report, report, markdown(report), out)
     return report, out
 
 
+def variants_markdown(
+    title: str,
+    command: str,
+    host: Machine,
+    rows: list[Row],
+    header: str,
+    suffix: Callable[[str], str] = lambda _: "",
+    goal: str = "",
+) -> str:
+    """The rows as a table: the ratio column's `header`, its cells `Nx` and the variant's
+    `suffix` (what the ratio is to); `goal`, the verdict, below."""
+    lines = [f"# {title}", "", f"`{command}`", "", host.summary, ""]
+    lines += [f"| concurrency | variant | tok/s | {header} | tokens | failed |", "|---" * 6 + "|"]
+    for row in rows:
+        ratio = "" if row.ratio is None else f"{row.ratio:.2f}x{suffix(row.variant)}"
+        cells = [row.concurrency, row.variant, row.tok_s, ratio, row.tokens, row.failed]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join([*lines, *(["", goal] if goal else [])]) + "\n"
+
+
 def markdown(report: ConstrainedReport) -> str:
-    lines = [
-        "# Output constraints: tok/s against the same request unconstrained",
-        "",
-        f"`{report.command}`",
-        "",
-        report.machine.summary,
-        "",
-        "| concurrency | variant | tok/s | x unconstrained | tokens | failed |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in report.rows:
-        ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
-        lines.append(
-            f"| {row.concurrency} | {row.variant} | {row.tok_s} | {ratio} | {row.tokens} "
-            f"| {row.failed} |"
-        )
     goal = [r for r in report.rows if r.concurrency == GOAL_AT and r.variant in GOAL_VARIANTS]
-    if goal:
-        met = all(r.ratio is not None and r.ratio >= GOAL_RATIO for r in goal)
-        verdict = "met" if met else "not met"
-        lines += [
-            "",
-            f"Goal: >= {GOAL_RATIO}x at {GOAL_AT} ({', '.join(GOAL_VARIANTS)}): {verdict}.",
-        ]
-    return "\n".join(lines) + "\n"
+    met = all(r.ratio is not None and r.ratio >= GOAL_RATIO for r in goal)
+    verdict = f"Goal: >= {GOAL_RATIO}x at {GOAL_AT} ({', '.join(GOAL_VARIANTS)}): "
+    return variants_markdown(
+        "Output constraints: tok/s against the same request unconstrained",
+        report.command,
+        report.machine,
+        report.rows,
+        "x unconstrained",
+        goal=verdict + ("met." if met else "not met.") if goal else "",
+    )
 
 
-def main(argv: Sequence[str]) -> int:
-    options = parse(argv)
-    command = shlex.join(["llm-gateway", "bench", *argv])
-    report, out = asyncio.run(run_constrained(options, command))
-    print(markdown(report))
-    print(f"\nllm-gateway bench --scenario constrained: report written to {out}/", file=sys.stderr)
-    return 0
+async def _run(options: ConstrainedOptions, command: str) -> tuple[str, Path, bool]:
+    report, out = await run_constrained(options, command)
+    return markdown(report), out, True
+
+
+SCENARIO = Scenario(
+    "constrained",
+    "What an output constraint costs (issue 32): tok/s against the same request unconstrained.",
+    ConstrainedOptions,
+    QUICK,
+    _run,
+    check=_check,
+)
+
+
+def parse(argv: Sequence[str]) -> ConstrainedOptions:
+    return SCENARIO.parse(argv)

@@ -20,7 +20,7 @@ import asyncio
 import statistics
 from collections.abc import Sequence
 
-from gateway_bench.clients import ws_batch
+from gateway_bench.clients import send, ws_batch
 from gateway_bench.metrics import Record
 from gateway_bench.results import ContinuationPoint, ContinuationResult
 from gateway_bench.runner import Progress
@@ -36,7 +36,7 @@ def _ttft(record: Record) -> float:
 async def _send(worker: Worker, request: Request, limit_s: float) -> Record:
     try:
         async with asyncio.timeout(limit_s):
-            return await ws_batch(worker, request)
+            return await send(ws_batch, worker, request)
     except Exception:
         await worker.close()
         raise

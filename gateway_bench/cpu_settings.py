@@ -1,4 +1,4 @@
-"""`python -m gateway_bench.cpu_settings`: vLLM's CPU engine settings, measured side by side.
+"""`llm-gateway bench cpu-settings`: vLLM's CPU engine settings, measured side by side.
 
 Each variant (dtype, OpenMP thread binding, allocator and OpenMP runtime preloaded or not)
 runs in a fresh process that builds an in-process `AsyncLLM` (eager, the default model) and
@@ -9,7 +9,6 @@ The figures decide the gateway's CPU defaults (gateway/engine/cpu_defaults.py, d
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import msgspec
+
+from gateway_bench.options import Options, Positive, Scenario
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 IOMP = str(Path(sys.prefix) / "lib" / "libiomp5.so")
@@ -50,16 +51,30 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+class CpuSettingsOptions(Options, frozen=True, kw_only=True):
+    repeats: Positive = 2
+    rounds: Positive = 2  # batches per concurrency
+    tokens: Positive = 64
+    concurrency: list[Positive] = msgspec.field(default_factory=lambda: [1, 8, 32, 64])
+    prompt_tokens: int = 0  # pad prompts to ~N tokens
+    variants: list[str] = msgspec.field(default_factory=lambda: list(VARIANTS))
+    child: bool = False  # one variant's measurement, in the process the parent started
+
+
+QUICK = CpuSettingsOptions(
+    repeats=1, rounds=1, tokens=8, concurrency=[1, 2], variants=list(VARIANTS)[:2], quick=True
+)
+
+
 async def _measure(
     concurrency: list[int], tokens: int, rounds: int, prompt_tokens: int
 ) -> dict[str, object]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     from gateway.config.settings import EngineSettings
-    from gateway.engine.adapter import engine_args
     from gateway.engine.default_model import prepare_default_model
+    from gateway_bench.ceiling import start_llm
 
     variant: dict[str, object] = {
         "ENFORCE_EAGER": True,
@@ -69,7 +84,7 @@ async def _measure(
     }
     settings = msgspec.convert(variant, EngineSettings)
     started = time.perf_counter()
-    llm = AsyncLLM.from_engine_args(engine_args(settings, str(prepare_default_model())))
+    llm = await start_llm(settings, str(prepare_default_model()), {})
     start_s = time.perf_counter() - started
     params = SamplingParams(
         max_tokens=tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
@@ -107,51 +122,27 @@ async def _measure(
     return figures
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway_bench.cpu_settings")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2, help="batches per concurrency")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--concurrency", default="1,8,32,64")
-    parser.add_argument("--prompt-tokens", type=int, default=0, help="pad prompts to ~N tokens")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
-    if args.child:
-        print(
-            "RESULT "
-            + json.dumps(
-                asyncio.run(_measure(levels, args.tokens, args.rounds, args.prompt_tokens))
-            )
-        )
-        return 0
-    names = [n for n in args.variants.split(",") if n]
-    results: dict[str, list[dict[str, object]]] = {n: [] for n in names}
-    for repeat in range(args.repeats):
-        order = names if repeat % 2 == 0 else list(reversed(names))
+async def _run(options: CpuSettingsOptions, command: str) -> tuple[str, Path | None, bool]:
+    levels = options.concurrency
+    if options.child:
+        figures = await _measure(levels, options.tokens, options.rounds, options.prompt_tokens)
+        return "RESULT " + json.dumps(figures), None, True
+    return await asyncio.to_thread(_variants, options), None, True
+
+
+def _variants(options: CpuSettingsOptions) -> str:
+    """Every variant `repeats` times, each in a child process of its own; the table."""
+    levels = options.concurrency
+    results: dict[str, list[dict[str, object]]] = {n: [] for n in options.variants}
+    for repeat in range(options.repeats):
+        order = options.variants if repeat % 2 == 0 else list(reversed(options.variants))
         for name in order:
             env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **VARIANTS[name]}
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "gateway_bench.cpu_settings",
-                    "--child",
-                    "--tokens",
-                    str(args.tokens),
-                    "--rounds",
-                    str(args.rounds),
-                    "--concurrency",
-                    args.concurrency,
-                    "--prompt-tokens",
-                    str(args.prompt_tokens),
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            child = [sys.executable, "-m", "gateway_bench", "cpu-settings", "--child"]
+            child += ["--tokens", str(options.tokens), "--rounds", str(options.rounds)]
+            child += ["--concurrency", ",".join(map(str, levels))]
+            child += ["--prompt-tokens", str(options.prompt_tokens)]
+            out = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
@@ -160,16 +151,24 @@ def main() -> int:
             results[name].append(figures)
             print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
     top = levels[-1]
-    print("\n| variant | " + " | ".join(f"c={c} tok/s" for c in levels) + f" | TTFT p50 c={top} |")
-    print("|---|" + "---|" * (len(levels) + 1))
+    lines = [
+        "\n| variant | " + " | ".join(f"c={c} tok/s" for c in levels) + f" | TTFT p50 c={top} |"
+    ]
+    lines.append("|---|" + "---|" * (len(levels) + 1))
     for name, runs in results.items():
         if not runs:
             continue
         cells = [f"{statistics.mean(r[f'c{c}']['tok_s'] for r in runs):.1f}" for c in levels]  # type: ignore[index]
         ttft = statistics.mean(r[f"c{top}"]["ttft_p50_ms"] for r in runs)  # type: ignore[index]
-        print(f"| {name} | " + " | ".join(cells) + f" | {ttft:.0f} ms |")
-    return 0
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ttft:.0f} ms |")
+    return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+SCENARIO = Scenario(
+    "cpu-settings",
+    "vLLM's CPU engine settings (dtype, thread binding, allocator, step budget), each variant "
+    "in a fresh in-process engine, side by side.",
+    CpuSettingsOptions,
+    QUICK,
+    _run,
+)

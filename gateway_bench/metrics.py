@@ -23,21 +23,35 @@ import msgspec
 
 from gateway_bench.results import StepResult
 
+FINISHED = "finished"
+RATE_LIMITED = "rate_limited"
+REFUSED = "refused"  # the input was refused, the error naming the field
+ERROR = "error"  # anything else
+
 
 class BenchError(Exception):
     """A request that failed: an error event or status, a cut stream, a timeout."""
 
 
 class Record(msgspec.Struct):
-    sent: float
-    first: float | None = None
-    end: float = 0.0
+    """One request as its client saw it, filled in place by a protocol client (clients.py) as
+    the answer comes, so a client that leaves (its task cancelled) keeps what it saw."""
+
+    sent: float  # just before the request (or its connection) went out
+    first: float | None = None  # the first text (or the whole answer, when not streamed)
+    end: float = 0.0  # when the last terminal came
     arrivals: list[float] = msgspec.field(default_factory=list)
     counts: list[int] = msgspec.field(default_factory=list)  # 0: the protocol does not say
     tokens: int = 0
-    error: str | None = None
+    error: str | None = None  # why the request failed, once judged (`failure`)
     text: str | None = None  # the generated text, for protocols that hand it over whole
     waiting: int = 0  # counted tokens that came in reads without text (see `counted`)
+    prompts: int = 1
+    status: int | None = None  # HTTP status (None on WebSockets)
+    terminals: list[str] = msgspec.field(default_factory=list)  # one per prompt, by kind
+    named_field: bool = False  # a refusal named the token budget's field
+    cut: bool = False  # the answer ended without a terminal
+    message: str = ""  # the first error's text
 
     def arrive(self, tokens: int = 0) -> None:
         now = perf_counter()
@@ -54,20 +68,53 @@ class Record(msgspec.Struct):
             self.arrive(self.waiting)
             self.waiting = 0
 
-    def finish_counted(self) -> Record:
+    def finish_counted(self) -> None:
         """`finish` with the tokens given to `counted`; the last text message takes any left."""
         total = sum(self.counts) + self.waiting
         if self.waiting and self.counts:
             self.counts[-1] += self.waiting
         self.waiting = 0
-        return self.finish(total)
+        self.finish(total)
 
-    def finish(self, tokens: int) -> Record:
-        self.end = perf_counter()
+    def finish(self, tokens: int) -> None:
         self.tokens = tokens
+        self.terminal(FINISHED)
+
+    def terminal(self, kind: str, message: str = "") -> None:
+        self.terminals.append(kind)
+        self.end = perf_counter()
+        if kind != FINISHED and not self.message:
+            self.message = message[:300]
+        if kind == REFUSED:
+            self.named_field = self.named_field or names_budget(message)
+
+    def failure(self) -> str | None:
+        """Why the request did not answer every prompt with text; None when it did."""
+        if self.terminals != [FINISHED] * self.prompts:
+            return self.message or ("cut: no terminal" if self.cut else "no terminal")
         if self.first is None:
-            raise BenchError(f"the answer carried no text ({tokens} tokens)")
-        return self
+            return f"the answer carried no text ({self.tokens} tokens)"
+        return None
+
+
+def names_budget(message: str) -> bool:
+    return "max_new_tokens" in message or "max_tokens" in message
+
+
+def kind_of_message(message: str) -> str:
+    """An in-band error's kind, from its text (the batch protocols' errors carry no kind)."""
+    lowered = message.lower()
+    if "limit" in lowered and "retry" in lowered:
+        return RATE_LIMITED
+    return REFUSED if names_budget(message) else ERROR
+
+
+def kind_of_status(status: int, message: str) -> str:
+    if status == 429:
+        return RATE_LIMITED
+    if 400 <= status < 500:
+        return REFUSED if names_budget(message) else ERROR
+    return ERROR
 
 
 def start() -> Record:

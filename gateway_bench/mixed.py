@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario mixed`: a person's chats under a saturating batch load.
+"""`llm-gateway bench mixed`: a person's chats under a saturating batch load.
 
 For each regime (saturation: every batch client inside the engine; overload: twice as many
 batch clients as the engine runs at once) and each target (vLLM's OpenAI server, the gateway
@@ -7,7 +7,7 @@ a caller of `run_mixed` hands in):
 
 1. idle: chats one after another, alone (the idle TTFT), then, with the burst shape, one
    burst of `burst_size` chats at once (the burst's own idle reference);
-2. per chat shape (mixed_shapes.py: steady, sporadic, burst), in turn: `batch_clients`
+2. per chat shape (mixed_options.py: steady, sporadic, burst), in turn: `batch_clients`
    clients send batch requests back to back; once the engine is full the shape's chats run,
    and the batch tokens that arrive meanwhile give the batch tok/s; then the batch clients
    stop (each after its current request), the engine drains, and its preemption count since
@@ -23,35 +23,40 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shlex
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
 import aiohttp
-import msgspec
 
-from gateway.config.settings import EngineSettings, served_model_name
+from gateway.config.settings import served_model_name
 from gateway_bench import machine, targets
-from gateway_bench.clients import chat_completions, control_ws, invocations, vllm_completions
+from gateway_bench.clients import (
+    Call,
+    chat_completions,
+    completions,
+    control_ws,
+    invocations,
+    send,
+)
 from gateway_bench.engine_counts import drained
 from gateway_bench.metrics import Record
-from gateway_bench.mixed_options import MixedOptions, parse
+from gateway_bench.mixed_options import QUICK, SCHEDULES, Chat, MixedOptions, burst, check
 from gateway_bench.mixed_report import (
     MixedReport,
     RegimeResult,
     ShapeResult,
     TargetResult,
+    markdown,
     write_report,
 )
-from gateway_bench.mixed_shapes import SHAPES, Chat, burst
+from gateway_bench.options import Scenario
 from gateway_bench.worker import Context, Worker, pooled_connector
 from gateway_bench.workload import Request
 
-Client = Callable[[Worker, Request], Awaitable[Record]]
 # A target's server for a regime, ready to measure: (target name, regime) -> its endpoint.
 StartTarget = Callable[[str, str], AbstractAsyncContextManager[targets.Endpoint]]
 _WORDS = ("river", "stone", "light", "music", "garden", "winter", "market", "story", "harbor")
@@ -60,13 +65,13 @@ _WORDS = ("river", "stone", "light", "music", "garden", "winter", "market", "sto
 @dataclass(frozen=True)
 class Target:
     name: str
-    interactive: Client
-    batch: Client
+    interactive: Call
+    batch: Call
     is_vllm: bool
 
 
 TARGETS = {
-    "vllm-server": Target("vllm-server", chat_completions, vllm_completions, True),
+    "vllm-server": Target("vllm-server", chat_completions, completions, True),
     "gateway-fcfs": Target("gateway-fcfs", control_ws, invocations, False),
     "gateway-priority": Target("gateway-priority", control_ws, invocations, False),
 }
@@ -103,7 +108,7 @@ class Bench:
     async def chat(self, tokens: int) -> Record:
         worker = Worker(self.context)  # a person: a connection of their own
         try:
-            return await self.target.interactive(worker, self.requests.make("chat", tokens))
+            return await send(self.target.interactive, worker, self.requests.make("chat", tokens))
         finally:
             await worker.close()
 
@@ -134,7 +139,7 @@ class BatchLoad:
             while not self.stop.is_set():
                 request = bench.requests.make("batch", batch_tokens(bench.options, rng))
                 try:
-                    record = await bench.target.batch(worker, request)
+                    record = await send(bench.target.batch, worker, request)
                 except Exception as e:
                     self.failed += 1
                     print(f"mixed: a batch request failed: {e}", file=sys.stderr)
@@ -188,7 +193,7 @@ async def _shape(bench: Bench, shape: str) -> ShapeResult:
     async with BatchLoad(bench, shape).running() as load:
         await load.full.wait()  # each running slot has served a whole batch request
         start = perf_counter()
-        chats = await SHAPES[shape](
+        chats = await SCHEDULES[shape](
             chat, bench.options, random.Random(f"{bench.options.seed}-{shape}")
         )
         end = perf_counter()
@@ -225,11 +230,6 @@ def _tokens_within(record: Record, start: float, end: float) -> float:
     return record.tokens * inside / len(record.arrivals)
 
 
-def _engine(options: MixedOptions, dtype: str) -> EngineSettings:
-    chosen = {"MODEL": options.model, "DTYPE": dtype, "ENFORCE_EAGER": options.enforce_eager}
-    return msgspec.convert({**chosen, "SEED": options.seed}, EngineSettings)  # upper: its names
-
-
 @asynccontextmanager
 async def started_target(
     name: str, regime: str, options: MixedOptions, model: str, out: Path
@@ -250,7 +250,7 @@ def target_command(
     overload, its engine runs at most `overload_running` requests at once."""
     target = TARGETS[name]
     defaults = machine.cpu_defaults(options.dtype)
-    settings = _engine(options, defaults.dtype)
+    settings = options.engine_settings(defaults.dtype)
     overload = regime == "overload"
     served = served_model_name(settings)
     if target.is_vllm:
@@ -290,7 +290,7 @@ async def run_mixed(
     default `started_target`, a server and engine of its own set for the regime."""
     out = Path(options.out)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    model = options.model or await asyncio.to_thread(default_model)
+    model = await asyncio.to_thread(targets.model_dir, options)
     targets.raise_file_limit(4 * options.batch_clients + 256)
     host = await asyncio.to_thread(machine.describe, options.dtype)
     regimes = []
@@ -308,18 +308,21 @@ async def run_mixed(
     return report, out
 
 
-def default_model() -> str:
-    from gateway.engine.default_model import prepare_default_model
+async def _run(options: MixedOptions, command: str) -> tuple[str, Path, bool]:
+    report, out = await run_mixed(options, command)
+    return markdown(report), out, True
 
-    return str(prepare_default_model())
+
+SCENARIO = Scenario(
+    "mixed",
+    "A person's chats under a saturating batch load: vLLM's server, the gateway with FCFS and "
+    "the gateway with priorities, per regime and chat shape.",
+    MixedOptions,
+    QUICK,
+    _run,
+    check=check,
+)
 
 
-def main(argv: Sequence[str]) -> int:
-    options = parse(argv)
-    command = shlex.join(["llm-gateway", "bench", *argv])
-    report, out = asyncio.run(run_mixed(options, command))
-    from gateway_bench.mixed_report import markdown
-
-    print(markdown(report))
-    print(f"\nllm-gateway bench --scenario mixed: report written to {out}/", file=sys.stderr)
-    return 0
+def parse(argv: Sequence[str]) -> MixedOptions:
+    return SCENARIO.parse(argv)

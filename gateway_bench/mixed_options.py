@@ -1,19 +1,29 @@
-"""`llm-gateway bench --scenario mixed`: its options and its `--quick` preset."""
+"""`llm-gateway bench mixed`: its options, its `--quick` preset, and its chat traffic shapes.
+
+A shape (when each chat starts, under the batch load) gets `chat(max_tokens)`, which sends one
+chat request on a connection of its own and returns its record, and gives back every chat's
+record once all have answered. Randomness is seeded by the shape alone, so every target sees
+the same schedule.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import msgspec
 
-from gateway_bench.scenario_options import TargetOptions, parse_options
+from gateway_bench.metrics import Record
+from gateway_bench.options import Options
 
 SHAPES = ("steady", "sporadic", "burst")
 REGIMES = ("saturation", "overload")
 TARGETS = ("vllm-server", "gateway-fcfs", "gateway-priority")
 
 
-class MixedOptions(TargetOptions, kw_only=True):
+class MixedOptions(Options, frozen=True, kw_only=True):
     # The batch load: clients that send batch requests back to back.
     batch_clients: int = 64
     batch_tokens: int = 128  # a batch request's mean max_tokens
@@ -48,32 +58,86 @@ class MixedOptions(TargetOptions, kw_only=True):
     out: str = "docs/bench/mixed"
 
 
-QUICK = {
-    "batch_clients": 4,
-    "batch_tokens": 16,
-    "idle_requests": 2,
-    "chat_tokens": 8,
-    "chat_interval_s": 0.2,
-    "chat_requests": 3,
-    "sporadic_chats": 3,
-    "sporadic_gap_mean_s": 0.2,
-    "sporadic_gap_min_s": 0.05,
-    "burst_size": 3,
-    "bursts": 2,
-    "burst_gap_s": 0.3,
-    "prompt_words": 16,
-    "overload_running": 2,
-    "enforce_eager": True,
-}
+QUICK = MixedOptions(
+    batch_clients=4,
+    batch_tokens=16,
+    idle_requests=2,
+    chat_tokens=8,
+    chat_interval_s=0.2,
+    chat_requests=3,
+    sporadic_chats=3,
+    sporadic_gap_mean_s=0.2,
+    sporadic_gap_min_s=0.05,
+    burst_size=3,
+    bursts=2,
+    burst_gap_s=0.3,
+    prompt_words=16,
+    overload_running=2,
+    enforce_eager=True,
+    quick=True,
+)
 
 
-def parse(argv: Sequence[str]) -> MixedOptions:
-    options = parse_options("mixed", MixedOptions, QUICK, argv)
+def check(options: MixedOptions) -> str | None:
     unknown = (
         set(options.targets) - set(TARGETS)
         | set(options.regimes) - set(REGIMES)
         | set(options.shapes) - set(SHAPES)
     )
-    if unknown:
-        raise SystemExit(f"unknown target, regime or shape: {', '.join(sorted(unknown))}")
-    return options
+    return f"unknown target, regime or shape: {', '.join(sorted(unknown))}" if unknown else None
+
+
+Chat = Callable[[int], Coroutine[Any, Any, Record]]
+Shape = Callable[[Chat, MixedOptions, random.Random], Awaitable[list[Record]]]
+
+
+async def steady(chat: Chat, options: MixedOptions, rng: random.Random) -> list[Record]:
+    """A long chat every `chat_interval_s`, whether the previous one has answered or not."""
+    chats: list[asyncio.Task[Record]] = []
+    for _ in range(options.chat_requests):
+        chats.append(asyncio.create_task(chat(options.chat_tokens)))
+        await asyncio.sleep(options.chat_interval_s)
+    return list(await asyncio.gather(*chats))
+
+
+def sporadic_gap(options: MixedOptions, rng: random.Random) -> float:
+    return max(options.sporadic_gap_min_s, rng.expovariate(1 / options.sporadic_gap_mean_s))
+
+
+async def sporadic(chat: Chat, options: MixedOptions, rng: random.Random) -> list[Record]:
+    """Short chats one at a time: each starts a random gap after the previous one ended, so
+    the engine runs bulk alone in between."""
+    records = []
+    for n in range(options.sporadic_chats):
+        if n:
+            await asyncio.sleep(sporadic_gap(options, rng))
+        records.append(await chat(options.short_chat_tokens))
+    return records
+
+
+async def burst(chat: Chat, options: MixedOptions) -> list[Record]:
+    """`burst_size` short chats at once."""
+    sent = [chat(options.short_chat_tokens) for _ in range(options.burst_size)]
+    return list(await asyncio.gather(*sent))
+
+
+async def bursts(chat: Chat, options: MixedOptions, rng: random.Random) -> list[Record]:
+    """`bursts` bursts, each `burst_gap_s` after the previous one has answered."""
+    records: list[Record] = []
+    for n in range(options.bursts):
+        if n:
+            await asyncio.sleep(options.burst_gap_s)
+        records += await burst(chat, options)
+    return records
+
+
+SCHEDULES: dict[str, Shape] = {"steady": steady, "sporadic": sporadic, "burst": bursts}
+
+
+def planned_chats(shape: str, options: MixedOptions) -> int:
+    """How many chats `shape` sends."""
+    return {
+        "steady": options.chat_requests,
+        "sporadic": options.sporadic_chats,
+        "burst": options.bursts * options.burst_size,
+    }[shape]

@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario replicas`: what engine replicas on Ray cost and buy.
+"""`llm-gateway bench replicas`: what engine replicas on Ray cost and buy.
 
 Each target is a gateway started for it (its own local Ray cluster, `ray start --head` on
 loopback, where it has replicas), measured, and stopped. With `--ray-address HOST:PORT` the
@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shlex
 import shutil
 import signal
 import statistics
@@ -38,20 +37,18 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
-from time import perf_counter
 
 import aiohttp
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config.settings import EngineSettings, served_model_name
 from gateway_bench import machine, targets
-from gateway_bench.clients import ws_batch
+from gateway_bench.clients import send, ws_batch
 from gateway_bench.metrics import Record, summarize
-from gateway_bench.mixed import default_model
+from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import number_cell
 from gateway_bench.results import Machine
-from gateway_bench.scenario_options import TargetOptions, parse_options
+from gateway_bench.runner import GATEWAY_CLIENTS, NoProgress, run_step
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 
@@ -63,10 +60,10 @@ RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache: a hit
 
 
-class ReplicaOptions(TargetOptions, kw_only=True):
-    concurrency: int = 32
-    rounds: int = 4
-    repeats: int = 1  # throughput pairs (in-process, then one replica), one after the other
+class ReplicaOptions(Options, frozen=True, kw_only=True):
+    concurrency: Positive = 32
+    rounds: Positive = 4
+    repeats: Positive = 1  # throughput pairs (in-process, then one replica), one after the other
     prompt_tokens: int = 128
     output_tokens: int = 64
     history: int = 1536
@@ -79,16 +76,17 @@ class ReplicaOptions(TargetOptions, kw_only=True):
     out: str = "docs/bench/replicas"
 
 
-QUICK = {
-    "concurrency": 2,
-    "rounds": 1,
-    "prompt_tokens": 16,
-    "output_tokens": 4,
-    "history": 320,  # past two of the CPU backend's 128-token KV blocks: a hit finds some
-    "generated": 8,
-    "new_tokens": 2,
-    "repetitions": 1,
-}
+QUICK = ReplicaOptions(
+    concurrency=2,
+    rounds=1,
+    prompt_tokens=16,
+    output_tokens=4,
+    history=320,  # past two of the CPU backend's 128-token KV blocks: a hit finds some
+    generated=8,
+    new_tokens=2,
+    repetitions=1,
+    quick=True,
+)
 
 
 class Throughput(msgspec.Struct):
@@ -256,26 +254,19 @@ async def _gateway(
         async with aiohttp.ClientSession(timeout=timeout) as session:
             yield Context(session, running)
         return
-    defaults = machine.cpu_defaults(options.dtype)
-    chosen = {"MODEL": options.model, "DTYPE": defaults.dtype, "SEED": options.seed}
-    settings = msgspec.convert({**chosen, "ENFORCE_EAGER": options.enforce_eager}, EngineSettings)
-    env = {**targets.gateway_environment(settings), **extra}
-    port = targets.free_port()
-    log = out / f"{name}.log"
+    dtype = machine.cpu_defaults(options.dtype).dtype
     replicas = int(extra.get("ENGINE_REPLICAS", "0"))
-    print(f"replicas: {name}: starting on port {port}", file=sys.stderr)
     async with AsyncExitStack() as stack:
         session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
+        env = dict(extra)
         if replicas:
             if options.ray_address:
                 cluster = _replicas_of_its_own(options.ray_address, replicas)
             else:
                 cluster = _ray_cluster(max(replicas, 2), out / f"{name}-ray.log")
             env |= RAY_ENV | {"RAY_ADDRESS": await stack.enter_async_context(cluster)}
-        command, served = targets.gateway_command(port), served_model_name(settings)
-        endpoint = await stack.enter_async_context(
-            targets.server(command, env, port, log, options.start_timeout, served)
-        )
+        started = targets.started_gateway(options, out, name, env, dtype)
+        endpoint = await stack.enter_async_context(started)
         yield Context(session, endpoint.url)
 
 
@@ -292,46 +283,22 @@ async def _throughput(
         requests = workload.requests(
             name, "measure", options.concurrency * options.rounds, options.output_tokens
         )
-        await asyncio.gather(*(_one(context, r) for r in warm))
-        queue = list(reversed(requests))
-        records: list[Record] = []
-        failed = 0
-
-        async def client() -> None:
-            nonlocal failed
-            worker = Worker(context)
-            try:
-                while queue:
-                    request = queue.pop()
-                    try:
-                        records.append(await ws_batch(worker, request))
-                    except Exception as e:
-                        failed += 1
-                        print(f"replicas: a request failed: {e}", file=sys.stderr)
-                        await worker.close()
-            finally:
-                await worker.close()
-
-        began = perf_counter()
-        await asyncio.gather(*(client() for _ in range(options.concurrency)))
-        wall_s = perf_counter() - began
+        ws = GATEWAY_CLIENTS[0]  # WS /ws
+        limit = options.request_timeout
+        await run_step(ws, context, warm, options.concurrency, NoProgress(), limit)
+        records, wall_s, _ = await run_step(
+            ws, context, requests, options.concurrency, NoProgress(), limit
+        )
         measured = summarize(
             records, concurrency=options.concurrency, wall_s=wall_s, expected_tokens=0
         )
         tok_s = round(measured.tokens / wall_s, 1)
+        failed = measured.errors
         return Throughput(name, tok_s, failed, measured.ttft_p50_ms, measured.itl_p50_ms)
 
 
-async def _one(context: Context, request: Request) -> Record:
-    worker = Worker(context)
-    try:
-        return await ws_batch(worker, request)
-    finally:
-        await worker.close()
-
-
 def _ttft_ms(record: Record) -> float:
-    assert record.first is not None  # ws_batch returns only answers with text
+    assert record.first is not None  # `send` returns only answers with text
     return (record.first - record.sent) * 1000
 
 
@@ -358,10 +325,10 @@ async def _continuation(
                 key = workload.request_id(routing, rep)
                 try:
                     first = Request(key, text_of(words), options.generated, len(words))
-                    history = text_of(words) + ((await ws_batch(worker, first)).text or "")
+                    history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
                     before = await _prompt_tokens(context.session, context.base_url)
                     again = Request(key, "", options.new_tokens, options.history)
-                    continued.append(_ttft_ms(await ws_batch(worker, again)))
+                    continued.append(_ttft_ms(await send(ws_batch, worker, again)))
                     after = await _prompt_tokens(context.session, context.base_url)
                     total, cached = after.total - before.total, after.cached - before.cached
                     prompted.total += total
@@ -374,7 +341,7 @@ async def _continuation(
                         options.new_tokens,
                         options.history,
                     )
-                    fresh.append(_ttft_ms(await ws_batch(worker, cold)))
+                    fresh.append(_ttft_ms(await send(ws_batch, worker, cold)))
                 except Exception as e:
                     failed += 1
                     print(f"replicas: a repetition failed: {e}", file=sys.stderr)
@@ -441,13 +408,11 @@ async def run_replicas(
     """The report of `options`' parts. `in_process_url`: a gateway with its engine in-process
     already running there (the tests' own server, on their settings), measured as the
     in-process target instead of one started; the targets with replicas are always started."""
-    from gateway_bench.benchmark import _tokenizer
-
     out = Path(options.out)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    model = options.model or await asyncio.to_thread(default_model)
+    model = await asyncio.to_thread(targets.model_dir, options)
     options = msgspec.structs.replace(options, model=model)
-    tokenizer = await asyncio.to_thread(_tokenizer, model)
+    tokenizer = await asyncio.to_thread(targets.tokenizer, model)
     workload = Workload.from_tokenizer(
         tokenizer,
         seed=options.seed,
@@ -481,18 +446,26 @@ async def run_replicas(
     return report
 
 
-def parse(argv: Sequence[str]) -> ReplicaOptions:
-    options = parse_options("replicas", ReplicaOptions, QUICK, argv)
+def _check(options: ReplicaOptions) -> str | None:
     unknown = set(options.parts) - {"throughput", "continuation"}
-    if unknown:
-        raise SystemExit(f"unknown part: {', '.join(sorted(unknown))}")
-    return options
+    return f"unknown part: {', '.join(sorted(unknown))}" if unknown else None
 
 
-def main(argv: Sequence[str]) -> int:
-    options = parse(argv)
-    command = shlex.join(["llm-gateway", "bench", *argv])
-    report = asyncio.run(run_replicas(options, command))
-    print(markdown(report))
-    print(f"\nllm-gateway bench --scenario replicas: report in {options.out}/", file=sys.stderr)
-    return 0
+async def _run(options: ReplicaOptions, command: str) -> tuple[str, Path, bool]:
+    report = await run_replicas(options, command)
+    return markdown(report), Path(options.out), True
+
+
+SCENARIO = Scenario(
+    "replicas",
+    "What engine replicas on Ray cost and buy: throughput in-process against one replica, "
+    "continuation routed by key against by load.",
+    ReplicaOptions,
+    QUICK,
+    _run,
+    check=_check,
+)
+
+
+def parse(argv: Sequence[str]) -> ReplicaOptions:
+    return SCENARIO.parse(argv)

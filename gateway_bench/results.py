@@ -89,7 +89,7 @@ class ConnectionResult(msgspec.Struct, kw_only=True):
     first_error: str | None = None
 
 
-class Goal(msgspec.Struct, kw_only=True):
+class Goal(msgspec.Struct):
     name: str
     requirement: str
     measured: str

@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario soak`: issue 14's soak, on a gateway with two API keys.
+"""`llm-gateway bench soak`: issue 14's soak, on a gateway with two API keys.
 
 The bench starts its own gateway (as the sweep does) with a keys file holding a key without
 limits and one with `concurrent=2 rpm=30 tpm=5000`, warms every protocol up, then sends the
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shlex
-import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -27,11 +25,9 @@ import msgspec
 from tqdm import tqdm
 
 from gateway_bench import machine, targets
-from gateway_bench.event_loop import run_loop
-from gateway_bench.metrics import percentile
+from gateway_bench.metrics import FINISHED, RATE_LIMITED, percentile
+from gateway_bench.options import Scenario
 from gateway_bench.soak_amplification import measure_amplification
-from gateway_bench.soak_calls import FINISHED, RATE_LIMITED
-from gateway_bench.soak_options import SoakOptions, parse
 from gateway_bench.soak_report import (
     Figures,
     SoakReport,
@@ -41,26 +37,15 @@ from gateway_bench.soak_report import (
     markdown,
     ttft_by_phase,
 )
-from gateway_bench.soak_run import Soak, plan
+from gateway_bench.soak_run import QUICK_SOAK, Soak, SoakOptions, plan
 from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, margins, settled
-from gateway_bench.worker import pooled_connector
+from gateway_bench.worker import Context, pooled_connector
 from gateway_bench.workload import Workload
 
 JSON = "soak.json"
 MARKDOWN = "soak.md"
 _SETTLE_LIMIT_S = 60.0
 _MB = 1 << 20
-
-
-def _tokenizer(model: str) -> Any:
-    """The served model's tokenizer, for the workload's prompts (the embedded one by default)."""
-    from transformers import AutoTokenizer
-
-    if not model:
-        from gateway.engine.default_model import prepare_default_model
-
-        model = str(prepare_default_model(progress=lambda message: tqdm.write(message)))
-    return AutoTokenizer.from_pretrained(model)
 
 
 def keys_file(main_key: str, limited_key: str, options: SoakOptions, amplifier: str = "") -> str:
@@ -162,9 +147,8 @@ async def run_soak(
         amplification = None
         if options.amplification_chats and amplifier:
             amplification = await measure_amplification(
-                session,
-                base_url,
-                (keys[0], amplifier),
+                soak.client("main"),
+                Context(session, base_url, key=amplifier),
                 limits=options.amplifier_limits,
                 chats=options.amplification_chats,
                 chat_tokens=options.output_tokens[0],
@@ -199,7 +183,7 @@ async def run_soak(
     )
     server = after.minus(before)
     return SoakReport(
-        command=command or "llm-gateway bench --scenario soak",
+        command=command or "llm-gateway bench soak",
         started_at=started_at,
         duration_s=round(perf_counter() - began, 1),
         measured_s=round(measured_s, 1),
@@ -221,52 +205,63 @@ def write(report: SoakReport, out: Path) -> None:
     (out / MARKDOWN).write_text(markdown(report))
 
 
-async def soak_benchmark(options: SoakOptions, command: str) -> tuple[SoakReport, Path]:
+async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
     """The soak on a gateway the bench starts (or the one `--gateway-url` names)."""
-    out = Path(options.out_dir())
+    out = options.out_dir("soak-")
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    tokenizer = await asyncio.to_thread(_tokenizer, options.model)
+    model = await asyncio.to_thread(targets.model_dir, options)
+    soak = partial(run_soak, options, tokenizer=await asyncio.to_thread(targets.tokenizer, model))
     if options.gateway_url:
         keys = (options.main_key, options.limited_key)
-        url = options.gateway_url.rstrip("/")
-        report = await run_soak(
-            options,
-            base_url=url,
-            keys=keys,
-            pid=options.gateway_pid,
-            tokenizer=tokenizer,
-            command=command,
-            amplifier=options.amplifier_key,
+        url, pid = options.gateway_url.rstrip("/"), options.gateway_pid
+        report = await soak(
+            base_url=url, keys=keys, pid=pid, command=command, amplifier=options.amplifier_key
         )
-        return report, out
-    keys, amplifier = new_keys(), new_key()
-    path = out / "api-keys"
-    path.write_text(keys_file(*keys, options, amplifier))
-    path.chmod(0o600)
-    env = {**targets.gateway_environment(options.engine_settings()), "API_KEYS_FILE": str(path)}
-    port = targets.free_port()
-    tqdm.write(f"llm-gateway bench: starting the gateway on port {port}", file=sys.stderr)
-    command_line = targets.gateway_command(port)
-    async with targets.server(
-        command_line, env, port, out / "gateway.log", options.start_timeout
-    ) as endpoint:
-        report = await run_soak(
-            options,
-            base_url=endpoint.url,
-            keys=keys,
-            pid=endpoint.pid,
-            tokenizer=tokenizer,
-            command=command,
-            amplifier=amplifier,
-        )
-    return report, out
+    else:
+        keys, amplifier = new_keys(), new_key()
+        path = out / "api-keys"
+        path.write_text(keys_file(*keys, options, amplifier))
+        path.chmod(0o600)
+        env = {"API_KEYS_FILE": str(path)}
+        async with targets.started_gateway(options, out, env=env) as endpoint:
+            report = await soak(
+                base_url=endpoint.url,
+                keys=keys,
+                pid=endpoint.pid,
+                command=command,
+                amplifier=amplifier,
+            )
+    await asyncio.to_thread(write, report, out)
+    return markdown(report), out, all(goal.passed is not False for goal in report.goals)
 
 
-def main(argv: Sequence[str]) -> int:
-    options = parse(argv)
-    command = shlex.join(["llm-gateway", "bench", *argv])
-    report, out = run_loop(soak_benchmark(options, command))
-    write(report, out)
-    print(markdown(report))
-    print(f"\nllm-gateway bench: soak report written to {out}/", file=sys.stderr)
-    return 0 if all(goal.passed is not False for goal in report.goals) else 1
+def _check(options: SoakOptions) -> str | None:
+    if options.limited_clients >= options.concurrency:
+        return "--limited-clients must be fewer than --concurrency"
+    if options.leave_share + options.invalid_share >= 1:
+        return "leaving and invalid shares must leave valid requests"
+    if options.gateway_url and not (options.main_key and options.limited_key):
+        return "--gateway-url needs --main-key and --limited-key"
+    return None
+
+
+SCENARIO = Scenario(
+    "soak",
+    "Many requests over every protocol, with clients that leave, invalid input and a key over "
+    "its limit; checks that every prompt ends once, nothing outlives its client, the other key "
+    "is unaffected and memory stays flat.",
+    SoakOptions,
+    QUICK_SOAK,
+    _run,
+    {
+        "gateway_url": "soak this running gateway (with --main-key, --limited-key)",
+        "main_key": "the running gateway's key without limits",
+        "limited_key": f"its key with limits ({SoakOptions.limited_limits})",
+        "amplifier_key": f"its key with limits ({SoakOptions.amplifier_limits})",
+    },
+    _check,
+)
+
+
+def parse(argv: Sequence[str]) -> SoakOptions:
+    return SCENARIO.parse(argv)

@@ -7,26 +7,162 @@ clients (a key whose one limit is its concurrency) ask, back to back, for as man
 that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), every third ask one
 more (which the gateway must refuse, naming the field), while the main key sends
 the same chats again. The ratio of the two medians is what one key's largest asks cost
-another (issue 31's goal: <= 2x). Then the same chats once more while the amplifier key sends
-the hostile probe's output constraints at its limit (gateway_bench/soak_constraints.py).
+another (issue 31's goal: <= 2x).
+
+Then the amplification by constraints (issue 43): the same chats once more while the
+amplifier key sends, back to back at its concurrent limit, the hostile probe's output
+constraints: a regex of 50,000 alternated words, a JSON schema of 10,000 string properties and
+one of a 100,000-value enum (each `structured_outputs` on `/v1/completions`). Each must be
+refused at once, naming the field and the limit (MAX_REGEX_CHARS, MAX_SCHEMA_BYTES...), and
+leave the engine to the others. The probing clients run in a process of their own at the lowest
+CPU priority (nice 19): building and sending megabyte bodies is the attacker's own work, on its
+own machine in the world; on a 2-core loopback run, at equal priority, it took a core from the
+engine and doubled the other key's TTFT by itself (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
 import re
 import statistics
+from collections.abc import Awaitable, Callable
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event as EventType
 from time import perf_counter
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from gateway_bench.soak_calls import Client
-from gateway_bench.soak_constraints import ConstraintLoad, measure_constraint_load
-from gateway_bench.worker import sse_reads
+from gateway_bench.worker import Context, sse_reads
 
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
+
+
+def _probes() -> list[tuple[str, Any]]:
+    words = "|".join(f"w7x{i}" for i in range(50_000))
+    properties = {f"p{i}": {"type": "string"} for i in range(10_000)}
+    return [
+        ("regex", words),
+        ("json", {"type": "object", "properties": properties}),
+        ("json", {"type": "string", "enum": [f"value{i}" for i in range(100_000)]}),
+    ]
+
+
+class ConstraintLoad(msgspec.Struct, kw_only=True):
+    contended_ttft_p50_ms: float | None  # the main key's, while the probes were sent
+    chats: int
+    chat_failures: int
+    probes: int  # the limited key's requests carrying a probe's constraint
+    refused_naming_field: int  # of those, a 4xx naming the field and a MAX_ setting
+    server_errors: int
+
+
+class _ProbeTally(msgspec.Struct):
+    probes: int = 0
+    refused: int = 0
+    server_errors: int = 0
+
+
+async def _prober(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    encoded: list[tuple[str, bytes]],
+    stop: EventType,
+    started: EventType,
+    tally: _ProbeTally,
+) -> None:
+    turn = 0
+    while not stop.is_set():
+        name, body = encoded[turn % len(encoded)]
+        turn += 1
+        async with session.post(url, data=body, headers=headers) as r:
+            text = (await r.read()).decode(errors="replace")
+        started.set()
+        tally.probes += 1
+        tally.server_errors += r.status >= 500
+        named = f"structured_outputs.{name}" in text and "MAX_" in text
+        tally.refused += r.status in (400, 422) and named
+
+
+async def _probe(
+    url: str, headers: dict[str, str], prompt: str, askers: int, stop: EventType, started: EventType
+) -> _ProbeTally:
+    encoded = [
+        (
+            name,
+            msgspec.json.encode(
+                {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}}
+            ),
+        )
+        for name, value in _probes()
+    ]
+    tally = _ProbeTally()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        await asyncio.gather(
+            *(_prober(session, url, headers, encoded, stop, started, tally) for _ in range(askers))
+        )
+    return tally
+
+
+def _probe_process(
+    url: str,
+    headers: dict[str, str],
+    prompt: str,
+    askers: int,
+    stop: EventType,
+    started: EventType,
+    results: Queue[bytes],
+) -> None:
+    """The probing key's clients, in a process of their own at the lowest CPU priority: a
+    hostile caller's own work (building and sending megabyte bodies) is its machine's, not the
+    server's, and on a 2-core loopback run it would otherwise take a core from the engine."""
+    os.nice(19)
+    results.put(
+        msgspec.json.encode(asyncio.run(_probe(url, headers, prompt, askers, stop, started)))
+    )
+
+
+async def measure_constraint_load(
+    main: Context,
+    limited: Context,
+    *,
+    askers: int,
+    chats: Callable[[], Awaitable[list[float | None]]],
+    p50: Callable[[list[float | None]], float | None],
+    prompt: str,
+) -> ConstraintLoad:
+    """`chats()` measures the main key's chats once the probes are coming; the probes run until
+    the chats are done."""
+    spawn = multiprocessing.get_context("spawn")
+    stop, started, results = spawn.Event(), spawn.Event(), spawn.Queue()
+    url = limited.base_url + "/v1/completions"
+    process = spawn.Process(
+        target=_probe_process,
+        args=(url, limited.headers(), prompt, askers, stop, started, results),
+        daemon=True,
+    )
+    process.start()
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, started.wait)
+        contended = await chats()
+    finally:
+        stop.set()
+        raw = await loop.run_in_executor(None, results.get)
+        await loop.run_in_executor(None, process.join)
+    tally = msgspec.json.decode(raw, type=_ProbeTally)
+    return ConstraintLoad(
+        contended_ttft_p50_ms=p50(contended),
+        chats=len(contended),
+        chat_failures=sum(v is None for v in contended),
+        probes=tally.probes,
+        refused_naming_field=tally.refused,
+        server_errors=tally.server_errors,
+    )
 
 
 class Amplification(msgspec.Struct, kw_only=True):
@@ -70,12 +206,14 @@ class _Tally:
         self.running = asyncio.Event()  # a largest ask has finished: they are in the engine
 
 
-async def _chat_ttft(client: Client, prompt: str, tokens: int) -> float | None:
+async def _chat_ttft(client: Context, prompt: str, tokens: int) -> float | None:
     """The first streamed text's delay in ms; None when the chat did not stream text."""
     body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
     sent = perf_counter()
     async with client.session.post(
-        client.base_url + "/v1/completions", data=msgspec.json.encode(body), headers=client.headers
+        client.base_url + "/v1/completions",
+        data=msgspec.json.encode(body),
+        headers=client.headers(),
     ) as r:
         if r.status != 200:
             await r.read()
@@ -103,7 +241,7 @@ def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, di
 
 
 async def _asker(
-    client: Client,
+    client: Context,
     prompt: str,
     sequences: int,
     tokens: int,
@@ -118,7 +256,7 @@ async def _asker(
         over = turn % 3 == 1  # every third ask is one too many: n and num_beams by turns
         path, body = _ask(prompt, sequences + over, tokens, beams=turn % 2 == 0)
         async with client.session.post(
-            client.base_url + path, data=msgspec.json.encode(body), headers=client.headers
+            client.base_url + path, data=msgspec.json.encode(body), headers=client.headers()
         ) as r:
             text = (await r.read()).decode(errors="replace")
         if r.status >= 500:
@@ -137,7 +275,7 @@ async def _asker(
             await asyncio.sleep(_RATE_LIMITED_PAUSE_S)
 
 
-async def _chats(client: Client, prompt: str, count: int, tokens: int) -> list[float | None]:
+async def _chats(client: Context, prompt: str, count: int, tokens: int) -> list[float | None]:
     return [await _chat_ttft(client, prompt, tokens) for _ in range(count)]
 
 
@@ -147,9 +285,8 @@ def _p50(values: list[float | None]) -> float | None:
 
 
 async def measure_amplification(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    keys: tuple[str, str],
+    main: Context,
+    limited: Context,
     *,
     limits: str,
     chats: int,
@@ -158,8 +295,6 @@ async def measure_amplification(
     askers: int,
     prompt: str,
 ) -> Amplification:
-    main = Client(session, base_url, keys[0], "main")
-    limited = Client(session, base_url, keys[1], "limited")
     sequences = concurrent_limit(limits)
     idle = await _chats(main, prompt, chats, chat_tokens)
     stop, tally = asyncio.Event(), _Tally()

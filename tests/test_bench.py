@@ -16,16 +16,14 @@ import msgspec
 import pytest
 
 from gateway_bench import goals
-from gateway_bench.benchmark import run_benchmark
+from gateway_bench.benchmark import PROTOCOL_NAMES, QUICK, parse, run_benchmark
 from gateway_bench.metrics import Record, itl_samples, percentile, start
-from gateway_bench.options import PROTOCOL_NAMES, QUICK, parse
 from gateway_bench.report import CHART, JSON, MARKDOWN
 from gateway_bench.results import BenchReport, StepResult, TargetResult
 from gateway_bench.soak import MARKDOWN as SOAK_MARKDOWN
 from gateway_bench.soak import keys_file, new_key, new_keys, run_soak, write
-from gateway_bench.soak_calls import PROTOCOLS
-from gateway_bench.soak_options import QUICK_SOAK
-from gateway_bench.soak_options import parse as parse_soak
+from gateway_bench.soak import parse as parse_soak
+from gateway_bench.soak_run import PROTOCOLS, QUICK_SOAK
 from gateway_bench.soak_watch import Presence, Scrape, margins, parse_counters, unexplained
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
@@ -219,7 +217,7 @@ def test_the_chat_route_is_judged_against_vllms_chat_route() -> None:
 def test_quick_soak_ends_every_prompt_once(
     engine: Engine, make_server: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
-    """`llm-gateway bench --scenario soak --quick` on a keyed server of the shared engine: no
+    """`llm-gateway bench soak --quick` on a keyed server of the shared engine: no
     5xx, every prompt whose client stayed ends once at the clients, accepted = terminal in
     /metrics and the engine idle at the end (no speed, memory or timing figure)."""
     keys, amplifier = new_keys(), new_key()
@@ -268,16 +266,16 @@ def test_quick_soak_ends_every_prompt_once(
     assert constraints.contended_ttft_p50_ms and amplification.constraint_ratio
     assert goals["No amplification by constraints"].passed is None
     write(report, tmp_path)
-    assert (tmp_path / SOAK_MARKDOWN).read_text().startswith("# llm-gateway bench --scenario soak")
+    assert (tmp_path / SOAK_MARKDOWN).read_text().startswith("# llm-gateway bench soak")
 
 
 def test_soak_command_line_and_scenario() -> None:
-    quick = parse_soak(["--scenario", "soak", "--quick", "--requests", "50"])
+    quick = parse_soak(["--quick", "--requests", "50"])
     assert quick.quick and quick.requests == 50 and quick.concurrency == QUICK_SOAK.concurrency
-    full = parse_soak(["--scenario", "soak"])
+    full = parse_soak([])
     assert (full.requests, full.concurrency, full.output_tokens) == (10_000, 64, (8, 16))
     assert (full.leave_share, full.invalid_share) == (0.10, 0.05)
-    assert parse(["--scenario", "sweep", "--quick"]).quick
+    assert parse(["--quick"]).quick
     with pytest.raises(SystemExit):
         parse_soak(["--gateway-url", "http://127.0.0.1:1"])  # its keys are needed too
     with pytest.raises(SystemExit):

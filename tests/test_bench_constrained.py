@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario constrained --quick` on the session's server: every variant at
+"""`llm-gateway bench constrained --quick` on the session's server: every variant at
 every concurrency measured and reported, with its ratio to the unconstrained run (what this
 asserts, never a speed figure: docs/BENCHMARKS.md has those)."""
 
@@ -25,7 +25,7 @@ def test_the_quick_constrained_scenario_measures_every_variant(
 ) -> None:
     from gateway_bench.constrained import VARIANTS, markdown, parse, run_constrained
 
-    options = parse(["--scenario", "constrained", "--quick", "--out", str(tmp_path)])
+    options = parse(["--quick", "--out", str(tmp_path)])
     served = served_model_name(gateway_settings().engine)
 
     @asynccontextmanager
@@ -43,11 +43,11 @@ def test_the_quick_constrained_scenario_measures_every_variant(
     text = markdown(report)
     assert "| 2 | json_schema |" in text and "x unconstrained" in text
     with pytest.raises(SystemExit):
-        parse(["--scenario", "constrained", "--variants", "regex"])  # no baseline
+        parse(["--variants", "regex"])  # no baseline
 
 
 def test_list_options_take_their_items_type() -> None:
     from gateway_bench.constrained import parse
 
-    options = parse(["--scenario", "constrained", "--concurrency", "4", "32"])
+    options = parse(["--concurrency", "4", "32"])
     assert options.concurrency == [4, 32]

@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario mixed --quick`: every target, regime and chat shape measured,
+"""`llm-gateway bench mixed --quick`: every target, regime and chat shape measured,
 end to end; and the report's figures and goals on hand-made results.
 
 The bench's own code path (its clients, the shapes, the drain, the report) on test servers:
@@ -28,10 +28,9 @@ from gateway.config.priorities import BULK, DEFAULT_CLASSES, INTERACTIVE
 from gateway.config.settings import served_model_name
 from gateway.engine.cpu_defaults import CPU_MAX_NUM_BATCHED_TOKENS
 from gateway_bench.engine_counts import parse_counts
-from gateway_bench.mixed_options import SHAPES, MixedOptions, parse
+from gateway_bench.mixed import parse
+from gateway_bench.mixed_options import SCHEDULES, SHAPES, MixedOptions, planned_chats, sporadic_gap
 from gateway_bench.mixed_report import RegimeResult, ShapeResult, TargetResult, goals
-from gateway_bench.mixed_shapes import SHAPES as SCHEDULES
-from gateway_bench.mixed_shapes import planned_chats, sporadic_gap
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
 from serving import LoopThread, RunningServer, gateway_settings, start_server
@@ -78,7 +77,7 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
     from gateway_bench.mixed import run_mixed
     from gateway_bench.mixed_report import markdown
 
-    argv = ["--scenario", "mixed", "--quick", "--regimes", "saturation", "--out", str(tmp_path)]
+    argv = ["--quick", "--regimes", "saturation", "--out", str(tmp_path)]
     options = parse(argv)
     served = served_model_name(gateway_settings().engine)
     priority = make_server(SCHEDULING_POLICY="priority")
@@ -103,7 +102,7 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
             finally:
                 await asyncio.to_thread(fcfs.stop)
 
-    run = run_mixed(options, "llm-gateway bench --scenario mixed --quick", running)
+    run = run_mixed(options, "llm-gateway bench mixed --quick", running)
     report, out = asyncio.run(run)
     assert asked == [(name, regime) for regime in options.regimes for name in options.targets]
     [saturation] = report.regimes
@@ -142,7 +141,7 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
 def test_the_overload_regime_limits_what_each_started_engine_runs() -> None:
     from gateway_bench.mixed import target_command
 
-    options = parse(["--scenario", "mixed", "--quick", "--model", "/models/m"])
+    options = parse(["--quick", "--model", "/models/m"])
     limit = str(options.overload_running)
     for name in options.targets:
         calm, calm_env, _ = target_command(name, "saturation", options, "/models/m", 8000)

@@ -1,4 +1,4 @@
-"""`llm-gateway bench --scenario replicas --quick`: each target measured.
+"""`llm-gateway bench replicas --quick`: each target measured.
 
 The in-process engine (the session's own server: an engine in-process, on the tests'
 settings) and one Ray replica (throughput), then two replicas routed by continuation key and
@@ -29,9 +29,9 @@ def test_the_quick_replicas_scenario_measures_every_target(
 ) -> None:
     from gateway_bench.replica_bench import markdown, parse, run_replicas
 
-    argv = ["--scenario", "replicas", "--quick", "--out", str(tmp_path)]
+    argv = ["--quick", "--out", str(tmp_path)]
     options = parse([*argv, "--ray-address", ray_address])
-    command = "llm-gateway bench --scenario replicas --quick"
+    command = "llm-gateway bench replicas --quick"
     report = asyncio.run(run_replicas(options, command, in_process_url=server.http))
     assert [t.target for t in report.throughput] == ["in-process", "one-replica"]
     assert all(t.failed == 0 and t.tok_s > 0 for t in report.throughput)
@@ -54,7 +54,7 @@ def test_the_report_gives_each_pair_its_ratio_and_their_median() -> None:
     pairs = [("in-process", 200.0), ("one-replica", 180.0), ("in-process", 250.0)]
     pairs += [("one-replica", 200.0), ("in-process", 100.0), ("one-replica", 95.0)]
     report = ReplicaReport(
-        command="llm-gateway bench --scenario replicas --repeats 3",
+        command="llm-gateway bench replicas --repeats 3",
         machine=machine.describe("auto"),
         options=ReplicaOptions(repeats=3),
         throughput=[Throughput(target, tok_s, 0) for target, tok_s in pairs],

@@ -179,7 +179,7 @@ def test_broken_copy_is_detected_and_rebuilt(prepared: Prepared, tmp_path: Path)
     assert not is_complete(model_dir)
 
     # What a crashed earlier run would have left behind.
-    stale = model_dir.parent / f"{default_model._TMP_PREFIX}crashed"
+    stale = model_dir.parent / f"{default_model.TMP_PREFIX}crashed"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"partial")
 

@@ -28,7 +28,7 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONTEXT_LENGTH = 8192
 _MANIFEST = ".complete.json"
 _MANIFEST_VERSION = 1
-_TMP_PREFIX = f".{DEFAULT_MODEL_NAME}.tmp-"
+TMP_PREFIX = f".{DEFAULT_MODEL_NAME}.tmp-"
 _REQUIRED_FILES = frozenset(
     {
         "config.json",
@@ -210,12 +210,12 @@ def prepare_default_model(
         if is_complete(target):  # another process finished it while we waited for the lock
             progress(f"reusing complete copy at {target}")
             return target
-        for stale in target.parent.glob(f"{_TMP_PREFIX}*"):
+        for stale in target.parent.glob(f"{TMP_PREFIX}*"):
             progress(f"removing leftover {stale}")
             _remove(stale)
 
         gguf = gguf_path()
-        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=target.parent))
         try:
             progress(f"converting {gguf.name} to bf16 safetensors (about 20 s)")
             _convert(gguf, tmp)

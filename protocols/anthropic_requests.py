@@ -1,0 +1,278 @@
+"""Anthropic's Messages API requests (`POST /v1/messages`, `/v1/messages/count_tokens`),
+decoded to the neutral vocabulary (no I/O).
+
+A Messages request becomes the same `OpenAICall` a chat completion does: its `system` a
+system message, its `tool_use` blocks an assistant's tool calls, its `tool_result` blocks tool
+messages, its `tools` OpenAI's function tools (so the chat template, the tool parsers and the
+grammars are the chat route's). Fields this server does not know are ignored, as on the other
+routes; `thinking` is accepted and ignored (the served models do not think). Images,
+documents and Anthropic's server tools (web search, code execution...) are refused, naming
+the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from protocols.errors import invalid, validation_error
+from protocols.generation import GenerationRequest, MaxNewTokens, SamplingOptions, TopK, TopP
+from protocols.openai_requests import OpenAICall, decode_body
+from protocols.tool_calls import (
+    FunctionSpec,
+    NamedChoice,
+    NamedFunction,
+    Tool,
+    ToolUse,
+    decode_tool_use,
+)
+
+Temperature = Annotated[float, Meta(ge=0.0, le=1.0)]
+StopSequences = Annotated[list[str], Meta(max_length=16)]
+# Anthropic's rule for a tool's name, no longer than OpenAI's (the chat route's tools)
+ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+class TextBlock(msgspec.Struct, tag="text", kw_only=True):
+    text: str
+
+
+class ToolUseBlock(msgspec.Struct, tag="tool_use", kw_only=True):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(msgspec.Struct, tag="tool_result", kw_only=True):
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(msgspec.Struct, tag="thinking", kw_only=True):
+    """An earlier answer's thinking, sent back as the API asks: not shown to these models."""
+
+    thinking: str = ""
+    signature: str = ""
+
+
+class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", kw_only=True):
+    data: str = ""
+
+
+class UnservedBlock(msgspec.Struct, kw_only=True):
+    """Any other block (`image`, `document`, `search_result`...): refused by its `type`."""
+
+    type: str
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+_BLOCK_TYPES = frozenset(b.__struct_config__.tag for b in Block.__args__)
+
+
+class InputMessage(msgspec.Struct, kw_only=True):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class CustomTool(msgspec.Struct, kw_only=True):
+    name: ToolName
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: str | None = None  # `custom`, or left out; anything else is a server tool
+
+
+class ToolChoiceParam(msgspec.Struct, kw_only=True):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Metadata(msgspec.Struct, kw_only=True):
+    user_id: str | None = None
+
+
+class _Conversation(msgspec.Struct, kw_only=True):
+    """What a Messages request and a token count share."""
+
+    model: str
+    messages: Annotated[list[InputMessage], Meta(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: Annotated[list[CustomTool], Meta(max_length=128)] | None = None
+    tool_choice: ToolChoiceParam | None = None
+
+
+class MessagesRequest(_Conversation, kw_only=True):
+    max_tokens: MaxNewTokens
+    stop_sequences: StopSequences | None = None
+    stream: bool = False
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    metadata: Metadata | None = None
+
+
+class CountTokensRequest(_Conversation, kw_only=True):
+    pass
+
+
+class Conversation(msgspec.Struct, frozen=True, kw_only=True):
+    """A request's chat, as the chat template receives it."""
+
+    model: str
+    messages: tuple[dict[str, Any], ...]
+    tool_use: ToolUse | None
+
+
+def decode_messages(raw: bytes) -> OpenAICall:
+    """A `/v1/messages` request as the one-prompt chat call it asks for."""
+    body: MessagesRequest = decode_body(raw, MessagesRequest)
+    conversation = _conversation(body)
+    temperature = 1.0 if body.temperature is None else body.temperature
+    options = SamplingOptions(
+        max_new_tokens=body.max_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=-1 if body.top_k is None else body.top_k,
+        stop=tuple(body.stop_sequences or ()),
+    )
+    tools = conversation.tool_use.tools if conversation.tool_use is not None else None
+    request = GenerationRequest(
+        options=options,
+        messages=conversation.messages,
+        tools=tools,
+        prompt_field="messages",
+        stream=body.stream,
+    )
+    return OpenAICall(
+        model=body.model,
+        requests=[request],
+        choices=1,
+        stream=body.stream,
+        include_usage=True,
+        top_logprobs=None,
+        tool_use=conversation.tool_use,
+    )
+
+
+def decode_count_tokens(raw: bytes) -> Conversation:
+    """A `/v1/messages/count_tokens` request: the chat whose prompt tokens it counts."""
+    return _conversation(decode_body(raw, CountTokensRequest))
+
+
+def _conversation(body: _Conversation) -> Conversation:
+    messages: list[dict[str, Any]] = []
+    if body.system is not None:
+        system = body.system if isinstance(body.system, str) else _joined(body.system)
+        messages.append({"role": "system", "content": system})
+    for i, message in enumerate(body.messages):
+        messages.extend(_chat_messages(message, i))
+    return Conversation(model=body.model, messages=tuple(messages), tool_use=_tool_use(body))
+
+
+def _chat_messages(message: InputMessage, index: int) -> list[dict[str, Any]]:
+    """One input message as chat-template messages: a user's tool results come first, each a
+    tool message; an assistant's tool uses are its `tool_calls`."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for j, raw_block in enumerate(message.content):
+        field = f"messages[{index}].content[{j}]"
+        block = _block(raw_block, field)
+        match block:
+            case TextBlock(text=text):
+                texts.append(text)
+            case ToolUseBlock() if message.role == "assistant":
+                function = {"name": block.name, "arguments": block.input}
+                calls.append({"id": block.id, "type": "function", "function": function})
+            case ToolResultBlock() if message.role == "user":
+                content = block.content
+                text = content if isinstance(content, str) else _joined(content)
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+            case ToolUseBlock() | ToolResultBlock():
+                raise invalid(
+                    f"A `{block.__struct_config__.tag}` block belongs in "
+                    f"{'an assistant' if isinstance(block, ToolUseBlock) else 'a user'} message",
+                    f"{field}.type",
+                )
+    if not texts and not calls and not results:
+        raise invalid(
+            "A message needs text, `tool_use` or `tool_result` content",
+            f"messages[{index}].content",
+        )
+    said: list[dict[str, Any]] = []
+    if texts or calls:
+        turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
+        if calls:
+            turn["tool_calls"] = calls
+        said.append(turn)
+    return results + said
+
+
+def _block(raw: dict[str, Any], field: str) -> Block:
+    kind = raw.get("type")
+    if kind not in _BLOCK_TYPES:
+        unserved = f"`{kind}` content" if isinstance(kind, str) else "A block without its `type`"
+        raise invalid(
+            f"{unserved} is not served here: this server's models read text, `tool_use` and "
+            "`tool_result` blocks",
+            f"{field}.type",
+        )
+    try:
+        block: Block = msgspec.convert(raw, Block)
+    except msgspec.ValidationError as e:
+        raise validation_error(e, field) from e
+    return block
+
+
+def _joined(blocks: list[TextBlock]) -> str:
+    return "\n".join(block.text for block in blocks)
+
+
+def _tool_use(body: _Conversation) -> ToolUse | None:
+    """Anthropic's tools and tool_choice as OpenAI's: `any` is `required`, `tool` names a
+    function, `disable_parallel_tool_use` is `parallel_tool_calls: false`."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice is not None and choice.type in ("any", "tool"):
+            raise invalid(f"tool_choice `{choice.type}` needs `tools`", "tool_choice.type")
+        return None
+    for i, tool in enumerate(body.tools):
+        if tool.type not in (None, "custom"):
+            raise invalid(
+                f"The server tool `{tool.type}` is not served here: only custom tools",
+                f"tools[{i}].type",
+            )
+    tools = [
+        Tool(
+            type="function",
+            function=FunctionSpec(
+                name=t.name, description=t.description, parameters=t.input_schema
+            ),
+        )
+        for t in body.tools
+    ]
+    if choice is None:
+        return decode_tool_use(tools, None, None)
+    parallel = not choice.disable_parallel_tool_use
+    match choice.type:
+        case "auto" | "none":
+            return decode_tool_use(tools, choice.type, parallel)
+        case "any":
+            return decode_tool_use(tools, "required", parallel)
+        case "tool":
+            names = [t.name for t in body.tools]
+            if choice.name not in names:
+                raise invalid(
+                    f"tool_choice names the tool {choice.name!r}, which `tools` does not have "
+                    f"(it has {', '.join(map(repr, names))})",
+                    "tool_choice.name",
+                )
+            return decode_tool_use(
+                tools, NamedChoice(function=NamedFunction(choice.name)), parallel
+            )
