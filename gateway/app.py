@@ -34,8 +34,9 @@ from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.sequences import SequenceBounds
+from gateway.engine_path.served_model import ServedModel
+from gateway.http.admin import ADMIN_PATHS
 from gateway.routes import ROUTES
-from gateway.routes.adapters import ADMIN_PATHS
 from gateway.state import Gateway
 from gateway.stores.configured import open_event_log, open_store
 from gateway.stores.feedback import FeedbackStore, feedback_path
@@ -112,13 +113,12 @@ def create_app(
         drain.on_drained(background.settled)  # their terminal events kept before the exit
         gateway = Gateway(
             settings,
-            holder,
+            ServedModel(holder, settings.engine, tool_parsing, chat_template),
             service,
             batches,
             feedback,
             feedback_limits,
             drain,
-            tool_parsing,
             detached,
             background,
         )
@@ -149,7 +149,7 @@ def create_app(
     if settings.api_keys_file and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, lambda _signum, _frame: ring.reload())
     open_paths = open_paths_of(settings.auth_open_paths, metrics_public=settings.metrics_public)
-    open_paths |= ADMIN_PATHS  # their own key check: ADMIN_API_KEYS (gateway/routes/adapters.py)
+    open_paths |= ADMIN_PATHS  # their own key check: ADMIN_API_KEYS (gateway/http/admin.py)
     middleware = [  # the first is the outermost
         Middleware(OriginMiddleware, allowed=parse_origins(settings.allowed_origins)),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),

@@ -10,12 +10,11 @@ from starlette.requests import HTTPConnection
 
 from gateway.config.settings import Settings
 from gateway.edge.feedback_limits import FeedbackLimits
-from gateway.engine.holder import EngineHolder
-from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.background import Background
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.reattach import Detached
+from gateway.engine_path.served_model import ServedModel
 from gateway.stores.feedback import FeedbackStore
 
 if TYPE_CHECKING:  # drain -> refusals -> the routes, which import this module
@@ -27,13 +26,12 @@ class Gateway:
     """What every route needs, handed to it through the lifespan state."""
 
     settings: Settings
-    holder: EngineHolder
+    model: ServedModel  # the engine as routes see it: its name, tokenizer, adapters...
     service: GenerationService
     batches: BatchRunner
     feedback: FeedbackStore
     feedback_limits: FeedbackLimits
     drain: Drain
-    tool_parsing: ToolParsing  # tool_choice auto's parser, when configured
     detached: Detached  # control-protocol generations waiting for their client to reattach
     background: Background  # the Responses API's background responses, and their events
 

@@ -108,6 +108,24 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
+class Model(msgspec.Struct, omit_defaults=True):
+    """One model GET `/v1/models` lists: the served model, or a LoRA adapter (as vLLM lists
+    it: `root` where it was loaded from, `parent` the base model)."""
+
+    id: str
+    max_model_len: int
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "llm-gateway"
+    root: str | None = None
+    parent: str | None = None
+
+
+class ModelList(msgspec.Struct):
+    data: list[Model]
+    object: str = "list"
+
+
 def error_of(error: GenerationError) -> tuple[int, bytes]:
     """The status the `openai` client maps to its exception classes, and OpenAI's body."""
     status, kind = _status(error.kind)

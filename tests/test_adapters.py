@@ -196,7 +196,7 @@ def test_the_base_models_prefix_cache_is_not_an_adapters(lora_server: RunningSer
     assert again == base and cached_again > 0  # the base's own blocks are cached
 
 
-def manage(server: RunningServer, action: str, key: str | None, **body: str) -> httpx.Response:
+def manage(server: RunningServer, action: str, key: str | None, **body: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     url = f"{server.http}/v1/{action}_lora_adapter"
     return web.post(url, json=body, headers=headers)
@@ -249,6 +249,17 @@ def test_adapters_load_and_unload_at_run_time_with_an_admin_key(
         completion(lora_server, "parrot")
     gone = manage(lora_server, "unload", ADMIN, lora_name="parrot")
     assert gone.status_code == 404 and "parrot" in gone.text
+
+
+def test_an_admin_bodys_numbers_past_their_bounds_are_refused_naming_the_field(
+    lora_server: RunningServer,
+) -> None:
+    """What tests/test_fuzz_http.py cannot send the shared server (no ADMIN_API_KEYS there):
+    /v1/unload_lora_adapter's one number, past its bounds, with an admin key."""
+    for number in (2**64, -(2**63) - 1, 1e308, 0.5):
+        refused = manage(lora_server, "unload", ADMIN, lora_name="parrot", lora_int_id=number)
+        assert refused.status_code == 400, (number, refused.text)
+        assert "lora_int_id" in refused.text, (number, refused.text)
 
 
 def test_a_beam_search_on_an_adapter_unloaded_meanwhile_ends_as_it_would_have(

@@ -97,7 +97,7 @@ def transformers_beams(engine: Engine, prompt: str) -> str:
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["raw", "capital", "haiku"])
 def test_beams_answer_what_transformers_answers(server: RunningServer, prompt: str) -> None:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     expected = transformers_beams(engine, prompt)
     assert expected.strip()

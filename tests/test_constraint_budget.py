@@ -121,7 +121,7 @@ def test_the_probes_shapes_are_refused_before_the_engine_on_every_protocol(
     """The 50,000-word regex, the 10,000-property schema and the 100,000-value enum: each a
     4xx naming the field and the limit, the engine not rebuilt, its compiles untouched, its
     memory where it was, and /health answering throughout."""
-    holder = server.gateway.holder
+    holder = server.gateway.service.holder
     restarts, compiles = holder.restarts, engine.constraints.compiles
     rss = _core_rss(engine)
     with web.client(base_url=server.http) as http:

@@ -16,7 +16,7 @@ STORY = CHAT.format("Tell me a long story about a brave knight.")
 
 
 def test_config_init_tokens_completion(server: RunningServer) -> None:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     with connect(server.ws + "/generate") as ws:
         ws.send(config(STORY, max_tokens=12, temperature=0))
@@ -40,7 +40,7 @@ def test_config_init_tokens_completion(server: RunningServer) -> None:
 
 
 def test_options_echo_token_ids_logprobs_and_timing(server: RunningServer) -> None:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     options = {
         "echo_prompt": True,
@@ -178,7 +178,7 @@ def test_chat_messages_are_rendered_with_the_models_template(server: RunningServ
         )
         assert completion["generated_text"].startswith(rendered)
         assert len(completion["generated_text"]) > len(rendered)
-        engine = server.gateway.holder.engine
+        engine = server.gateway.service.holder.engine
         assert engine is not None
         assert completion["usage"]["prompt_tokens"] == len(engine.encode(rendered))
 

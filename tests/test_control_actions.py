@@ -31,7 +31,7 @@ STORY = CHAT.format("Write a long, detailed story about a dragon and a village."
 
 
 def unfinished(server: RunningServer) -> int:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     return server.loop.call(engine.unfinished_requests)
 

@@ -40,7 +40,7 @@ def waiting(server: RunningServer) -> int:
 
 def running(server: RunningServer) -> int:
     """Requests holding an engine slot (gateway_running_requests), and the engine's own."""
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     return server.loop.call(
         lambda: server.gateway.service.admission.running + engine.unfinished_requests()

@@ -62,7 +62,7 @@ def generated_ids(messages: list[Message]) -> list[int]:
 
 
 def engine_of(server: RunningServer) -> Engine:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     return engine
 

@@ -62,7 +62,7 @@ def own_engine_server(
     settings = gateway_settings(**env)
     loader = own_engine_loader(rebuilds)
     running = start_server(loop_thread, settings, loader, owns_engine=True)
-    holder = running.gateway.holder
+    holder = running.gateway.service.holder
     # The restart limits as the settings say (create_app may not pass them to the holder).
     holder.max_restarts = settings.engine_max_restarts
     holder.restart_window_seconds = settings.engine_restart_window_seconds
@@ -74,7 +74,7 @@ def own_engine_server(
 
 
 def engine_of(server: RunningServer) -> Engine:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     return engine
 
@@ -123,7 +123,7 @@ def test_a_killed_engine_fails_each_stream_once_and_the_gateway_serves_again(
     healing: Healing,
 ) -> None:
     server, rebuilds = healing
-    holder = server.gateway.holder
+    holder = server.gateway.service.holder
     assert holder.restarts == 0  # the module's first kill
     prompt = CHAT.format("Tell me about lighthouses.")
     key = f"before-{uuid.uuid4()}"
@@ -170,7 +170,7 @@ def test_a_killed_engine_fails_each_stream_once_and_the_gateway_serves_again(
 
 def test_past_engine_max_restarts_the_holder_gives_up(healing: Healing) -> None:
     server, rebuilds = healing
-    holder = server.gateway.holder
+    holder = server.gateway.service.holder
     reasons: list[str] = []
     holder.on_give_up = reasons.append
     server.loop.call(rebuilds.set)  # alone, this test's first kill is healed: the next is not

@@ -28,7 +28,7 @@ def recv_until(ws: Connection, kind: str) -> list[dict[str, object]]:
 
 
 def unfinished(server: RunningServer) -> int:
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     return server.loop.call(engine.unfinished_requests)
 

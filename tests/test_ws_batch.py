@@ -213,7 +213,7 @@ def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
         {"beam"},
     )
     complete = events_of(frames, "beam")[-1]
-    engine = server.gateway.holder.engine
+    engine = server.gateway.service.holder.engine
     assert engine is not None
     options = SamplingOptions(max_new_tokens=6, do_sample=False, num_beams=3, length_penalty=0.5)
     # The engine answers every beam, best first; /ws sends the best.

@@ -181,6 +181,6 @@ def test_a_client_that_leaves_stops_its_generations(
         while frames_seen < 4:
             json.loads(ws.recv())
             frames_seen += 1
-        engine = server.gateway.holder.engine
+        engine = server.gateway.service.holder.engine
         assert engine is not None and server.loop.call(engine.unfinished_requests) == 2
     idle_engine()

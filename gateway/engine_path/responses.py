@@ -24,8 +24,7 @@ from typing import Any
 import msgspec
 
 from gateway.edge.caller import current_caller
-from gateway.engine.adapter import Engine
-from gateway.engine_path.generation import tokenized
+from gateway.engine_path.served_model import ServedModel
 from gateway.stores.continuation import HistoryStore, Key, packed_ids, unpacked_ids
 from protocols.events import Finished, History, token_array
 from protocols.generation import GenerationRequest
@@ -58,9 +57,9 @@ class Turn(msgspec.Struct, frozen=True):
 class Responses:
     """Stored responses, each private to its owner."""
 
-    def __init__(self, store: HistoryStore, chat_template: str | None = None) -> None:
+    def __init__(self, store: HistoryStore, model: ServedModel) -> None:
         self.store = store
-        self.chat_template = chat_template
+        self.model = model
 
     @staticmethod
     def _key(response_id: str) -> Key:
@@ -86,11 +85,10 @@ class Responses:
         turn: Turn,
         done: Finished,
         answer: dict[str, Any],
-        engine: Engine,
     ) -> None:
         """The response, and what its next turn continues: the sequence after `done`."""
         generated = done.history.token_ids[len(turn.prompt.token_ids) :]
-        text = turn.prompt.text + engine.decode(generated.tolist())
+        text = turn.prompt.text + await self.model.decode(generated.tolist())
         stored = StoredResponse(
             response=response,
             items=list(call.items),
@@ -117,37 +115,25 @@ class Responses:
         )
         await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
 
-    async def turn(
-        self, engine: Engine, call: ResponsesCall, previous: StoredResponse | None
-    ) -> Turn:
+    async def turn(self, call: ResponsesCall, previous: StoredResponse | None) -> Turn:
         """The turn's prompt: the previous response's token ids and the new text's, when the
         rendered conversation begins with the previous sequence's text."""
         conversation = [*(previous.conversation if previous else []), *call.messages]
         system = [{"role": "system", "content": call.instructions}] if call.instructions else []
         request = call.request
-        rendered = engine.render_chat(
-            [*system, *conversation], tools=request.tools, chat_template=self.chat_template
-        )
-        adapter = engine.adapters.check(request.adapter, request.adapter_field)
+        rendered = await self.model.render_chat([*system, *conversation], tools=request.tools)
+        adapter = await self.model.adapter_of(request.adapter, request.adapter_field)
         if (
             previous is not None
             and rendered.startswith(previous.text)
             and previous.adapter == adapter
         ):
             rest = rendered[len(previous.text) :]
-            new = await tokenized(rest, _encode_plain(engine))
+            # without the special tokens the tokenizer adds at a text's start (a BOS): the
+            # text follows tokens already there
+            new = await self.model.tokenize(rest, special_tokens=False)
             ids = unpacked_ids(previous.token_ids) + token_array(new)
         else:
-            ids = token_array(await tokenized(rendered, engine.encode))
+            ids = token_array(await self.model.tokenize(rendered))
         prompt = History(ids, rendered)
         return Turn(msgspec.structs.replace(request, history=prompt), prompt, conversation)
-
-
-def _encode_plain(engine: Engine) -> Any:
-    """The tokenizer without the special tokens it adds at a text's start (a BOS): the text
-    follows tokens already there."""
-
-    def encode(text: str) -> list[int]:
-        return list(engine.tokenizer.encode(text, add_special_tokens=False))
-
-    return encode

@@ -1,7 +1,9 @@
-"""The route table: a protocol adds its routes module here and nowhere else."""
+"""The route table: a protocol adds its routes module here and nowhere else. Each module has
+its `routes` and the OpenAPI `operations` that describe its HTTP routes."""
 
 from starlette.routing import BaseRoute
 
+from gateway.http.openapi import Op
 from gateway.routes import (
     adapters,
     batch_ws,
@@ -39,4 +41,9 @@ _MODULES = (
     openapi,
     ui,
 )
-ROUTES: list[BaseRoute] = [route for module in _MODULES for route in module.routes]
+OPERATIONS: list[Op] = [op for module in _MODULES for op in module.operations]
+# The document's route serves what every module declares, its own operation included.
+ROUTES: list[BaseRoute] = [
+    *(route for module in _MODULES for route in module.routes),
+    *openapi.served(OPERATIONS),
+]

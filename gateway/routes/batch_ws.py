@@ -9,8 +9,9 @@ from __future__ import annotations
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.routes.outbox import Outbox
-from gateway.routes.websocket_payloads import send_steps, serve_payloads
+from gateway.http.openapi import Op
+from gateway.http.outbox import Outbox
+from gateway.http.websocket_payloads import send_steps, serve_payloads
 from gateway.state import Gateway
 from protocols.batch_events import NO_ID, ErrorEvent, PayloadFrames, encode_frame
 from protocols.batch_payload import decode_batch, refuse_repeated_ids
@@ -57,3 +58,4 @@ def _refuse_payload(
 
 
 routes = [WebSocketRoute("/ws", batch_events)]
+operations: list[Op] = []  # a WebSocket: OpenAPI cannot describe it (docs/PROTOCOLS.md does)

@@ -1,7 +1,7 @@
 """WS `/generate` and POST `/v1/generate`: the control protocol (control-ws.md).
 
 The WebSocket feeds each client message to one `ControlSession`; a writer task sends what the
-session says, in order (gateway/routes/outbox.py: a client that does not read has its
+session says, in order (gateway/http/outbox.py: a client that does not read has its
 generation end with a `memory_pressure` error and the connection closed with 1008). While the
 engine loads, the client gets `status` messages. The REST route is a session that receives
 one `config`, answered as JSON or, with `stream`, as SSE carrying the same messages, through
@@ -26,17 +26,28 @@ from starlette.websockets import WebSocket
 
 from gateway.edge.caller import current_caller
 from gateway.edge.http_errors import status_of
-from gateway.engine.holder import EngineHolder
 from gateway.engine_path.control_session import ControlSession
 from gateway.engine_path.reattach import Detached
-from gateway.routes.outbox import (
+from gateway.engine_path.served_model import ServedModel
+from gateway.http.openapi import GATEWAY_ERRORS, Events, Op
+from gateway.http.outbox import (
     POLICY_VIOLATION,
     BoundedQueue,
     Outbox,
     close_going_away,
     until_overflow,
 )
-from gateway.routes.streaming import chained, client_gone, collect, stream_answer
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    SSE,
+    Chunk,
+    Prepared,
+    Whole,
+    streamed,
+    to_response,
+)
+from gateway.http.streaming import chained, collect
 from gateway.state import gateway_of
 from protocols.control import (
     ClientMessage,
@@ -45,6 +56,8 @@ from protocols.control import (
     Error,
     Init,
     Reattach,
+    RestRequest,
+    RestResponse,
     ServerMessage,
     Status,
     decode_client,
@@ -89,7 +102,7 @@ async def control_ws(websocket: WebSocket) -> None:
         replay=gateway.detached.replay(),
     )
     connection = _Connection(session)
-    ticker = asyncio.create_task(_loading_status(gateway.holder, session))
+    ticker = asyncio.create_task(_loading_status(gateway.model, session))
     connections = metrics.connections.labels(Protocol.CONTROL)
     connections.inc()
     forget = gateway.drain.on_drained(lambda: close_going_away(outbox))
@@ -176,10 +189,10 @@ def _reattach_refusal(own: ControlSession, detached: Detached) -> GenerationErro
     return None
 
 
-async def _loading_status(holder: EngineHolder, session: ControlSession) -> None:
+async def _loading_status(model: ServedModel, session: ControlSession) -> None:
     """`status` every second while the engine loads, so a waiting client sees progress."""
-    while not holder.ready and holder.status == "loading":
-        progress, eta = holder.loading_progress()
+    while model.loading:
+        progress, eta = model.loading_progress()
         session.send(
             Status("model_loading", progress, "Loading the model and starting the engine", eta)
         )
@@ -217,23 +230,27 @@ async def _messages(
 
 async def _sse(
     head: list[ServerMessage], rest: AsyncIterator[ServerMessage]
-) -> AsyncGenerator[bytes, None]:
+) -> AsyncGenerator[Chunk, None]:
     async for message in chained(head, rest):
-        yield sse_event(encode(message))
+        yield Chunk(sse_event(encode(message)))
 
 
-def _refusal(head: list[ServerMessage]) -> Response | None:
+def _refusal(head: list[ServerMessage]) -> Whole | None:
     """An error before `init` (the prompt was refused) keeps its HTTP status."""
     first = head[0]
-    return _error_response(first, kind_of(first)) if isinstance(first, Error) else None
+    return _error_answer(first, kind_of(first)) if isinstance(first, Error) else None
 
 
 async def v1_generate(request: Request) -> Response:
+    return to_response(await _v1_generate(request))
+
+
+async def _v1_generate(request: Request) -> Prepared:
     gateway = gateway_of(request)
     try:
         config = rest_config(await request.body(), gateway.settings.max_stop_sequences)
     except GenerationError as e:
-        return _error_response(error_message(e), e.kind)
+        return _error_answer(error_message(e), e.kind)
     queue = BoundedQueue[ServerMessage](
         gateway.settings.max_queued_bytes_per_connection, lambda message: len(encode(message))
     )
@@ -249,32 +266,43 @@ async def v1_generate(request: Request) -> Response:
     unread = gateway.service.metrics.not_reading_closes.labels(Protocol.V1_GENERATE)
     messages = _messages(session, queue, unread)
     if config.options.stream:
-        return await stream_answer(
+        return await streamed(
             request,
             messages,
             ready=lambda _: True,
             refuse=_refusal,
-            body=_sse,
-            media_type="text/event-stream",
+            chunks=_sse,
+            media_type=SSE,
             headers=NO_CACHE,
         )
     answer = await collect(request, messages)
     if answer is None:
-        return client_gone()
+        return CLIENT_GONE
     last = answer[-1]
     if isinstance(last, Error):
-        return _error_response(last, kind_of(last))
+        return _error_answer(last, kind_of(last))
     assert isinstance(last, Completion)
     init = next((m for m in answer if isinstance(m, Init)), None)
     body = rest_response(init.request_id if init else "", session.model, last)
-    return Response(msgspec.json.encode(body), media_type="application/json")
+    return Whole(200, msgspec.json.encode(body), JSON)
 
 
-def _error_response(error: Error, kind: ErrorKind) -> Response:
-    return Response(encode(error), status_of(kind), media_type="application/json")
+def _error_answer(error: Error, kind: ErrorKind) -> Whole:
+    return Whole(status_of(kind), encode(error), JSON)
 
 
 routes = [
     WebSocketRoute("/generate", control_ws),
     Route("/v1/generate", v1_generate, methods=["POST"]),
+]
+operations = [
+    Op(
+        "post",
+        "/v1/generate",
+        "The control protocol's REST form",
+        RestRequest,
+        {JSON: RestResponse, SSE: Events(ServerMessage)},
+        Error,
+        GATEWAY_ERRORS,
+    ),
 ]

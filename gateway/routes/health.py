@@ -4,32 +4,29 @@ continuation store that cannot be reached makes it 200 `degraded`, naming the st
 
 from __future__ import annotations
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.http.openapi import Op
+from gateway.http.prepared import JSON, Whole, to_response
 from gateway.state import gateway_of
-
-
-class Health(msgspec.Struct, omit_defaults=True):
-    status: str
-    error: str | None = None
-
-
-_ENCODER = msgspec.json.Encoder()
+from protocols.health import Health, encode_health
 
 
 async def health(request: Request) -> Response:
     gateway = gateway_of(request)
-    holder = gateway.holder
+    model = gateway.model
     if gateway.drain.draining:
-        return Response(_ENCODER.encode(Health("draining")), 503, media_type="application/json")
-    status = Health(*holder.describe())
-    if holder.ready and (problem := await gateway.batches.store.problem()) is not None:
+        return to_response(Whole(503, encode_health(Health("draining")), JSON))
+    status = Health(*model.status())
+    if model.ready and (problem := await gateway.batches.store.problem()) is not None:
         status = Health("degraded", problem)  # only continuation by request_id fails: keep 200
-    body = _ENCODER.encode(status)
-    return Response(body, 200 if holder.ready else 503, media_type="application/json")
+    return to_response(Whole(200 if model.ready else 503, encode_health(status), JSON))
 
 
 routes = [Route("/health", health, methods=["GET"]), Route("/ping", health, methods=["GET"])]
+operations = [
+    Op("get", path, "Ready (200) or not (503)", None, {JSON: Health}, Health, (503,))
+    for path in ("/health", "/ping")
+]

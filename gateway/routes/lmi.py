@@ -1,211 +1,15 @@
-"""POST `/invocations` and `/predictions/{model_name}`: the LMI schema (lmi-invocations.md).
-
-A body with `messages` is a chat-completions request (DJL Serving's rule) and answers as
-/v1/chat/completions does, its stream as JSON lines of `chat.completion.chunk` (DJL's
-`jsonlines_chat` framing) unless SSE is asked for.
-
-`answer()` prepares a request's whole answer, or its stream, without writing it, so the
-SageMaker runtime routes reuse it and change only the framing. A stream commits to 200 only
-once its first token exists, so errors before that keep their 4xx/5xx status. Whatever way a
-response ends, its generation is closed, which aborts the engine requests.
-"""
+"""POST `/invocations` and `/predictions/{model_name}`: the LMI schema (lmi-invocations.md),
+answered as gateway/http/invocations.py prepares it."""
 
 from __future__ import annotations
-
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.openai import prepare
-from gateway.routes.prepared import (
-    CLIENT_GONE,
-    JSON,
-    Chunk,
-    Prepared,
-    Streamed,
-    Whole,
-    to_response,
-)
-from gateway.routes.streaming import chained, closer, open_stream, until_disconnect
-from gateway.state import gateway_of
-from protocols.errors import ErrorKind, named
-from protocols.events import Delta, Event, Failed, Finished, TokenInfo
-from protocols.generation import GenerationRequest
-from protocols.lmi import (
-    INFERENCE_COMPONENT,
-    MEDIA_TYPES,
-    InvalidPayload,
-    LmiEncoder,
-    LmiRequest,
-    Output,
-    adapter_field,
-    decode_lmi,
-    failed_answer,
-    failed_line,
-    is_chat,
-    lmi_status,
-    payload_error,
-    with_component,
-)
-from protocols.names import Protocol
-
-log = logging.getLogger(__name__)
-
-
-def formatter_of(accept: str | None, configured: str) -> str:
-    """A request may ask for SSE (or jsonlines) through Accept; else the configured formatter."""
-    if accept and "text/event-stream" in accept:
-        return "sse"
-    if accept and "application/jsonlines" in accept:
-        return "jsonlines"
-    return configured
-
-
-def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
-    return [
-        GenerationRequest(
-            options=lmi.options,
-            prompt=prompt,
-            index=i,
-            stream=lmi.output != "json",
-            truncate=lmi.truncate,
-            priority=lmi.priority,
-            prompt_field=f"$.inputs[{i}]" if lmi.dynamic else "$.inputs",
-            asked=lmi.asked,
-            constraint_field=lmi.constraint_field,
-            adapter=lmi.adapters[i] if lmi.adapters else None,
-            adapter_field=adapter_field(lmi, i),
-        )
-        for i, prompt in enumerate(lmi.inputs)
-    ]
-
-
-async def answer(
-    request: Request, raw: bytes, accept: str | None, protocol: Protocol = Protocol.LMI
-) -> Prepared:
-    component = request.headers.get(INFERENCE_COMPONENT)
-    if is_chat(raw):
-        lines = formatter_of(accept, "jsonlines") != "sse"
-        return await prepare(
-            request, raw, chat=True, protocol=protocol, lines=lines, component=component
-        )
-    gateway = gateway_of(request)
-    settings = gateway.settings
-    try:
-        lmi = decode_lmi(
-            raw,
-            formatter=formatter_of(accept, settings.option_output_formatter),
-            tgi_compat=settings.option_tgi_compat,
-            max_new_tokens=settings.lmi_max_new_tokens,
-            max_stop=settings.max_stop_sequences,
-        )
-    except InvalidPayload as e:
-        if e.output is not None and not e.dynamic:  # a bad generation parameter value
-            return _bad_parameter(named(e.error), e.output, settings.option_tgi_compat)
-        return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
-    lmi = with_component(lmi, component)
-    encoder = LmiEncoder(lmi)
-    steps = gateway.batches.run(requests_of(lmi), protocol)
-    if lmi.output == "json":
-        outcome = await until_disconnect(request, _all_or_first_failure(steps))
-        if outcome is None:
-            return CLIENT_GONE
-        if isinstance(outcome, Failed):
-            return _refusal(outcome, lmi, encoder)
-        answers = [encoder.answer(p, f) for p, f in zip(lmi.inputs, outcome, strict=True)]
-        return Whole(200, encoder.document(answers), JSON)
-    head = await open_stream(request, steps, _has_output)
-    if head is None:
-        return CLIENT_GONE
-    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
-    if failed is not None:
-        await steps.aclose()
-        return _refusal(failed, lmi, encoder)
-    if lmi.dynamic:
-        chunks = _outputs(head, steps, encoder, len(lmi.inputs))
-    else:
-        chunks = _lines(lmi.inputs[0], head, steps, encoder)
-    return Streamed(encoder.media_type, chunks, closer(chunks, steps))
-
-
-def _refusal(failed: Failed, lmi: LmiRequest, encoder: LmiEncoder) -> Whole:
-    """A prompt that failed before any output: the spec's status and body for its kind."""
-    if lmi.dynamic:
-        return Whole(424, payload_error(_where(failed), 424, dynamic=True), JSON)
-    error, streaming = failed.error(), lmi.output != "json"
-    if error.kind in (ErrorKind.ENGINE_ERROR, ErrorKind.UNPROCESSABLE):  # the engine's verdict
-        if streaming:
-            return Whole(424, encoder.failed_line(error.message), encoder.media_type)
-        return Whole(424, encoder.failed_answer(error.message), JSON)
-    status = lmi_status(error.kind)
-    return Whole(status, payload_error(named(error), status, dynamic=False), JSON)
-
-
-def _bad_parameter(message: str, output: Output, tgi_compat: bool) -> Whole:
-    """The spec's answer to "a bad generation parameter value": a generation that failed."""
-    if output == "json":
-        return Whole(424, failed_answer(message, tgi_compat=tgi_compat), JSON)
-    return Whole(424, failed_line(message, output, tgi_compat=tgi_compat), MEDIA_TYPES[output])
-
-
-def _has_output(step: list[Event]) -> bool:
-    return any(isinstance(e, Delta | Finished | Failed) for e in step)
-
-
-def _where(failed: Failed) -> str:
-    return f"{failed.message} - at `$.inputs[{failed.index}]`"
-
-
-async def _all_or_first_failure(
-    steps: AsyncGenerator[list[Event], None],
-) -> list[Finished] | Failed:
-    """Every prompt's Finished in payload order, or the first failure (which stops the rest)."""
-    done: dict[int, Finished] = {}
-    async with aclosing(steps):
-        async for step in steps:
-            for event in step:
-                if isinstance(event, Failed):
-                    return event
-                if isinstance(event, Finished):
-                    done[event.index] = event
-    return [done[i] for i in sorted(done)]
-
-
-async def _lines(
-    prompt: str, head: list[list[Event]], rest: AsyncIterator[list[Event]], encoder: LmiEncoder
-) -> AsyncGenerator[Chunk, None]:
-    last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
-    async for step in chained(head, rest):
-        for event in step:
-            match event:
-                case Delta(tokens=tokens, finish_reason=None):
-                    yield Chunk(encoder.lines(prompt, tokens or [], None))
-                case Delta(tokens=tokens):
-                    last = tokens or []
-                case Finished():
-                    yield Chunk(encoder.lines(prompt, last, event))
-                case Failed(message=message):
-                    yield Chunk(encoder.failed_line(message), message)
-
-
-async def _outputs(
-    head: list[list[Event]], rest: AsyncIterator[list[Event]], encoder: LmiEncoder, count: int
-) -> AsyncGenerator[Chunk, None]:
-    async for step in chained(head, rest):
-        texts = [""] * count
-        for event in step:
-            if isinstance(event, Failed):
-                message = _where(event)
-                yield Chunk(encoder.frame(payload_error(message, 424, dynamic=True)), message)
-                return
-            if isinstance(event, Delta):
-                texts[event.index] += event.text
-        if any(texts):
-            yield Chunk(encoder.outputs(texts))
+from gateway.http.invocations import LMI_BODY, LMI_ERROR, LMI_OK, answer
+from gateway.http.openapi import OPENAI_ERRORS, Op
+from gateway.http.prepared import to_response
 
 
 async def invocations(request: Request) -> Response:
@@ -215,4 +19,8 @@ async def invocations(request: Request) -> Response:
 routes = [
     Route("/invocations", invocations, methods=["POST"]),
     Route("/predictions/{model_name}", invocations, methods=["POST"]),
+]
+operations = [
+    Op("post", path, "LMI invocation", LMI_BODY, LMI_OK, LMI_ERROR, (*OPENAI_ERRORS, 424))
+    for path in ("/invocations", "/predictions/{model_name}")
 ]

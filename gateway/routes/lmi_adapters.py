@@ -1,13 +1,14 @@
-"""LMI's (DJL Serving's) adapter management routes over the engine's adapters: register is
-`Engine.load_adapter`, unregister `Engine.unload_adapter`, list and describe read what the
-engine serves (ADAPTERS and those loaded since). Only a key of ADMIN_API_KEYS may call them, as
-the vLLM-shaped routes (gateway/routes/adapters.py). The `{model_name}` of
+"""LMI's (DJL Serving's) adapter management routes (protocols/lmi_adapters.py) over the served
+model's adapters: register loads one, unregister unloads it, list and describe read what is
+served (ADAPTERS and those loaded since). Only a key of ADMIN_API_KEYS may call them, as the
+vLLM-shaped routes (gateway/http/admin.py). The `{model_name}` of
 `/models/{model_name}/adapters` is not checked, as for `/predictions/{model_name}`: one model
 is served (docs/ADAPTERS.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -15,10 +16,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
-from gateway.engine.adapter import Engine
-from gateway.engine.lora import Adapter
-from gateway.routes.adapters import admin_refusal
-from gateway.routes.prepared import JSON
+from gateway.engine_path.served_model import ServedModel
+from gateway.http.admin import admin_refusal
+from gateway.http.openapi import Op, Schema
+from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
 from protocols.errors import ErrorKind, GenerationError
 from protocols.lmi_adapters import (
@@ -27,6 +28,7 @@ from protocols.lmi_adapters import (
     UPDATE_PARAMETERS,
     AdapterItem,
     AdapterList,
+    ErrorResponse,
     Status,
     djl_field,
     error_body,
@@ -38,65 +40,70 @@ from protocols.lmi_adapters import (
 )
 
 
-def _json(value: object, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(value), status, media_type=JSON)
+def _json(value: object) -> Whole:
+    return Whole(200, msgspec.json.encode(value), JSON)
 
 
-def _failed(error: GenerationError) -> Response:
+def _error(status: int, message: str, kind: str = "BadRequestException") -> Whole:
+    return Whole(status, error_body(status, message, kind), JSON)
+
+
+def _failed(error: GenerationError) -> Whole:
     """DJL's BadRequestException (400) for what the caller sent; the engine's own failures
     as the gateway's REST routes answer them (500, 503)."""
     status = 400 if error.kind == ErrorKind.INVALID_REQUEST else status_of(error.kind)
-    return Response(error_body(status, error.message), status, media_type=JSON)
+    return _error(status, error.message)
 
 
-async def _engine(request: Request) -> Engine | Response:
-    """The engine, once the caller is an admin and LoRA is on; else DJL's refusal."""
+async def _model(request: Request) -> ServedModel | Whole:
+    """The served model, once the caller is an admin and LoRA is on; else DJL's refusal."""
     refusal = admin_refusal(request)
     if refusal is not None:
         kind = "Unauthorized" if refusal.status == 401 else "Forbidden"
-        body = error_body(refusal.status, refusal.message, kind)
-        return Response(body, refusal.status, media_type=JSON)
-    engine = await gateway_of(request).holder.wait()
-    if not engine.adapters.enabled:
-        return Response(error_body(400, "LoRA is not enabled."), 400, media_type=JSON)
-    return engine
+        return _error(refusal.status, refusal.message, kind)
+    model = gateway_of(request).model
+    if not await model.adapters_enabled():
+        return _error(400, "LoRA is not enabled.")
+    return model
 
 
-async def _named_adapter(request: Request) -> tuple[Engine, Adapter] | Response:
-    """The engine and the adapter the path names, once it is served; else DJL's refusal."""
-    engine = await _engine(request)
-    if isinstance(engine, Response):
-        return engine
+async def _named_adapter(request: Request) -> tuple[ServedModel, AdapterItem] | Whole:
+    """The served model and the adapter the path names, once it is served; else DJL's
+    refusal."""
+    model = await _model(request)
+    if isinstance(model, Whole):
+        return model
     name = request.path_params["adapter_name"]
-    adapter = engine.adapters.find(name)
-    if adapter is None:
-        return Response(not_found(name), 404, media_type=JSON)
-    return engine, adapter
-
-
-def _item(adapter: Adapter) -> AdapterItem:
-    return AdapterItem(adapter.name, str(adapter.path))
+    path = await model.adapter_path(name)
+    if path is None:
+        return Whole(404, not_found(name), JSON)
+    return model, AdapterItem(name, str(path))
 
 
 async def adapters(request: Request) -> Response:
     """GET lists, POST registers."""
-    engine = await _engine(request)
-    if isinstance(engine, Response):
-        return engine
+    return to_response(await _adapters(request))
+
+
+async def _adapters(request: Request) -> Prepared:
+    model = await _model(request)
+    if isinstance(model, Whole):
+        return model
     query = dict(request.query_params)
     try:
         if request.method == "GET":
             only(query, LIST_PARAMETERS)
-            names = engine.adapters.names
+            paths = model.adapter_paths()
+            names = list(paths)
             first, last = page(query, len(names))
-            listed = AdapterList([_item(engine.adapters.get(n, "name")) for n in names[first:last]])
+            listed = AdapterList([AdapterItem(n, str(paths[n])) for n in names[first:last]])
             if last < len(names):
                 listed.nextPageToken = str(last)
             return _json(listed)
         only(query, REGISTER_PARAMETERS)
         name, src = required(query, "name"), required(query, "src")
         load_options(query)
-        await engine.load_adapter(name, Path(src))
+        await model.load_adapter(name, Path(src))
     except GenerationError as e:
         return _failed(djl_field(e))
     return _json(Status(f"Adapter {name} registered"))
@@ -104,26 +111,34 @@ async def adapters(request: Request) -> Response:
 
 async def adapter(request: Request) -> Response:
     """GET describes, DELETE unregisters."""
+    return to_response(await _adapter(request))
+
+
+async def _adapter(request: Request) -> Prepared:
     named = await _named_adapter(request)
-    if isinstance(named, Response):
+    if isinstance(named, Whole):
         return named
-    engine, found = named
+    model, found = named
     if request.method == "GET":
-        return _json(_item(found))
+        return _json(found)
     try:
-        unloaded = await engine.unload_adapter(found.name)
+        unloaded = await model.unload_adapter(found.name)
     except GenerationError as e:
         return _failed(djl_field(e))
     if not unloaded:  # unloaded meanwhile by another call
-        return Response(not_found(found.name), 404, media_type=JSON)
+        return Whole(404, not_found(found.name), JSON)
     return _json(Status(f"Adapter {found.name} unregistered"))
 
 
 async def update(request: Request) -> Response:
     """DJL's update changes `preload` and `pin` (the gateway has neither to change) and
     refuses a new `src`, as DJL's vLLM handler does."""
+    return to_response(await _update(request))
+
+
+async def _update(request: Request) -> Prepared:
     named = await _named_adapter(request)
-    if isinstance(named, Response):
+    if isinstance(named, Whole):
         return named
     _, found = named
     query = dict(request.query_params)
@@ -133,9 +148,9 @@ async def update(request: Request) -> Response:
     except GenerationError as e:
         return _failed(e)
     src = query.get("src")
-    if src and Path(src) != found.path:
+    if src and Path(src) != Path(found.src):
         message = "Updating adapter path is not supported: unregister it and register it again"
-        return Response(error_body(400, message), 400, media_type=JSON)
+        return _error(400, message)
     return _json(Status(f"Adapter {found.name} updated"))
 
 
@@ -148,3 +163,35 @@ def _routes(prefix: str) -> list[Route]:
 
 
 routes = _routes("") + _routes("/models/{model_name}")
+
+STRING: Schema = {"type": "string"}
+FLAG: Schema = {"type": "string", "enum": ["true", "false"]}
+LOAD = (("preload", FLAG), ("pin", FLAG))
+# 401 and 403: no key, or not an admin's; 400 also when LoRA is off; 503 while the engine loads
+ERRORS = (400, 401, 403, 404, 413, 500, 503)
+
+
+def _operations(prefix: str) -> list[Op]:
+    def op(method: str, path: str, summary: str, answer: Any, query: Any = ()) -> Op:
+        ok = {JSON: answer}
+        return Op(method, prefix + path, summary, None, ok, ErrorResponse, ERRORS, query)
+
+    listing = (("limit", {"type": "integer"}), ("next_page_token", {"type": "integer"}))
+    register = (("name", STRING), ("src", STRING), *LOAD)
+    one = "/adapters/{adapter_name}"
+    return [
+        op("get", "/adapters", "LMI: list the adapters (ADMIN_API_KEYS)", AdapterList, listing),
+        op("post", "/adapters", "LMI: register an adapter (ADMIN_API_KEYS)", Status, register),
+        op("get", one, "LMI: describe an adapter (ADMIN_API_KEYS)", AdapterItem),
+        op("delete", one, "LMI: unregister an adapter (ADMIN_API_KEYS)", Status),
+        op(
+            "post",
+            one + "/update",
+            "LMI: update an adapter (ADMIN_API_KEYS)",
+            Status,
+            (("src", STRING), *LOAD),
+        ),
+    ]
+
+
+operations = _operations("") + _operations("/models/{model_name}")

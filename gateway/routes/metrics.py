@@ -7,12 +7,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.http.openapi import TEXT, Op
+from gateway.http.prepared import Whole, to_response
 from gateway.state import gateway_of
 
 
 async def metrics(request: Request) -> Response:
     registry = gateway_of(request).service.metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return to_response(Whole(200, generate_latest(registry), CONTENT_TYPE_LATEST))
 
 
 routes = [Route("/metrics", metrics, methods=["GET"])]
+operations = [Op("get", "/metrics", "Prometheus metrics", None, {"text/plain": TEXT}, None, ())]

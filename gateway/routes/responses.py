@@ -3,52 +3,73 @@ and DELETE `/v1/responses/{id}`, GET `/v1/responses/{id}/input_items`, POST
 `/v1/responses/{id}/cancel`. The codecs are
 protocols/responses_*.py; a turn's prompt and the stored responses are
 gateway/engine_path/responses.py; every prompt goes through the one engine path. Its events are
-routes/responses_events.py's; `background`, streaming a stored response and `cancel` are
-routes/responses_background.py's.
+gateway/http/responses_events.py's; `background`, streaming a stored response and `cancel` are
+gateway/http/responses_background.py's.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config.settings import served_model_name
-from gateway.engine.tool_calls import ToolCalling
 from gateway.engine_path.responses import Responses, StoredResponse
-from gateway.routes import responses_background
-from gateway.routes.openai import SSE, SSE_HEADERS, context_length, error_answer, opened_stream
-from gateway.routes.prepared import CLIENT_GONE, JSON, Prepared, Streamed, Whole, to_response
-from gateway.routes.responses_events import Answer, answer_events
-from gateway.routes.streaming import closer, collect
+from gateway.http import responses_background
+from gateway.http.chat import error_answer, refusal
+from gateway.http.openapi import OPENAI_ERRORS, Events, Op
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    SSE,
+    SSE_HEADERS,
+    Prepared,
+    Whole,
+    streamed,
+    to_response,
+)
+from gateway.http.responses_events import Answer, answer_events
+from gateway.http.streaming import collect, has_output
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError, invalid
 from protocols.events import Failed, Finished
 from protocols.names import Protocol
+from protocols.openai_answers import ErrorBody
 from protocols.openai_answers import not_found as model_not_found
 from protocols.openai_requests import unknown_model
-from protocols.responses_answers import deleted, document, input_items, not_found
-from protocols.responses_requests import decode_responses
+from protocols.responses_answers import (
+    DeletedResponse,
+    InputItems,
+    ResponseEvent,
+    ResponseObject,
+    deleted,
+    document,
+    input_items,
+    not_found,
+)
+from protocols.responses_requests import ResponsesRequest, decode_responses
+from protocols.tool_calls import ToolAnswers
 
 
 def _responses(gateway: Gateway) -> Responses:
-    return Responses(gateway.batches.store, gateway.service.chat_template)
+    return Responses(gateway.batches.store, gateway.model)
 
 
 async def prepare(request: Request, raw: bytes) -> Prepared:
     gateway = gateway_of(request)
     responses = _responses(gateway)
-    tools: ToolCalling | None = None
+    served = gateway.model
+    tools: ToolAnswers | None = None
     try:
-        call = decode_responses(raw, context_length(gateway))
-        engine = await gateway.holder.wait()
-        served = served_model_name(gateway.settings.engine)
-        why = unknown_model(call.model, served, engine.adapters.names)
+        call = decode_responses(raw, served.context_length())
+        adapters = await served.adapter_names()
+        why = unknown_model(call.model, served.name, adapters)
         if why is not None:
             return Whole(404, model_not_found(why), JSON)
-        model = call.model or served
-        if call.model is not None and call.model in engine.adapters.names:
+        model = call.model or served.name
+        if call.model is not None and call.model in adapters:
             adapted = msgspec.structs.replace(call.request, adapter=call.model)
             call = msgspec.structs.replace(call, request=adapted)
         previous: StoredResponse | None = None
@@ -58,13 +79,12 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
                 missing = not_found(call.previous_response_id, "previous_response_id")
                 return Whole(404, missing, JSON)
         if call.tool_use is not None:
-            tools = gateway.tool_parsing.calling(call.tool_use, engine)
-            [held] = tools.constrained([call.request])
+            tools, [held] = await served.tool_calling(call.tool_use, [call.request])
             call = msgspec.structs.replace(call, request=held)
-        turn = await responses.turn(engine, call, previous)
+        turn = await responses.turn(call, previous)
     except GenerationError as e:
         return error_answer(e)
-    answer = Answer(call, turn, model, engine, responses, tools)
+    answer = Answer(call, turn, model, responses, tools)
     steps = gateway.batches.run([turn.request], Protocol.OPENAI_RESPONSES)
     if call.background:
         return await responses_background.start(request, gateway, answer, steps)
@@ -80,11 +100,15 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
         except GenerationError as e:
             return error_answer(e)
         return Whole(200, document(response), JSON)
-    head = await opened_stream(request, steps)
-    if isinstance(head, Whole):
-        return head
-    chunks = answer_events(head, steps, answer)
-    return Streamed(SSE, chunks, closer(chunks, steps), SSE_HEADERS)
+    return await streamed(
+        request,
+        steps,
+        ready=has_output,
+        refuse=refusal,
+        chunks=partial(answer_events, answer=answer),
+        media_type=SSE,
+        headers=SSE_HEADERS,
+    )
 
 
 async def create(request: Request) -> Response:
@@ -99,21 +123,21 @@ async def _stored(request: Request) -> tuple[str, StoredResponse | None]:
 async def retrieve(request: Request) -> Response:
     """The stored response as it is; with `stream=true`, a background response's events after
     `starting_after`."""
-    streamed = request.query_params.get("stream", "false").lower() == "true"
+    events = request.query_params.get("stream", "false").lower() == "true"
     try:
         after = responses_background.starting_after(request.query_params.get("starting_after"))
         response_id, stored = await _stored(request)
     except GenerationError as e:
         return to_response(error_answer(e))
     if stored is None:
-        return Response(not_found(response_id), 404, media_type=JSON)
-    if streamed:
+        return to_response(Whole(404, not_found(response_id), JSON))
+    if events:
         gateway = gateway_of(request)
         prepared = responses_background.stream_stored(
             gateway, _responses(gateway), response_id, bytes(stored.response), after
         )
         return to_response(prepared)
-    return Response(bytes(stored.response), media_type=JSON)
+    return to_response(Whole(200, bytes(stored.response), JSON))
 
 
 async def cancel(request: Request) -> Response:
@@ -139,8 +163,8 @@ async def delete(request: Request) -> Response:
     except GenerationError as e:
         return to_response(error_answer(e))
     if not gone:
-        return Response(not_found(response_id), 404, media_type=JSON)
-    return Response(deleted(response_id), media_type=JSON)
+        return to_response(Whole(404, not_found(response_id), JSON))
+    return to_response(Whole(200, deleted(response_id), JSON))
 
 
 async def list_input_items(request: Request) -> Response:
@@ -154,9 +178,9 @@ async def list_input_items(request: Request) -> Response:
     except GenerationError as e:
         return to_response(error_answer(e))
     if stored is None:
-        return Response(not_found(response_id), 404, media_type=JSON)
+        return to_response(Whole(404, not_found(response_id), JSON))
     page = input_items(stored.items, order=order, after=query.get("after"), limit=limit)
-    return Response(page, media_type=JSON)
+    return to_response(Whole(200, page, JSON))
 
 
 def _limit(given: str) -> int:
@@ -175,4 +199,57 @@ routes = [
     Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
     Route("/v1/responses/{response_id}/cancel", cancel, methods=["POST"]),
+]
+STORED_ERRORS = (400, 401, 404, 503)  # a stored response's: unknown (or another key's) is 404
+RESPONSE = {JSON: ResponseObject, SSE: Events(ResponseEvent)}
+operations = [
+    Op(
+        "post",
+        "/v1/responses",
+        "OpenAI Responses API: one turn, whole or as typed events",
+        ResponsesRequest,
+        RESPONSE,
+        ErrorBody,
+        OPENAI_ERRORS,
+    ),
+    Op(
+        "get",
+        "/v1/responses/{response_id}",
+        "A stored response; with stream=true, a background response's events after starting_after",
+        None,
+        RESPONSE,
+        ErrorBody,
+        STORED_ERRORS,
+        (
+            ("stream", {"type": "boolean"}),
+            ("starting_after", {"type": "integer", "minimum": -1}),
+        ),
+    ),
+    Op(
+        "delete",
+        "/v1/responses/{response_id}",
+        "Delete a stored response",
+        None,
+        {JSON: DeletedResponse},
+        ErrorBody,
+        STORED_ERRORS,
+    ),
+    Op(
+        "post",
+        "/v1/responses/{response_id}/cancel",
+        "Cancel a background response",
+        None,
+        {JSON: ResponseObject},
+        ErrorBody,
+        (*STORED_ERRORS, 409),
+    ),
+    Op(
+        "get",
+        "/v1/responses/{response_id}/input_items",
+        "A stored response's input items",
+        None,
+        {JSON: InputItems},
+        ErrorBody,
+        STORED_ERRORS,
+    ),
 ]

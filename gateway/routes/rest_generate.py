@@ -9,18 +9,34 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
+from typing import Annotated, Any
 
+from msgspec import Meta
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
-from gateway.routes.streaming import chained, client_gone, collect, stream_answer
+from gateway.http.openapi import GATEWAY_ERRORS, TEXT, Op
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    Chunk,
+    Prepared,
+    Whole,
+    streamed,
+    to_response,
+)
+from gateway.http.streaming import Step, chained, collect
 from gateway.state import gateway_of
+from protocols.batch_payload import PayloadSettings
 from protocols.errors import GenerationError
-from protocols.events import Delta, Event, Failed, Finished, Initialized, Queued
+from protocols.events import Delta, Failed, Finished, Initialized, Queued
 from protocols.names import Protocol
 from protocols.rest_generate import (
+    BatchAnswer,
+    ErrorBody,
+    _OnePayload,
     batch_answers,
     decode_generate_batch,
     decode_one,
@@ -30,15 +46,15 @@ from protocols.rest_generate import (
     first_failure,
 )
 
-Step = list[Event]
+TEXT_PLAIN = "text/plain; charset=utf-8"
 
 
 class GenerationAborted(Exception):
     """Raised inside a streamed body: the connection is cut instead of ending cleanly."""
 
 
-def error_response(error: GenerationError) -> Response:
-    return Response(encode_error(error), status_of(error.kind), media_type="application/json")
+def error_answer(error: GenerationError) -> Whole:
+    return Whole(status_of(error.kind), encode_error(error), JSON)
 
 
 def _outcomes(steps: list[Step]) -> dict[int, Finished | Failed]:
@@ -49,19 +65,23 @@ def _produced(step: Step) -> bool:
     return any(isinstance(e, Finished | Failed) or (isinstance(e, Delta) and e.text) for e in step)
 
 
-def _refusal(head: list[Step]) -> Response | None:
+def _refusal(head: list[Step]) -> Whole | None:
     failed = next((e for e in head[-1] if isinstance(e, Failed)), None) if head else None
-    return None if failed is None else error_response(failure_of_one(failed))
+    return None if failed is None else error_answer(failure_of_one(failed))
 
 
 async def generate_one(request: Request) -> Response:
+    return to_response(await _one(request))
+
+
+async def _one(request: Request) -> Prepared:
     gateway = gateway_of(request)
     try:
         one = decode_one(
             await request.body(), gateway.settings.generation, gateway.settings.max_stop_sequences
         )
     except GenerationError as e:
-        return error_response(e)
+        return error_answer(e)
     steps = gateway.batches.run_prompts(
         [one.item],
         one.options,
@@ -72,47 +92,50 @@ async def generate_one(request: Request) -> Response:
     if not one.stream:
         collected = await collect(request, steps)
         if collected is None:
-            return client_gone()
+            return CLIENT_GONE
         outcome = _outcomes(collected)[0]
         if isinstance(outcome, Failed):
-            return error_response(failure_of_one(outcome))
+            return error_answer(failure_of_one(outcome))
         new, full = outcome.sequences[0].text, outcome.history.text
-        return PlainTextResponse(new if one.only_new_tokens else full)
-
-    return await stream_answer(
+        return Whole(200, (new if one.only_new_tokens else full).encode(), TEXT_PLAIN)
+    return await streamed(
         request,
         steps,
         ready=_produced,
         refuse=_refusal,
-        body=partial(_stream_text, only_new_tokens=one.only_new_tokens),
-        media_type="text/plain; charset=utf-8",
+        chunks=partial(_stream_text, only_new_tokens=one.only_new_tokens),
+        media_type=TEXT_PLAIN,
     )
 
 
 async def _stream_text(
     head: list[Step], rest: AsyncIterator[Step], *, only_new_tokens: bool
-) -> AsyncGenerator[bytes, None]:
+) -> AsyncGenerator[Chunk, None]:
     async for step in chained(head, rest):
         for event in step:
             match event:
                 case Delta(text=text):
-                    yield text.encode()
+                    yield Chunk(text.encode())
                 case Initialized(prompt_text=text) if not only_new_tokens:
-                    yield text.encode()
+                    yield Chunk(text.encode())
                 case Failed(message=message):
                     raise GenerationAborted(message)
 
 
 async def generate_batch(request: Request) -> Response:
+    return to_response(await _batch(request))
+
+
+async def _batch(request: Request) -> Prepared:
     gateway = gateway_of(request)
     try:
         batch = decode_generate_batch(
             await request.body(), gateway.settings.generation, gateway.settings.max_stop_sequences
         )
     except GenerationError as e:
-        return error_response(e)
+        return error_answer(e)
     if not batch.items:
-        return error_response(batch.rejected[0].error)
+        return error_answer(batch.rejected[0].error)
     steps = gateway.batches.run_prompts(
         batch.items,
         batch.options,
@@ -122,14 +145,43 @@ async def generate_batch(request: Request) -> Response:
     )
     collected = await collect(request, steps)
     if collected is None:
-        return client_gone()
+        return CLIENT_GONE
     outcomes = _outcomes(collected)
     if not any(isinstance(e, Queued) for step in collected for e in step):
-        return error_response(first_failure(batch, outcomes))
-    return Response(encode_answers(batch_answers(batch, outcomes)), media_type="application/json")
+        return error_answer(first_failure(batch, outcomes))
+    return Whole(200, encode_answers(batch_answers(batch, outcomes)), JSON)
 
 
 routes = [
     Route("/api/generate-one", generate_one, methods=["POST"]),
     Route("/api/generate-batch", generate_batch, methods=["POST"]),
+]
+PROMPTS = "Each a {request_id, prompt} object; a bad one fails alone, in the 200 answer"
+
+
+class _BatchPayload(PayloadSettings, forbid_unknown_fields=True, kw_only=True):
+    """`/api/generate-batch`'s body (protocols/batch_payload.py)."""
+
+    prompts: Annotated[list[Any], Meta(min_length=1, description=PROMPTS)]
+
+
+operations = [
+    Op(
+        "post",
+        "/api/generate-one",
+        "One prompt, as plain text",
+        _OnePayload,
+        {"text/plain": TEXT},
+        ErrorBody,
+        GATEWAY_ERRORS,
+    ),
+    Op(
+        "post",
+        "/api/generate-batch",
+        "Several prompts, one JSON answer",
+        _BatchPayload,
+        {JSON: list[BatchAnswer]},
+        ErrorBody,
+        GATEWAY_ERRORS,
+    ),
 ]

@@ -16,10 +16,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.lmi import answer
-from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Streamed, Whole, to_response
-from gateway.routes.streaming import ClosingStream, until_disconnect
-from protocols.eventstream import MEDIA_TYPE, model_error, model_stream_error, payload_part
+from gateway.http.invocations import LMI_BODY, answer
+from gateway.http.openapi import Op
+from gateway.http.prepared import CLIENT_GONE, JSON, Chunk, Streamed, Whole, to_response
+from gateway.http.streaming import until_disconnect
+from protocols.eventstream import (
+    MEDIA_TYPE,
+    ModelError,
+    model_error,
+    model_stream_error,
+    payload_part,
+)
+from protocols.lmi import PayloadError
 from protocols.names import Protocol
 
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
@@ -38,7 +46,7 @@ def _model_error(whole: Whole) -> Response:
     if whole is CLIENT_GONE:
         return to_response(whole)
     body = model_error(whole.status, whole.body)
-    return Response(body, 424, {"X-Amzn-ErrorType": "ModelError"}, JSON)
+    return to_response(Whole(424, body, JSON, {"X-Amzn-ErrorType": "ModelError"}))
 
 
 async def _collect(chunks: AsyncIterator[Chunk]) -> bytes:
@@ -61,12 +69,12 @@ async def invoke_endpoint(request: Request) -> Response:
     return to_response(prepared, _headers(request))
 
 
-async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
     async for chunk in chunks:
         if chunk.failure is not None:
-            yield model_stream_error(chunk.failure)
+            yield Chunk(model_stream_error(chunk.failure), chunk.failure)
             return
-        yield payload_part(chunk.data)
+        yield Chunk(payload_part(chunk.data))
 
 
 async def invoke_endpoint_with_response_stream(request: Request) -> Response:
@@ -76,8 +84,8 @@ async def invoke_endpoint_with_response_stream(request: Request) -> Response:
     if isinstance(prepared, Whole):
         if prepared.status >= 400:
             return _model_error(prepared)
-        return Response(payload_part(prepared.body), 200, headers, MEDIA_TYPE)
-    return ClosingStream(_frames(prepared.chunks), MEDIA_TYPE, prepared.close, headers)
+        return to_response(Whole(200, payload_part(prepared.body), MEDIA_TYPE, headers))
+    return to_response(Streamed(MEDIA_TYPE, _frames(prepared.chunks), prepared.close, headers))
 
 
 routes = [
@@ -86,5 +94,26 @@ routes = [
         "/endpoints/{name}/invocations-response-stream",
         invoke_endpoint_with_response_stream,
         methods=["POST"],
+    ),
+]
+ERROR = (ModelError, PayloadError)  # 401 and 413 come before the handler
+operations = [
+    Op(
+        "post",
+        "/endpoints/{name}/invocations",
+        "SageMaker runtime",
+        LMI_BODY,
+        {"*/*": {}},
+        ERROR,
+        (401, 413, 424),
+    ),
+    Op(
+        "post",
+        "/endpoints/{name}/invocations-response-stream",
+        "SageMaker runtime",
+        LMI_BODY,
+        {MEDIA_TYPE: {"type": "string", "contentEncoding": "binary"}},
+        ERROR,
+        (401, 413, 424),
     ),
 ]

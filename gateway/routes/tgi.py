@@ -9,25 +9,45 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
-from importlib import metadata
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routes.prepared import JSON
-from gateway.routes.streaming import chained, client_gone, collect, stream_answer
+from gateway.config.version import version
+from gateway.http.openapi import Events, Op
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    SSE,
+    SSE_HEADERS,
+    Chunk,
+    Prepared,
+    Whole,
+    streamed,
+    to_response,
+)
+from gateway.http.streaming import chained, collect
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
 from protocols.events import Delta, Event, Failed, Finished, TokenInfo
 from protocols.generation import GenerationRequest
 from protocols.json_body import MALFORMED
 from protocols.names import Protocol
-from protocols.tgi import Info, TgiEncoder, decode_tgi, encode_info, error_body, error_event
+from protocols.tgi import (
+    ErrorResponse,
+    GenerateResponse,
+    Info,
+    StreamResponse,
+    TgiEncoder,
+    _Payload,
+    decode_tgi,
+    encode_info,
+    error_body,
+    error_event,
+)
 
-SSE = "text/event-stream"
-SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -40,18 +60,22 @@ def _asks_stream(raw: bytes) -> bool:
     return isinstance(doc, dict) and doc.get("stream") is True
 
 
-def _sse_error(error: GenerationError) -> Response:
-    return Response(error_event(error), 200, SSE_HEADERS, SSE)
+def _sse_error(error: GenerationError) -> Whole:
+    return Whole(200, error_event(error), SSE, SSE_HEADERS)
 
 
-def _json_error(error: GenerationError) -> Response:
+def _json_error(error: GenerationError) -> Whole:
     status, body = error_body(error)
-    return Response(body, status, media_type=JSON)
+    return Whole(status, body, JSON)
+
+
+def _refusal(head: list[Event]) -> Whole | None:
+    return _sse_error(head[-1].error()) if isinstance(head[-1], Failed) else None
 
 
 async def _serve(
     request: Request, *, stream_flag: bool | None, listed: bool, full_text_default: bool
-) -> Response:
+) -> Prepared:
     gateway = gateway_of(request)
     raw = await request.body()
     try:
@@ -81,22 +105,18 @@ async def _serve(
     if not call.stream:
         collected = await collect(request, events)
         if collected is None:
-            return client_gone()
+            return CLIENT_GONE
         last = collected[-1]
         if isinstance(last, Failed):
             return _json_error(last.error())
         assert isinstance(last, Finished)
-        return Response(encoder.document(last, listed=listed), media_type=JSON)
-
-    def refuse(head: list[Event]) -> Response | None:
-        return _sse_error(head[-1].error()) if isinstance(head[-1], Failed) else None
-
-    return await stream_answer(
+        return Whole(200, encoder.document(last, listed=listed), JSON)
+    return await streamed(
         request,
         events,
         ready=lambda e: isinstance(e, Delta | Finished | Failed),
-        refuse=refuse,
-        body=partial(_events, encoder=encoder),
+        refuse=_refusal,
+        chunks=partial(_events, encoder=encoder),
         media_type=SSE,
         headers=SSE_HEADERS,
     )
@@ -104,56 +124,53 @@ async def _serve(
 
 async def _events(
     head: list[Event], rest: AsyncIterator[Event], encoder: TgiEncoder
-) -> AsyncGenerator[bytes, None]:
+) -> AsyncGenerator[Chunk, None]:
     last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
     async for event in chained(head, rest):
         match event:
             case Delta(tokens=tokens, finish_reason=None):
-                yield encoder.events(tokens or [], None)
+                yield Chunk(encoder.events(tokens or [], None))
             case Delta(tokens=tokens):
                 last = tokens or []
             case Finished():
-                yield encoder.events(last, event)
+                yield Chunk(encoder.events(last, event))
             case Failed():
-                yield error_event(event.error())
+                yield Chunk(error_event(event.error()), event.message)
 
 
 async def compat_generate(request: Request) -> Response:
     """POST `/`: `stream` in the payload picks the form; the JSON answer is a one-item list."""
-    return await _serve(request, stream_flag=None, listed=True, full_text_default=True)
+    prepared = await _serve(request, stream_flag=None, listed=True, full_text_default=True)
+    return to_response(prepared)
 
 
 async def generate_route(request: Request) -> Response:
-    return await _serve(request, stream_flag=False, listed=False, full_text_default=False)
+    prepared = await _serve(request, stream_flag=False, listed=False, full_text_default=False)
+    return to_response(prepared)
 
 
 async def generate_stream(request: Request) -> Response:
-    return await _serve(request, stream_flag=True, listed=False, full_text_default=False)
-
-
-def _version() -> str:
-    try:
-        return metadata.version("llm-gateway")
-    except metadata.PackageNotFoundError:
-        return "0.1.0"
+    prepared = await _serve(request, stream_flag=True, listed=False, full_text_default=False)
+    return to_response(prepared)
 
 
 async def info(request: Request) -> Response:
     gateway = gateway_of(request)
-    settings, engine = gateway.settings, gateway.holder.engine
+    settings, model = gateway.settings, gateway.model
     model_id = settings.engine.served_model_name or settings.engine.model or DEFAULT_MODEL_ID
-    total = engine.max_model_len if engine is not None else settings.engine.max_model_len
+    total = model.context_length()
+    dtype = model.dtype()
     body = Info(
         model_id=model_id,
-        model_dtype=f"torch.{engine.dtype}" if engine is not None else None,
+        model_dtype=f"torch.{dtype}" if dtype is not None else None,
         max_concurrent_requests=settings.max_running_requests + settings.max_waiting_requests,
         max_best_of=settings.max_best_of,
         max_input_tokens=total - 1,
         max_input_length=total - 1,
         max_total_tokens=total,
-        version=_version(),
+        version=version(),
     )
-    return Response(encode_info(body), media_type=JSON)
+    return to_response(Whole(200, encode_info(body), JSON))
 
 
 routes = [
@@ -161,4 +178,31 @@ routes = [
     Route("/generate", generate_route, methods=["POST"]),
     Route("/generate_stream", generate_stream, methods=["POST"]),
     Route("/info", info, methods=["GET"]),
+]
+# A streamed request answers 200 whatever happens, its error an SSE event.
+EVENTS = Events((StreamResponse, ErrorResponse))
+ERRORS = (401, 413, 422, 424, 429, 503)
+operations = [
+    Op(
+        "post",
+        "/",
+        "TGI: `stream` picks the form",
+        _Payload,
+        {JSON: list[GenerateResponse], SSE: EVENTS},
+        ErrorResponse,
+        ERRORS,
+    ),
+    Op(
+        "post",
+        "/generate",
+        "TGI generate",
+        _Payload,
+        {JSON: GenerateResponse},
+        ErrorResponse,
+        ERRORS,
+    ),
+    Op(
+        "post", "/generate_stream", "TGI stream", _Payload, {SSE: EVENTS}, ErrorResponse, (401, 413)
+    ),
+    Op("get", "/info", "TGI model info", None, {JSON: Info}, ErrorResponse, (401,)),
 ]

@@ -1,23 +1,23 @@
-"""vLLM's POST `/tokenize` and `/detokenize`, with the engine's own tokenizer and chat
+"""vLLM's POST `/tokenize` and `/detokenize`, with the served model's own tokenizer and chat
 template. The shapes are protocols/tokenize.py; errors are OpenAI's error object."""
 
 from __future__ import annotations
-
-from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config.settings import served_model_name
-from gateway.engine_path.generation import tokenized
-from gateway.routes.prepared import JSON
+from gateway.http.chat import error_answer
+from gateway.http.openapi import Op
+from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
-from protocols.openai_answers import error_of, not_found
+from protocols.openai_answers import ErrorBody, not_found
 from protocols.openai_requests import check_token_ids, unknown_model
 from protocols.tokenize import (
+    DetokenizeRequest,
     DetokenizeResponse,
+    TokenizeRequest,
     TokenizeResponse,
     decode_detokenize,
     decode_tokenize,
@@ -26,50 +26,71 @@ from protocols.tokenize import (
 
 
 async def tokenize(request: Request) -> Response:
-    gateway = gateway_of(request)
+    return to_response(await _tokenized(request))
+
+
+async def _tokenized(request: Request) -> Prepared:
+    model = gateway_of(request).model
     try:
         body = decode_tokenize(await request.body())
-        why = unknown_model(body.model, served_model_name(gateway.settings.engine))
+        why = unknown_model(body.model, model.name)
         if why is not None:
-            return Response(not_found(why), 404, media_type=JSON)
-        engine = await gateway.holder.wait()
+            return Whole(404, not_found(why), JSON)
         text = body.prompt
         if body.messages is not None:
-            text = engine.render_chat(
+            text = await model.render_chat(
                 body.conversation(),
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
-                chat_template=gateway.service.chat_template,
             )
-        encode_text = partial(engine.tokenizer.encode, add_special_tokens=body.special_tokens)
-        ids = list(await tokenized(text or "", encode_text))
+        ids = await model.tokenize(text or "", special_tokens=body.special_tokens)
+        strings = await model.token_strings(ids) if body.return_token_strs else None
     except GenerationError as e:
-        return _error(e)
-    strings = list(engine.tokenizer.convert_ids_to_tokens(ids)) if body.return_token_strs else None
-    answer = TokenizeResponse(len(ids), engine.max_model_len, ids, strings)
-    return Response(encode(answer), media_type=JSON)
+        return error_answer(e)
+    answer = TokenizeResponse(len(ids), model.context_length(), ids, strings)
+    return Whole(200, encode(answer), JSON)
 
 
 async def detokenize(request: Request) -> Response:
-    gateway = gateway_of(request)
+    return to_response(await _detokenized(request))
+
+
+async def _detokenized(request: Request) -> Prepared:
+    model = gateway_of(request).model
     try:
         body = decode_detokenize(await request.body())
-        why = unknown_model(body.model, served_model_name(gateway.settings.engine))
+        why = unknown_model(body.model, model.name)
         if why is not None:
-            return Response(not_found(why), 404, media_type=JSON)
-        engine = await gateway.holder.wait()
-        check_token_ids(body.tokens, engine.vocabulary, "tokens")
+            return Whole(404, not_found(why), JSON)
+        check_token_ids(body.tokens, await model.vocabulary(), "tokens")
+        text = await model.decode(body.tokens)
     except GenerationError as e:
-        return _error(e)
-    return Response(encode(DetokenizeResponse(engine.decode(body.tokens))), media_type=JSON)
-
-
-def _error(error: GenerationError) -> Response:
-    status, body = error_of(error)
-    return Response(body, status, media_type=JSON)
+        return error_answer(e)
+    return Whole(200, encode(DetokenizeResponse(text)), JSON)
 
 
 routes = [
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
+]
+ERRORS = (400, 401, 404, 413, 503)
+operations = [
+    Op(
+        "post",
+        "/tokenize",
+        "vLLM's tokenize: a prompt, or messages in the chat template",
+        TokenizeRequest,
+        {JSON: TokenizeResponse},
+        ErrorBody,
+        ERRORS,
+    ),
+    Op(
+        "post",
+        "/detokenize",
+        "vLLM's detokenize",
+        DetokenizeRequest,
+        {JSON: DetokenizeResponse},
+        ErrorBody,
+        ERRORS,
+    ),
 ]

@@ -12,6 +12,10 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
+from gateway.http.openapi import TEXT, Op
+from gateway.http.prepared import Whole, to_response
+
+# The page and its assets are files: FileResponse streams them (with their ETag and length).
 STATIC = Path(__file__).resolve().parent.parent / "static"
 ASSETS = {  # the only files served: name -> media type
     "playground.js": "text/javascript; charset=utf-8",
@@ -37,8 +41,20 @@ async def page(request: Request) -> Response:
 async def asset(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in ASSETS:
-        return Response("Not Found", 404, media_type="text/plain")
+        return to_response(Whole(404, b"Not Found", "text/plain"))
     return FileResponse(STATIC / name, media_type=ASSETS[name], headers=HEADERS)
 
 
 routes = [Route("/ui", page, methods=["GET"]), Route("/ui/{name}", asset, methods=["GET"])]
+operations = [
+    Op("get", "/ui", "The chat playground", None, {"text/html": TEXT}, None, ()),
+    Op(
+        "get",
+        "/ui/{name}",
+        "A playground asset",
+        None,
+        {"text/javascript": TEXT, "text/css": TEXT},
+        None,
+        (404,),
+    ),
+]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.routes.outbox import Outbox
-from gateway.routes.websocket_payloads import send_steps, serve_payloads
+from gateway.http.openapi import Op
+from gateway.http.outbox import Outbox
+from gateway.http.websocket_payloads import send_steps, serve_payloads
 from gateway.state import Gateway
 from protocols.errors import GenerationError
 from protocols.names import Protocol
@@ -47,3 +48,4 @@ def _refuse_frame(
 
 
 routes = [WebSocketRoute("/ws/events", ws_events)]
+operations: list[Op] = []  # a WebSocket: OpenAPI cannot describe it (docs/PROTOCOLS.md does)

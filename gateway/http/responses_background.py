@@ -12,10 +12,19 @@ from starlette.requests import Request
 
 from gateway.engine_path.background import Background, Ending
 from gateway.engine_path.responses import Responses
-from gateway.routes.openai import SSE, SSE_HEADERS, Step, error_answer
-from gateway.routes.prepared import CLIENT_GONE, JSON, Chunk, Prepared, Streamed, Whole
-from gateway.routes.responses_events import Answer, answer_events
-from gateway.routes.streaming import closer, open_stream
+from gateway.http.chat import error_answer
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    SSE,
+    SSE_HEADERS,
+    Chunk,
+    Prepared,
+    Streamed,
+    Whole,
+)
+from gateway.http.responses_events import Answer, answer_events
+from gateway.http.streaming import Step, closer, open_stream
 from gateway.state import Gateway
 from gateway.stores.continuation import Key
 from protocols.errors import ErrorKind, GenerationError, invalid

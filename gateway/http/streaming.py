@@ -1,4 +1,4 @@
-"""HTTP answers over a generation, written once for every route.
+"""HTTP answers over a generation, the machinery under gateway/http/prepared.py.
 
 A streamed answer commits to its status only once the generation produced something worth
 sending (`ready`), so a failure before that still gets the protocol's error status; the
@@ -15,15 +15,14 @@ from contextlib import aclosing
 from typing import TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from protocols.events import Delta, Event, Failed, Finished
+
 T = TypeVar("T")
+Step = list[Event]  # what one engine step brought a batch of prompts (BatchRunner.run)
 CLIENT_GONE_STATUS = 499  # never seen by anyone: the client has left
-
-
-def client_gone() -> Response:
-    return Response(status_code=CLIENT_GONE_STATUS)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
@@ -56,6 +55,11 @@ async def _until_ready(source: AsyncIterator[T], ready: Callable[[T], bool]) -> 
     return head
 
 
+def has_output(step: Step) -> bool:
+    """A step worth committing a stream on: text, or an end."""
+    return any(isinstance(e, Delta | Finished | Failed) for e in step)
+
+
 async def open_stream(
     request: Request, source: AsyncGenerator[T, None], ready: Callable[[T], bool]
 ) -> list[T] | None:
@@ -77,30 +81,8 @@ def closer(*parts: AsyncGenerator[object, None]) -> Callable[[], Awaitable[None]
     return close
 
 
-async def stream_answer(
-    request: Request,
-    source: AsyncGenerator[T, None],
-    *,
-    ready: Callable[[T], bool],
-    refuse: Callable[[list[T]], Response | None],
-    body: Callable[[list[T], AsyncIterator[T]], AsyncGenerator[bytes, None]],
-    media_type: str,
-    headers: Mapping[str, str] | None = None,
-) -> Response:
-    """Stream `body(head, rest)` once the source is `ready`, unless `refuse(head)` answers."""
-    head = await open_stream(request, source, ready)
-    if head is None:
-        return client_gone()
-    refused = refuse(head)
-    if refused is not None:
-        await source.aclose()
-        return refused
-    chunks = body(head, source)
-    return ClosingStream(chunks, media_type, closer(chunks, source), headers)
-
-
 async def chained(head: list[T], rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    """What `stream_answer` read before committing, then the rest of the source."""
+    """What `open_stream` read before committing, then the rest of the source."""
     for item in head:
         yield item
     async for item in rest:

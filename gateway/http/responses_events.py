@@ -8,13 +8,10 @@ from contextlib import suppress
 
 import msgspec
 
-from gateway.engine.adapter import Engine
-from gateway.engine.tool_calls import ToolCalling
 from gateway.engine_path.deadlines import SHUTTING_DOWN
 from gateway.engine_path.responses import Responses, Turn
-from gateway.routes.openai import Step
-from gateway.routes.prepared import Chunk
-from gateway.routes.streaming import chained
+from gateway.http.prepared import Chunk
+from gateway.http.streaming import Step, chained
 from protocols.errors import GenerationError
 from protocols.events import Delta, Failed, Finished, Started
 from protocols.responses_answers import (
@@ -30,6 +27,7 @@ from protocols.responses_answers import (
     outcome_of,
 )
 from protocols.responses_requests import ResponsesCall
+from protocols.tool_calls import ToolAnswers
 
 
 class Answer:
@@ -40,13 +38,11 @@ class Answer:
         call: ResponsesCall,
         turn: Turn,
         model: str,
-        engine: Engine,
         responses: Responses,
-        tools: ToolCalling | None,
+        tools: ToolAnswers | None,
     ) -> None:
         self.call = call
         self.turn = turn
-        self.engine = engine
         self.responses = responses
         self.tools = tools
         self.id = new_id("resp")
@@ -67,7 +63,6 @@ class Answer:
                 self.turn,
                 done,
                 outcome.message,
-                self.engine,
             )
         return self.response
 

@@ -2,7 +2,7 @@
 
 Each client message runs as its own task, so several on one connection run concurrently, at
 most MAX_PAYLOADS_PER_CONNECTION (a payload past them is refused, not queued); one writer
-sends every frame (gateway/routes/outbox.py). When the client leaves, every task of the
+sends every frame (gateway/http/outbox.py). When the client leaves, every task of the
 connection is cancelled, which aborts its engine requests. When the client does not read
 (its outbox overflows), nothing more is read from it, every payload is cancelled and ends
 each of its prompts with an ERROR (`serve` sees `outbox.overflowed`), and the connection
@@ -20,7 +20,7 @@ from typing import Protocol as Interface
 
 from starlette.websockets import WebSocket
 
-from gateway.routes.outbox import POLICY_VIOLATION, Outbox, close_going_away, until_overflow
+from gateway.http.outbox import POLICY_VIOLATION, Outbox, close_going_away, until_overflow
 from gateway.state import Gateway, gateway_of
 from protocols.errors import ErrorKind, GenerationError
 from protocols.names import Protocol

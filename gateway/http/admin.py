@@ -1,0 +1,41 @@
+"""The admin key check every adapter management route asks (docs/ADAPTERS.md): only a key of
+ADMIN_API_KEYS may load or unload adapters (none set: refused); API_KEYS' keys cannot."""
+
+from __future__ import annotations
+
+import hmac
+from typing import NamedTuple
+
+from starlette.requests import Request
+
+from gateway.edge.api_keys import presented_key
+from gateway.state import gateway_of
+
+# Open to the API-key check (API_KEYS): these routes check ADMIN_API_KEYS themselves. LMI's
+# adapter management routes (gateway/routes/lmi_adapters.py) are `/adapters...` and
+# `/models/{model_name}/adapters...`; nothing else lives under `/models/`.
+ADMIN_PATHS = frozenset(
+    {"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters", "/adapters/*", "/models/*"}
+)
+
+
+class Refusal(NamedTuple):
+    status: int  # 401 or 403
+    message: str
+    kind: str  # OpenAI's error type
+
+
+def admin_refusal(request: Request) -> Refusal | None:
+    """None for a key of ADMIN_API_KEYS; else why not: 401 (no key) or 403 (a key that is not
+    an admin's, or no ADMIN_API_KEYS at all)."""
+    admins = [k.strip() for k in gateway_of(request).settings.admin_api_keys.split(",")]
+    admins = [k for k in admins if k]
+    if not admins:
+        message = "Adapters are loaded at start-up only: ADMIN_API_KEYS names no admin key"
+        return Refusal(403, message, "permission_error")
+    key = presented_key(request.scope)
+    if key is None:
+        return Refusal(401, "An admin key is required (ADMIN_API_KEYS)", "authentication_error")
+    if not any(hmac.compare_digest(key.encode(), a.encode()) for a in admins):
+        return Refusal(403, "This key may not manage adapters", "permission_error")
+    return None

@@ -1,0 +1,135 @@
+"""A chat (or text) completions answer, prepared: OpenAI's `/v1/chat/completions` and
+`/v1/completions`, and every route that answers a chat as they do (LMI's `/invocations` with
+`messages`, SageMaker's through it, the Responses API's refusals and streams). The codecs are
+protocols/openai_*.py; every prompt goes through the one engine path (BatchRunner)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
+
+from msgspec.structs import replace
+from starlette.requests import Request
+
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    JSON_LINES,
+    SSE,
+    SSE_HEADERS,
+    Chunk,
+    Prepared,
+    Whole,
+    streamed,
+)
+from gateway.http.streaming import Step, chained, collect, has_output
+from gateway.state import gateway_of
+from protocols.errors import GenerationError
+from protocols.events import Delta, Failed, Finished
+from protocols.lmi import INFERENCE_COMPONENT
+from protocols.names import Protocol
+from protocols.openai_answers import OpenAIEncoder, error_of, not_found
+from protocols.openai_requests import decode_chat, decode_completion, unknown_model
+from protocols.tool_calls import ToolAnswers
+
+
+def error_answer(error: GenerationError) -> Whole:
+    """An error in OpenAI's shape, with its status."""
+    status, body = error_of(error)
+    return Whole(status, body, JSON)
+
+
+async def prepare(
+    request: Request,
+    raw: bytes,
+    *,
+    chat: bool,
+    protocol: Protocol,
+    lines: bool = False,
+    component: str | None = None,
+) -> Prepared:
+    """The answer to a chat (or text) completions request; `lines`: stream JSON lines (LMI's
+    chat framing) rather than server-sent events. `model` names the base model or a LoRA
+    adapter; `component` (SageMaker's inference component header) an adapter for a request
+    whose `model` names none."""
+    gateway = gateway_of(request)
+    model = gateway.model
+    decode = decode_chat if chat else decode_completion
+    tools: ToolAnswers | None = None
+    try:
+        call = decode(raw, model.context_length())
+        if call.token_prompts:
+            call = await model.spell(call)
+        if call.tool_use is not None:  # its parsers read the engine's tokenizer
+            tools, held = await model.tool_calling(call.tool_use, call.requests)
+            call = replace(call, requests=held)
+    except GenerationError as e:
+        return error_answer(e)
+    adapter: tuple[str, str] | None = (component, INFERENCE_COMPONENT) if component else None
+    if unknown_model(call.model, model.name) is not None:
+        try:  # its adapters are the other models served
+            why = unknown_model(call.model, model.name, await model.adapter_names())
+        except GenerationError as e:
+            return error_answer(e)
+        if why is not None:
+            return Whole(404, not_found(why), JSON)
+        adapter = (call.model or "", "model")
+    if adapter is not None:
+        name, field = adapter
+        requests = [replace(r, adapter=name, adapter_field=field) for r in call.requests]
+        call = replace(call, requests=requests)
+    encoder = OpenAIEncoder(
+        call, adapter[0] if adapter else model.name, chat=chat, lines=lines, tools=tools
+    )
+    steps = gateway.batches.run(call.requests, protocol)
+    if not call.stream:
+        collected = await collect(request, steps)
+        if collected is None:
+            return CLIENT_GONE
+        ends = {e.index: e for step in collected for e in step if isinstance(e, Finished | Failed)}
+        outcomes = [ends[i] for i in sorted(ends)]
+        failed = next((o for o in outcomes if isinstance(o, Failed)), None)
+        if failed is not None:
+            return error_answer(failed.error())
+        done = [o for o in outcomes if isinstance(o, Finished)]
+        return Whole(200, encoder.document(done), JSON)
+    return await streamed(
+        request,
+        steps,
+        ready=has_output,
+        refuse=refusal,
+        chunks=partial(_chunks, encoder=encoder),
+        media_type=JSON_LINES if lines else SSE,
+        headers=None if lines else SSE_HEADERS,
+    )
+
+
+def refusal(head: list[Step]) -> Whole | None:
+    """A prompt that failed before anything streamed keeps its status."""
+    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
+    began = any(isinstance(e, Delta) for step in head for e in step)
+    return error_answer(failed.error()) if failed is not None and not began else None
+
+
+async def _chunks(
+    head: list[Step], rest: AsyncIterator[Step], encoder: OpenAIEncoder
+) -> AsyncGenerator[Chunk, None]:
+    opened: set[int] = set()
+    async for step in chained(head, rest):
+        for event in step:
+            match event:
+                case Delta(index=index):
+                    if encoder.chat and index not in opened:
+                        opened.add(index)
+                        yield Chunk(encoder.opening(index))
+                    data = encoder.chunk(event)
+                    if data:
+                        yield Chunk(data)
+                case Finished(index=index):
+                    encoder.count(event, first=index % encoder.call.choices == 0)
+                    if encoder.call.echo_prompts is not None:
+                        yield Chunk(encoder.whole_choice(event))
+                case Failed():
+                    yield Chunk(encoder.failure(event.error()), event.message)
+                    return
+    yield Chunk(encoder.closing())
