@@ -18,3 +18,4 @@ class Protocol(enum.StrEnum):
     OPENAI_CHAT = "openai_chat"  # POST /v1/chat/completions (also TGI's Messages API)
     OPENAI_COMPLETIONS = "openai_completions"  # POST /v1/completions
     OPENAI_RESPONSES = "openai_responses"  # POST /v1/responses (OpenAI's Responses API)
+    ANTHROPIC_MESSAGES = "anthropic_messages"  # POST /v1/messages (Anthropic's Messages API)

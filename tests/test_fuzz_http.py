@@ -204,6 +204,8 @@ VALID: dict[str, dict[str, Any]] = {
     },
     "RestRequest": {"prompt": "Hi", "max_tokens": 1},
     "ResponsesRequest": {"input": "Hi", "max_output_tokens": 1},
+    "MessagesRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI, "max_tokens": 1},
+    "CountTokensRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI},
 }
 
 

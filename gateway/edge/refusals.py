@@ -10,7 +10,15 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.edge.http_errors import status_of
-from protocols import control, lmi, lmi_adapters, openai_answers, rest_generate, tgi
+from protocols import (
+    anthropic_answers,
+    control,
+    lmi,
+    lmi_adapters,
+    openai_answers,
+    rest_generate,
+    tgi,
+)
 from protocols.errors import GenerationError, invalid, named
 
 CLOSE_POLICY_VIOLATION = 1008  # a WebSocket refused: no key, or a page of another origin
@@ -29,6 +37,8 @@ _DJL_MANAGEMENT = ("/adapters", "/models/")  # DJL's adapter API, which has its 
 
 def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
     """The status and body the route at `path` answers `error` with."""
+    if path.startswith("/v1/messages"):
+        return anthropic_answers.error_of(error)
     if path.startswith(_OPENAI):
         return openai_answers.error_of(error)
     if path.startswith(_LMI):

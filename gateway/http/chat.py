@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
+from typing import NamedTuple
 
 from msgspec.structs import replace
 from starlette.requests import Request
 
+from gateway.engine_path.served_model import ServedModel
 from gateway.http.prepared import (
     CLIENT_GONE,
     JSON,
@@ -29,7 +31,7 @@ from protocols.events import Delta, Failed, Finished
 from protocols.lmi import INFERENCE_COMPONENT
 from protocols.names import Protocol
 from protocols.openai_answers import OpenAIEncoder, error_of, not_found
-from protocols.openai_requests import decode_chat, decode_completion, unknown_model
+from protocols.openai_requests import OpenAICall, decode_chat, decode_completion, unknown_model
 from protocols.tool_calls import ToolAnswers
 
 
@@ -37,6 +39,44 @@ def error_answer(error: GenerationError) -> Whole:
     """An error in OpenAI's shape, with its status."""
     status, body = error_of(error)
     return Whole(status, body, JSON)
+
+
+class ModelNotServed(Exception):
+    """A request's `model` names neither the served model nor one of its adapters."""
+
+
+class Resolved(NamedTuple):
+    """A decoded chat call made ready for the engine path: its token prompts spelled, held to
+    its tools' needs, its adapter named; `tools` reads its answers for calls; `model` is the
+    name its answer gives."""
+
+    call: OpenAICall
+    tools: ToolAnswers | None
+    model: str
+
+
+async def resolve(model: ServedModel, call: OpenAICall, component: str | None = None) -> Resolved:
+    """`call` for the engine path. `model` names the base model or a LoRA adapter; `component`
+    (SageMaker's inference component header) an adapter for a request whose `model` names
+    none. Raises GenerationError (a refusal) or ModelNotServed (404, its message the why)."""
+    tools: ToolAnswers | None = None
+    if call.token_prompts:
+        call = await model.spell(call)
+    if call.tool_use is not None:  # its parsers read the engine's tokenizer
+        tools, held = await model.tool_calling(call.tool_use, call.requests)
+        call = replace(call, requests=held)
+    adapter: tuple[str, str] | None = (component, INFERENCE_COMPONENT) if component else None
+    if unknown_model(call.model, model.name) is not None:
+        # its adapters are the other models served
+        why = unknown_model(call.model, model.name, await model.adapter_names())
+        if why is not None:
+            raise ModelNotServed(why)
+        adapter = (call.model or "", "model")
+    if adapter is None:
+        return Resolved(call, tools, model.name)
+    name, field = adapter
+    requests = [replace(r, adapter=name, adapter_field=field) for r in call.requests]
+    return Resolved(replace(call, requests=requests), tools, name)
 
 
 async def prepare(
@@ -49,38 +89,18 @@ async def prepare(
     component: str | None = None,
 ) -> Prepared:
     """The answer to a chat (or text) completions request; `lines`: stream JSON lines (LMI's
-    chat framing) rather than server-sent events. `model` names the base model or a LoRA
-    adapter; `component` (SageMaker's inference component header) an adapter for a request
-    whose `model` names none."""
+    chat framing) rather than server-sent events; `component` as `resolve` reads it."""
     gateway = gateway_of(request)
-    model = gateway.model
     decode = decode_chat if chat else decode_completion
-    tools: ToolAnswers | None = None
     try:
-        call = decode(raw, model.context_length())
-        if call.token_prompts:
-            call = await model.spell(call)
-        if call.tool_use is not None:  # its parsers read the engine's tokenizer
-            tools, held = await model.tool_calling(call.tool_use, call.requests)
-            call = replace(call, requests=held)
+        call, tools, served = await resolve(
+            gateway.model, decode(raw, gateway.model.context_length()), component
+        )
     except GenerationError as e:
         return error_answer(e)
-    adapter: tuple[str, str] | None = (component, INFERENCE_COMPONENT) if component else None
-    if unknown_model(call.model, model.name) is not None:
-        try:  # its adapters are the other models served
-            why = unknown_model(call.model, model.name, await model.adapter_names())
-        except GenerationError as e:
-            return error_answer(e)
-        if why is not None:
-            return Whole(404, not_found(why), JSON)
-        adapter = (call.model or "", "model")
-    if adapter is not None:
-        name, field = adapter
-        requests = [replace(r, adapter=name, adapter_field=field) for r in call.requests]
-        call = replace(call, requests=requests)
-    encoder = OpenAIEncoder(
-        call, adapter[0] if adapter else model.name, chat=chat, lines=lines, tools=tools
-    )
+    except ModelNotServed as e:
+        return Whole(404, not_found(str(e)), JSON)
+    encoder = OpenAIEncoder(call, served, chat=chat, lines=lines, tools=tools)
     steps = gateway.batches.run(call.requests, protocol)
     if not call.stream:
         collected = await collect(request, steps)

@@ -6,6 +6,7 @@ from starlette.routing import BaseRoute
 from gateway.http.openapi import Op
 from gateway.routes import (
     adapters,
+    anthropic,
     batch_ws,
     control,
     health,
@@ -35,6 +36,7 @@ _MODULES = (
     tgi,
     openai,
     responses,
+    anthropic,
     adapters,
     lmi_adapters,
     tokenize,

@@ -1,0 +1,155 @@
+"""Anthropic's Messages API: POST `/v1/messages` (whole, or streamed as Anthropic's event
+sequence) and POST `/v1/messages/count_tokens`, for the `anthropic` SDK and the agents built on
+it. A request becomes the chat call the OpenAI route makes (protocols/anthropic_requests.py),
+so tools, adapters (`model`), keys, limits and priorities are the chat route's; the answers
+and errors are Anthropic's (protocols/anthropic_answers.py). The key may come as `x-api-key`,
+as the SDK sends it (gateway/edge/auth.py reads both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.http.chat import ModelNotServed, resolve
+from gateway.http.openapi import Events, Op
+from gateway.http.prepared import (
+    CLIENT_GONE,
+    JSON,
+    SSE,
+    SSE_HEADERS,
+    Chunk,
+    Prepared,
+    Whole,
+    streamed,
+    to_response,
+)
+from gateway.http.streaming import Step, chained, collect, has_output
+from gateway.state import gateway_of
+from protocols import anthropic_answers, anthropic_requests
+from protocols.anthropic_answers import AnthropicEncoder, encode_token_count, error_of, not_found
+from protocols.anthropic_requests import decode_count_tokens, decode_messages
+from protocols.errors import GenerationError
+from protocols.events import Delta, Failed, Finished
+from protocols.names import Protocol
+from protocols.openai_requests import unknown_model
+
+
+def _error(error: GenerationError) -> Whole:
+    status, body = error_of(error)
+    return Whole(status, body, JSON)
+
+
+async def messages(request: Request) -> Response:
+    return to_response(await _answer(request))
+
+
+async def _answer(request: Request) -> Prepared:
+    gateway = gateway_of(request)
+    try:
+        call, tools, served = await resolve(gateway.model, decode_messages(await request.body()))
+    except GenerationError as e:
+        return _error(e)
+    except ModelNotServed as e:
+        return Whole(404, not_found(str(e)), JSON)
+    encoder = AnthropicEncoder(call, served, tools)
+    steps = gateway.batches.run(call.requests, Protocol.ANTHROPIC_MESSAGES)
+    if not call.stream:
+        collected = await collect(request, steps)
+        if collected is None:
+            return CLIENT_GONE
+        end = next(e for step in collected for e in step if isinstance(e, Finished | Failed))
+        if isinstance(end, Failed):
+            return _error(end.error())
+        return Whole(200, encoder.document(end), JSON)
+    return await streamed(
+        request,
+        steps,
+        ready=has_output,
+        refuse=_refusal,
+        chunks=partial(_events, encoder=encoder),
+        media_type=SSE,
+        headers=SSE_HEADERS,
+    )
+
+
+def _refusal(head: list[Step]) -> Whole | None:
+    """A prompt that failed before anything streamed keeps its status."""
+    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
+    began = any(isinstance(e, Delta) for step in head for e in step)
+    return _error(failed.error()) if failed is not None and not began else None
+
+
+async def _events(
+    head: list[Step], rest: AsyncIterator[Step], encoder: AnthropicEncoder
+) -> AsyncGenerator[Chunk, None]:
+    yield Chunk(encoder.opening())
+    async for step in chained(head, rest):
+        for event in step:
+            match event:
+                case Delta():
+                    data = encoder.chunk(event)
+                    if data:
+                        yield Chunk(data)
+                case Finished():
+                    yield Chunk(encoder.closing(event))
+                    return
+                case Failed():
+                    yield Chunk(encoder.failure(event.error()), event.message)
+                    return
+
+
+async def count_tokens(request: Request) -> Response:
+    return to_response(await _counted(request))
+
+
+async def _counted(request: Request) -> Prepared:
+    model = gateway_of(request).model
+    try:
+        conversation = decode_count_tokens(await request.body())
+        if unknown_model(conversation.model, model.name) is not None:
+            why = unknown_model(conversation.model, model.name, await model.adapter_names())
+            if why is not None:
+                return Whole(404, not_found(why), JSON)
+        use = conversation.tool_use
+        prompt = await model.render_chat(
+            conversation.messages, tools=use.tools if use is not None else None
+        )
+        ids = await model.tokenize(prompt)
+    except GenerationError as e:
+        return _error(e)
+    return Whole(200, encode_token_count(len(ids)), JSON)
+
+
+routes = [
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]
+ERRORS = (400, 401, 404, 413, 429, 500, 529)
+operations = [
+    Op(
+        "post",
+        "/v1/messages",
+        "Anthropic's Messages API: a message, or its event stream (`stream: true`)",
+        anthropic_requests.MessagesRequest,
+        {
+            JSON: anthropic_answers.Message,
+            SSE: Events(anthropic_answers.Event),
+        },
+        anthropic_answers.ErrorBody,
+        ERRORS,
+    ),
+    Op(
+        "post",
+        "/v1/messages/count_tokens",
+        "The prompt tokens a Messages request would take",
+        anthropic_requests.CountTokensRequest,
+        {JSON: anthropic_answers.TokenCount},
+        anthropic_answers.ErrorBody,
+        ERRORS,
+    ),
+]
