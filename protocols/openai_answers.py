@@ -108,17 +108,18 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-class Model(msgspec.Struct, omit_defaults=True):
+class Model(msgspec.Struct, kw_only=True):
     """One model GET `/v1/models` lists: the served model, or a LoRA adapter (as vLLM lists
-    it: `root` where it was loaded from, `parent` the base model)."""
+    it: `root` where it was loaded from, `parent` the base model). `object`, `created` and
+    `owned_by` are always there: the openai SDK's `Model` requires them."""
 
     id: str
     max_model_len: int
+    created: int
     object: str = "model"
-    created: int = 0
     owned_by: str = "llm-gateway"
-    root: str | None = None
-    parent: str | None = None
+    root: str | UnsetType = UNSET
+    parent: str | UnsetType = UNSET
 
 
 class ModelList(msgspec.Struct):

@@ -29,6 +29,7 @@ def new_id(prefix: str) -> str:
 
 class InputTokensDetails(msgspec.Struct):
     cached_tokens: int  # read from vLLM's prefix cache
+    cache_write_tokens: int = 0  # the openai SDK requires it; a prefix cache bills no writes
 
 
 class OutputTokensDetails(msgspec.Struct):

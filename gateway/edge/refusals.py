@@ -39,8 +39,8 @@ def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
     """The status and body the route at `path` answers `error` with."""
     if path.startswith("/v1/messages"):
         return anthropic_answers.error_of(error)
-    if path.startswith(_OPENAI):
-        return openai_answers.error_of(error)
+    if path.startswith(_OPENAI) or (path.startswith("/v1/") and path != "/v1/generate"):
+        return openai_answers.error_of(error)  # an unknown /v1/ path too: OpenAI's clients
     if path.startswith(_LMI):
         status = lmi.lmi_status(error.kind)
         return status, lmi.payload_error(named(error), status, dynamic=False)

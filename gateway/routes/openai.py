@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -14,7 +16,7 @@ from gateway.http.openapi import OPENAI_ERRORS, Events, Op
 from gateway.http.prepared import JSON, SSE, Whole, to_response
 from gateway.state import gateway_of
 from protocols.names import Protocol
-from protocols.openai_answers import Answer, ErrorBody, Model, ModelList
+from protocols.openai_answers import Answer, ErrorBody, Model, ModelList, not_found
 from protocols.openai_requests import ChatRequest, CompletionRequest
 
 
@@ -29,21 +31,39 @@ async def completions(request: Request) -> Response:
     return to_response(await prepare(request, raw, chat=False, protocol=protocol))
 
 
-async def models(request: Request) -> Response:
+def _listed(request: Request) -> list[Model]:
+    """The served model, then its adapters; `created` is when this listing was made, as vLLM's
+    server dates it."""
     model = gateway_of(request).model
-    context = model.context_length()
-    listed = [Model(model.name, context)]
+    context, now = model.context_length(), int(time.time())
+    listed = [Model(id=model.name, max_model_len=context, created=now)]
     listed += [
-        Model(name, context, root=str(path), parent=model.name)
+        Model(id=name, max_model_len=context, created=now, root=str(path), parent=model.name)
         for name, path in model.adapter_paths().items()
     ]
-    return to_response(Whole(200, msgspec.json.encode(ModelList(listed)), JSON))
+    return listed
+
+
+async def models(request: Request) -> Response:
+    return to_response(Whole(200, msgspec.json.encode(ModelList(_listed(request))), JSON))
+
+
+async def one_model(request: Request) -> Response:
+    """GET `/v1/models/{model}`: one of the listed, or OpenAI's 404 `model_not_found`."""
+    wanted = request.path_params["model"]
+    found = next((m for m in _listed(request) if m.id == wanted), None)
+    if found is None:
+        served = gateway_of(request).model.name
+        why = f"The model `{wanted}` does not exist; this server serves `{served}` and its adapters"
+        return to_response(Whole(404, not_found(why), JSON))
+    return to_response(Whole(200, msgspec.json.encode(found), JSON))
 
 
 routes = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model}", one_model, methods=["GET"]),
 ]
 ANSWERS = {JSON: Answer, SSE: Events(Answer, done=True)}
 operations = [
@@ -66,4 +86,5 @@ operations = [
         OPENAI_ERRORS,
     ),
     Op("get", "/v1/models", "The served model", None, {JSON: ModelList}, ErrorBody, (401,)),
+    Op("get", "/v1/models/{model}", "One served model", None, {JSON: Model}, ErrorBody, (401, 404)),
 ]
