@@ -58,8 +58,8 @@ async def _measure(
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from gateway.config.settings import EngineSettings
-    from gateway.engine.adapter import engine_args
     from gateway.engine.default_model import prepare_default_model
+    from gateway.engine.engine_args import engine_args
 
     variant: dict[str, object] = {
         "ENFORCE_EAGER": True,

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from gateway.edge.caller import current_caller
-from gateway.engine.adapter import Engine
+from gateway.engine.vllm_engine import VllmEngine
 from gateway.engine_path.generation import tokenized
 from gateway.stores.continuation import HistoryStore, Key, packed_ids, unpacked_ids
 from protocols.events import Finished, History, token_array
@@ -86,7 +86,7 @@ class Responses:
         turn: Turn,
         done: Finished,
         answer: dict[str, Any],
-        engine: Engine,
+        engine: VllmEngine,
     ) -> None:
         """The response, and what its next turn continues: the sequence after `done`."""
         generated = done.history.token_ids[len(turn.prompt.token_ids) :]
@@ -118,7 +118,7 @@ class Responses:
         await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
 
     async def turn(
-        self, engine: Engine, call: ResponsesCall, previous: StoredResponse | None
+        self, engine: VllmEngine, call: ResponsesCall, previous: StoredResponse | None
     ) -> Turn:
         """The turn's prompt: the previous response's token ids and the new text's, when the
         rendered conversation begins with the previous sequence's text."""
@@ -143,7 +143,7 @@ class Responses:
         return Turn(msgspec.structs.replace(request, history=prompt), prompt, conversation)
 
 
-def _encode_plain(engine: Engine) -> Any:
+def _encode_plain(engine: VllmEngine) -> Any:
     """The tokenizer without the special tokens it adds at a text's start (a BOS): the text
     follows tokens already there."""
 

@@ -1,7 +1,7 @@
 """LMI's (DJL Serving's) adapter management routes over the engine's adapters: register is
-`Engine.load_adapter`, unregister `Engine.unload_adapter`, list and describe read what the
-engine serves (ADAPTERS and those loaded since). Only a key of ADMIN_API_KEYS may call them, as
-the vLLM-shaped routes (gateway/routes/adapters.py). The `{model_name}` of
+`VllmEngine.load_adapter`, unregister `VllmEngine.unload_adapter`, list and describe read what
+the engine serves (ADAPTERS and those loaded since). Only a key of ADMIN_API_KEYS may call them,
+as the vLLM-shaped routes (gateway/routes/adapters.py). The `{model_name}` of
 `/models/{model_name}/adapters` is not checked, as for `/predictions/{model_name}`: one model
 is served (docs/ADAPTERS.md)."""
 
@@ -15,8 +15,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
-from gateway.engine.adapter import Engine
 from gateway.engine.lora import Adapter
+from gateway.engine.vllm_engine import VllmEngine
 from gateway.routes.adapters import admin_refusal
 from gateway.routes.prepared import JSON
 from gateway.state import gateway_of
@@ -49,7 +49,7 @@ def _failed(error: GenerationError) -> Response:
     return Response(error_body(status, error.message), status, media_type=JSON)
 
 
-async def _engine(request: Request) -> Engine | Response:
+async def _engine(request: Request) -> VllmEngine | Response:
     """The engine, once the caller is an admin and LoRA is on; else DJL's refusal."""
     refusal = admin_refusal(request)
     if refusal is not None:
@@ -62,7 +62,7 @@ async def _engine(request: Request) -> Engine | Response:
     return engine
 
 
-async def _named_adapter(request: Request) -> tuple[Engine, Adapter] | Response:
+async def _named_adapter(request: Request) -> tuple[VllmEngine, Adapter] | Response:
     """The engine and the adapter the path names, once it is served; else DJL's refusal."""
     engine = await _engine(request)
     if isinstance(engine, Response):

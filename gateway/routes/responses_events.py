@@ -8,8 +8,8 @@ from contextlib import suppress
 
 import msgspec
 
-from gateway.engine.adapter import Engine
 from gateway.engine.tool_calls import ToolCalling
+from gateway.engine.vllm_engine import VllmEngine
 from gateway.engine_path.deadlines import SHUTTING_DOWN
 from gateway.engine_path.responses import Responses, Turn
 from gateway.routes.openai import Step
@@ -40,7 +40,7 @@ class Answer:
         call: ResponsesCall,
         turn: Turn,
         model: str,
-        engine: Engine,
+        engine: VllmEngine,
         responses: Responses,
         tools: ToolCalling | None,
     ) -> None:
