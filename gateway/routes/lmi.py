@@ -35,20 +35,14 @@ from gateway.state import gateway_of
 from protocols.errors import ErrorKind, named
 from protocols.events import Delta, Event, Failed, Finished, TokenInfo
 from protocols.generation import GenerationRequest
-from protocols.lmi import (
-    INFERENCE_COMPONENT,
-    MEDIA_TYPES,
+from protocols.lmi import INFERENCE_COMPONENT, MEDIA_TYPES, Output, lmi_status, payload_error
+from protocols.lmi_answers import LmiEncoder, failed_answer, failed_line
+from protocols.lmi_requests import (
     InvalidPayload,
-    LmiEncoder,
     LmiRequest,
-    Output,
     adapter_field,
     decode_lmi,
-    failed_answer,
-    failed_line,
     is_chat,
-    lmi_status,
-    payload_error,
     with_component,
 )
 from protocols.names import Protocol
