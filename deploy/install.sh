@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 ENGINE=${ENGINE:-auto}
-# The engine adapter uses vLLM internals of this release: both builds are pinned to it.
+# The engine wrapper uses vLLM internals of this release: both builds are pinned to it.
 VLLM_VERSION=0.32.0
 
 if [ "$ENGINE" = auto ]; then

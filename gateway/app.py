@@ -20,9 +20,9 @@ from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.edge.limits import Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
 from gateway.edge.refusals import unrouted
-from gateway.engine.adapter import device_type
 from gateway.engine.chat_template import configured_chat_template
 from gateway.engine.cpu_defaults import resolve_bulk_cap
+from gateway.engine.engine_args import device_type
 from gateway.engine.holder import EngineHolder
 from gateway.engine.loader import EngineLoader, local_loader
 from gateway.engine.tool_calls import ToolParsing

@@ -54,7 +54,7 @@ from gateway_bench.workload import Workload
 from protocols.names import Protocol
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 _FD_MARGIN = 1024
 # The gateway protocols the bench measures, by their protocols.names.Protocol value.
@@ -219,7 +219,7 @@ class _Run:
         """The engine settings with the dtype the gateway would choose here."""
         return self.options.engine_settings(self.defaults.dtype)
 
-    async def ceiling(self, engine: Engine | None, model: str) -> None:
+    async def ceiling(self, engine: VllmEngine | None, model: str) -> None:
         """vLLM's AsyncLLM used directly: the shared engine's when given (the test suite's),
         else one built here with the gateway's CPU defaults and shut down afterwards."""
         if engine is not None:
@@ -363,7 +363,7 @@ def _workload_description(options: BenchOptions, workload: Workload) -> Workload
 async def run_benchmark(
     options: BenchOptions,
     *,
-    engine: Engine | None = None,
+    engine: VllmEngine | None = None,
     gateway: targets.Endpoint | None = None,
     command: str = "",
 ) -> tuple[BenchReport, Path]:

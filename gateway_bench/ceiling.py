@@ -1,6 +1,6 @@
 """The in-process ceiling: vLLM's `AsyncLLM` used directly, no gateway code on the path.
 
-The engine is built the way the gateway builds its own (`gateway.engine.adapter.engine_args`), with
+The engine is built the way the gateway builds its own (`gateway.engine.engine_args`), with
 the same CPU settings (the resolved dtype and `engine_environment()`, see machine.py), and
 streamed with `RequestOutputKind.DELTA`: no HTTP, no JSON, no second process for the
 frontend. Imports vLLM: only imported when this target runs.
@@ -18,7 +18,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config.settings import EngineSettings
-from gateway.engine.adapter import engine_args
+from gateway.engine.engine_args import engine_args
 from gateway_bench.metrics import BenchError, Record
 from gateway_bench.workload import Request
 

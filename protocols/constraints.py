@@ -1,6 +1,6 @@
 """What a request's output must match, and the wire forms that ask for it (no I/O).
 
-The neutral vocabulary is vLLM's structured outputs (gateway/engine/adapter.py holds the engine
+The neutral vocabulary is vLLM's structured outputs (gateway/engine/sampling.py holds the engine
 to it, through xgrammar): a JSON schema, a regular expression the whole output matches, a
 grammar (EBNF, or Lark), or one of a list of choices. `Constraint` carries one, with the field
 the request gave it in, so a constraint the engine cannot compile is refused naming that field

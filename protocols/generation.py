@@ -14,7 +14,7 @@ from msgspec import Meta
 
 from protocols.errors import invalid
 from protocols.events import History
-from protocols.holdback import Holdback
+from protocols.stop_strings import Holdback
 
 # Constraints shared by the neutral options and every wire schema that sets them: every
 # number a client gives is bounded here, so none reaches the engine past what it can carry

@@ -28,7 +28,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 # Ray reads these when first imported, and vLLM imports Ray (when installed) with the first
@@ -61,18 +61,18 @@ def loop_thread() -> Iterator[LoopThread]:
 
 
 @pytest.fixture(scope="session")
-def engine(loop_thread: LoopThread) -> Iterator[Engine]:
-    from gateway.engine.adapter import Engine
+def engine(loop_thread: LoopThread) -> Iterator[VllmEngine]:
     from gateway.engine.default_model import prepare_default_model
+    from gateway.engine.vllm_engine import VllmEngine
 
     model = str(prepare_default_model())
-    built = loop_thread.run(Engine.start(gateway_settings().engine, model))
+    built = loop_thread.run(VllmEngine.start(gateway_settings().engine, model))
     yield built
     loop_thread.call(built.shutdown)
 
 
 @pytest.fixture(scope="session")
-def server(loop_thread: LoopThread, engine: Engine) -> Iterator[RunningServer]:
+def server(loop_thread: LoopThread, engine: VllmEngine) -> Iterator[RunningServer]:
     running = start_server(loop_thread, gateway_settings(), shared_loader(engine))
     wait_ready(running.http)
     yield running
@@ -96,7 +96,9 @@ def vllm_server(loop_thread: LoopThread) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_server(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[..., RunningServer]]:
+def make_server(
+    loop_thread: LoopThread, engine: VllmEngine
+) -> Iterator[Callable[..., RunningServer]]:
     """Another server on the shared engine, with its own settings (admission, store...)."""
     started: list[RunningServer] = []
 
@@ -116,7 +118,7 @@ def make_server(loop_thread: LoopThread, engine: Engine) -> Iterator[Callable[..
 
 
 @pytest.fixture
-def engine_requests(loop_thread: LoopThread, engine: Engine) -> Callable[[], int]:
+def engine_requests(loop_thread: LoopThread, engine: VllmEngine) -> Callable[[], int]:
     """The engine's unfinished requests, as the engine itself counts them."""
 
     def unfinished() -> int:

@@ -28,8 +28,8 @@ from gateway.server import GatewayServer, uvicorn_config
 from protocols.errors import ErrorKind, GenerationError
 
 if TYPE_CHECKING:  # they import vllm: imported where a server is built, not at collection
-    from gateway.engine.adapter import Engine
     from gateway.engine.loader import EngineLoader
+    from gateway.engine.vllm_engine import VllmEngine
     from gateway.state import Gateway
 
 T = TypeVar("T")
@@ -158,9 +158,9 @@ def start_server(
 
 
 def shared_loader(
-    engine: Engine, gate: Callable[[], Awaitable[None]] | None = None
+    engine: VllmEngine, gate: Callable[[], Awaitable[None]] | None = None
 ) -> EngineLoader:
-    async def load() -> Engine:
+    async def load() -> VllmEngine:
         if gate is not None:
             await gate()
         return engine
@@ -170,7 +170,7 @@ def shared_loader(
 
 @contextmanager
 def loading_server(
-    loop: LoopThread, engine: Engine, **env: str
+    loop: LoopThread, engine: VllmEngine, **env: str
 ) -> Iterator[tuple[RunningServer, Callable[[], None]]]:
     """A server (with `env`'s settings) whose engine stays loading until the
     `finish_loading()` it yields is called."""
@@ -190,7 +190,7 @@ class _FailingEngine:
     """The real engine, except that a prompt holding `marker` fails once it is admitted, as an
     engine error would: a fault the real engine cannot be made to produce on demand."""
 
-    def __init__(self, engine: Engine, marker: str) -> None:
+    def __init__(self, engine: VllmEngine, marker: str) -> None:
         self._engine = engine
         self._marker = engine.encode(marker)
 
@@ -205,11 +205,11 @@ class _FailingEngine:
             yield step
 
 
-def failing_loader(engine: Engine, marker: str) -> EngineLoader:
+def failing_loader(engine: VllmEngine, marker: str) -> EngineLoader:
     """A loader of the shared engine whose prompts holding `marker` fail in the engine."""
-    failing = cast("Engine", _FailingEngine(engine, marker))
+    failing = cast("VllmEngine", _FailingEngine(engine, marker))
 
-    async def load() -> Engine:
+    async def load() -> VllmEngine:
         return failing
 
     return load

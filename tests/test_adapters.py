@@ -33,7 +33,7 @@ from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.own_engine  # a LoRA engine of its own: make test-all
 PROMPT = "Tell me about lighthouses."
@@ -48,11 +48,11 @@ def lora_server(loop_thread: LoopThread, adapter_dir: Path) -> Iterator[RunningS
         ADAPTERS=f"pirate={adapter_dir}", MAX_LORA_RANK="8", ADMIN_API_KEYS=ADMIN
     )
 
-    async def load() -> Engine:
-        from gateway.engine.adapter import Engine
+    async def load() -> VllmEngine:
         from gateway.engine.default_model import prepare_default_model
+        from gateway.engine.vllm_engine import VllmEngine
 
-        return await Engine.start(settings.engine, str(prepare_default_model()))
+        return await VllmEngine.start(settings.engine, str(prepare_default_model()))
 
     running = start_server(loop_thread, settings, load, owns_engine=True)
     try:

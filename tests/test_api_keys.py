@@ -21,7 +21,7 @@ from gateway.edge.auth import is_open
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 KEY, OTHER, LATER = "sk-first-0123456789", "sk-second-9876543210", "sk-later-5555555555"
 QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
@@ -35,7 +35,9 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def guarded(loop_thread: LoopThread, engine: Engine, keys_file: Path) -> Iterator[RunningServer]:
+def guarded(
+    loop_thread: LoopThread, engine: VllmEngine, keys_file: Path
+) -> Iterator[RunningServer]:
     settings = gateway_settings(API_KEYS=KEY, API_KEYS_FILE=str(keys_file))
     server = start_server(loop_thread, settings, shared_loader(engine))
     try:

@@ -13,7 +13,7 @@ from gateway.engine.beams import beam_search
 from serving import RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 PROMPTS = [
     "What is Deep Learning?",
@@ -72,7 +72,7 @@ def test_early_stopping_ends_as_soon_as_num_beams_are_finished() -> None:
     assert [h.token_ids for h in search(table)] == [(5, 9, 0), (0,)]
 
 
-def transformers_beams(engine: Engine, prompt: str) -> str:
+def transformers_beams(engine: VllmEngine, prompt: str) -> str:
     """The same search by transformers itself, on the default model, in the engine's dtype."""
     import torch
     from transformers import AutoModelForCausalLM

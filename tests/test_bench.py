@@ -33,7 +33,7 @@ from serving import LoopThread, RunningServer
 pytestmark = pytest.mark.engine
 
 if TYPE_CHECKING:  # it imports vllm: not needed to collect the pure tests
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SOAK_PROTOCOLS = [p.name for p in PROTOCOLS]
@@ -42,7 +42,7 @@ SOAK_PROTOCOLS = [p.name for p in PROTOCOLS]
 @pytest.mark.own_engine  # a bench scenario's quick run: make test-all
 @pytest.mark.timeout(0)  # no wall-clock limit: however slow the machine, the run completes
 def test_quick_bench_measures_every_target_and_writes_the_report(
-    loop_thread: LoopThread, engine: Engine, server: RunningServer, tmp_path: Path
+    loop_thread: LoopThread, engine: VllmEngine, server: RunningServer, tmp_path: Path
 ) -> None:
     options = msgspec.structs.replace(QUICK, vllm_server=False, out=str(tmp_path), progress=False)
     gateway = Endpoint(server.http, os.getpid())  # the test server runs in this process
@@ -215,7 +215,7 @@ def test_the_chat_route_is_judged_against_vllms_chat_route() -> None:
 @pytest.mark.own_engine  # a bench scenario's quick run: make test-all
 @pytest.mark.timeout(0)  # no wall-clock limit: however slow the machine, the run completes
 def test_quick_soak_ends_every_prompt_once(
-    engine: Engine, make_server: Callable[..., RunningServer], tmp_path: Path
+    engine: VllmEngine, make_server: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     """`llm-gateway bench soak --quick` on a keyed server of the shared engine: no
     5xx, every prompt whose client stayed ends once at the clients, accepted = terminal in

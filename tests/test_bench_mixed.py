@@ -36,7 +36,7 @@ from protocols.names import Protocol
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 QUEUED = "gateway_class_queue_seconds_count"  # every admitted request, by its class
@@ -46,11 +46,11 @@ def _own_engine_server(loop_thread: LoopThread, **env: str) -> RunningServer:
     """A gateway with an engine of its own, built from `env`'s settings."""
     settings = gateway_settings(**env)
 
-    async def load() -> Engine:
-        from gateway.engine.adapter import Engine
+    async def load() -> VllmEngine:
         from gateway.engine.default_model import prepare_default_model
+        from gateway.engine.vllm_engine import VllmEngine
 
-        return await Engine.start(settings.engine, str(prepare_default_model()))
+        return await VllmEngine.start(settings.engine, str(prepare_default_model()))
 
     running = start_server(loop_thread, settings, load, owns_engine=True)
     wait_ready(running.http)

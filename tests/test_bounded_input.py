@@ -11,7 +11,7 @@ from clients import CHAT, MAX_MODEL_LEN, UNENDING, web
 from serving import LoopThread, RunningServer, loading_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 SSE = "text/event-stream"
 
@@ -72,7 +72,7 @@ def test_request_timeout_ends_a_stream_with_its_protocols_error(
 
 
 def test_request_timeout_counts_the_wait_for_the_engine(
-    loop_thread: LoopThread, engine: Engine
+    loop_thread: LoopThread, engine: VllmEngine
 ) -> None:
     """The deadline runs from a request's arrival: on an engine that stays loading, nothing
     can answer before it, whatever the machine. A stream's one event is the deadline's error;

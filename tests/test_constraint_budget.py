@@ -25,7 +25,7 @@ from protocols.generation import SamplingOptions
 from serving import LoopThread, RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 MODEL = "SmolLM2-135M-Instruct"
 BUDGET = ConstraintBudget()
@@ -109,14 +109,14 @@ def test_tools_schemas_are_held_to_the_budget() -> None:
     check_options(SamplingOptions(grammar="a" * (128 * 1024)), TOOLS_FIELD, BUDGET)
 
 
-def _core_rss(engine: Engine) -> int:
+def _core_rss(engine: VllmEngine) -> int:
     from gateway.engine.vllm_seam import core_processes
 
     return sum(psutil.Process(p.pid).memory_info().rss for p in core_processes(engine.llm))
 
 
 def test_the_probes_shapes_are_refused_before_the_engine_on_every_protocol(
-    server: RunningServer, engine: Engine
+    server: RunningServer, engine: VllmEngine
 ) -> None:
     """The 50,000-word regex, the 10,000-property schema and the 100,000-value enum: each a
     4xx naming the field and the limit, the engine not rebuilt, its compiles untouched, its
@@ -166,11 +166,11 @@ def test_the_probes_shapes_are_refused_before_the_engine_on_every_protocol(
 
 
 def test_a_constraint_compiles_once_within_its_budget(
-    loop_thread: LoopThread, engine: Engine
+    loop_thread: LoopThread, engine: VllmEngine
 ) -> None:
     """Within the size limits: compiled once in the worker (a repeat is answered from its
     verdict), then generated with; vLLM's own check still refuses what it refuses."""
-    from gateway.engine.adapter import sampling_params
+    from gateway.engine.sampling import sampling_params
 
     checker = engine.constraints
     options = SamplingOptions(json_schema=json.dumps(properties_schema(120)), max_new_tokens=2)
@@ -187,13 +187,13 @@ def test_a_constraint_compiles_once_within_its_budget(
 
 
 def test_a_compile_past_its_deadline_is_killed_and_its_worker_replaced(
-    loop_thread: LoopThread, engine: Engine
+    loop_thread: LoopThread, engine: VllmEngine
 ) -> None:
     """A constraint that takes longer than CONSTRAINT_COMPILE_SECONDS: the worker is killed
     (its compile goes with it: the engine never sees the constraint), the request refused
     naming the setting, the refusal kept, and a fresh worker compiles the next one."""
-    from gateway.engine.adapter import sampling_params
     from gateway.engine.constraint_check import CompileLimits
+    from gateway.engine.sampling import sampling_params
 
     checker = engine.constraints
     limits = checker.limits
@@ -214,12 +214,12 @@ def test_a_compile_past_its_deadline_is_killed_and_its_worker_replaced(
     assert checker.compiles == compiles + 2
 
 
-def test_a_compile_past_its_memory_is_refused(loop_thread: LoopThread, engine: Engine) -> None:
+def test_a_compile_past_its_memory_is_refused(loop_thread: LoopThread, engine: VllmEngine) -> None:
     """A worker whose address space allows a compile 8 MiB: a 30,000-word regex (tens of MB
     to compile) is refused naming CONSTRAINT_COMPILE_MEMORY_MIB, in the worker, not the
     engine; the worker is replaced."""
-    from gateway.engine.adapter import sampling_params
     from gateway.engine.constraint_check import CompileLimits, ConstraintChecker
+    from gateway.engine.sampling import sampling_params
 
     async def run() -> tuple[str, int]:
         checker = ConstraintChecker(engine.llm, CompileLimits(seconds=600, memory_mib=8))

@@ -24,7 +24,7 @@ from protocols.constraints import (
 )
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
-from protocols.lmi import InvalidPayload, decode_lmi
+from protocols.lmi_requests import InvalidPayload, decode_lmi
 from protocols.openai_requests import decode_chat, decode_completion
 from protocols.tgi import decode_tgi
 

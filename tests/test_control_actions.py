@@ -25,7 +25,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 STORY = CHAT.format("Write a long, detailed story about a dragon and a village.")
 
@@ -173,7 +173,9 @@ def test_a_client_that_leaves_stops_its_generation(
     assert admission.running == 0
 
 
-def test_feedback_is_stored_and_survives_a_restart(loop_thread: LoopThread, engine: Engine) -> None:
+def test_feedback_is_stored_and_survives_a_restart(
+    loop_thread: LoopThread, engine: VllmEngine
+) -> None:
     db = SCRATCH / f"feedback-{uuid.uuid4().hex}.sqlite3"
     first = start_server(loop_thread, gateway_settings(FEEDBACK_DB=str(db)), shared_loader(engine))
     try:
@@ -217,7 +219,7 @@ def test_feedback_is_stored_and_survives_a_restart(loop_thread: LoopThread, engi
     assert all(r["model"] == "SmolLM2-135M-Instruct" and r["created_at"] > 0 for r in records)
 
 
-def test_status_while_loading_then_init(loop_thread: LoopThread, engine: Engine) -> None:
+def test_status_while_loading_then_init(loop_thread: LoopThread, engine: VllmEngine) -> None:
     gate = asyncio.Event()
 
     async def open_gate() -> None:

@@ -13,7 +13,7 @@ from clients import CHAT, connect, events_of, greedy, payload, run_ws, web
 from serving import RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 ROBOT = CHAT.format("Write a story about a robot.")
 WITH_IDS = {"include_token_ids": True, "include_logprobs": True}
@@ -61,7 +61,7 @@ def generated_ids(messages: list[Message]) -> list[int]:
     return [i for t in tokens_of(messages) for i in ids_of(t)]
 
 
-def engine_of(server: RunningServer) -> Engine:
+def engine_of(server: RunningServer) -> VllmEngine:
     engine = server.gateway.service.holder.engine
     assert engine is not None
     return engine

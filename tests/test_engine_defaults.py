@@ -16,7 +16,7 @@ from gateway.engine.cpu_defaults import (
 from serving import RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 
 def test_info_and_metrics_report_the_dtype_chosen_for_this_cpu(server: RunningServer) -> None:
@@ -31,7 +31,7 @@ def test_info_and_metrics_report_the_dtype_chosen_for_this_cpu(server: RunningSe
 
 
 def test_a_cpu_engines_steps_take_the_gateways_budget(
-    server: RunningServer, engine: Engine
+    server: RunningServer, engine: VllmEngine
 ) -> None:
     assert server.gateway.settings.engine.max_num_batched_tokens == "auto"
     budget = engine.llm.vllm_config.scheduler_config.max_num_batched_tokens

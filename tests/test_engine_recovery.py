@@ -30,8 +30,8 @@ from clients import (
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
     from gateway.engine.loader import EngineLoader
+    from gateway.engine.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.own_engine  # engines of its own, killed on purpose: make test-all
 
@@ -41,16 +41,16 @@ def own_engine_loader(rebuilds: asyncio.Event | None) -> EngineLoader:
     `rebuilds` is set (so a test sees the gateway while it rebuilds, however fast that is)."""
     calls = 0
 
-    async def load() -> Engine:
-        from gateway.engine.adapter import Engine
+    async def load() -> VllmEngine:
         from gateway.engine.default_model import prepare_default_model
+        from gateway.engine.vllm_engine import VllmEngine
 
         nonlocal calls
         calls += 1
         if calls > 1 and rebuilds is not None:
             await rebuilds.wait()
         model = str(await asyncio.to_thread(prepare_default_model))
-        return await Engine.start(gateway_settings().engine, model)
+        return await VllmEngine.start(gateway_settings().engine, model)
 
     return load
 
@@ -73,7 +73,7 @@ def own_engine_server(
         running.stop()
 
 
-def engine_of(server: RunningServer) -> Engine:
+def engine_of(server: RunningServer) -> VllmEngine:
     engine = server.gateway.service.holder.engine
     assert engine is not None
     return engine

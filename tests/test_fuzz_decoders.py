@@ -28,7 +28,7 @@ from protocols import control, lmi, tgi, ws_events
 from protocols.batch_payload import BatchRequest, PayloadSettings, decode_batch
 from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
-from protocols.lmi import InvalidPayload, decode_lmi, is_chat
+from protocols.lmi_requests import InvalidPayload, decode_lmi, is_chat
 from protocols.openai_requests import ChatRequest, CompletionRequest, decode_chat, decode_completion
 from protocols.responses_requests import ResponsesRequest, decode_responses
 from protocols.rest_generate import _OnePayload, decode_generate_batch, decode_one

@@ -23,7 +23,7 @@ from protocols.generation import SamplingOptions
 from serving import LoopThread, RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 MODEL = "SmolLM2-135M-Instruct"
 PATTERNS = [
@@ -259,12 +259,12 @@ def test_an_uncompilable_constraint_is_each_routes_refusal_naming_its_field(
 
 
 def test_a_constraint_is_checked_before_the_request_reaches_the_engine(
-    loop_thread: LoopThread, engine: Engine
+    loop_thread: LoopThread, engine: VllmEngine
 ) -> None:
     """The compile in the worker, then vLLM's own check, asked about the constraint alone
     (gateway/engine/constraint_check.py), refuse what the engine's grammar backend cannot
     compile and leave the request's parameters as they were."""
-    from gateway.engine.adapter import sampling_params
+    from gateway.engine.sampling import sampling_params
 
     check_constraint = engine.constraints.check
 

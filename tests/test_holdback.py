@@ -1,11 +1,11 @@
-"""Text held back with its tokens while it could begin a stop string (protocols/holdback.py)."""
+"""Text held back with its tokens while it could begin a stop string (protocols/stop_strings.py)."""
 
 from __future__ import annotations
 
 import math
 
 from protocols.events import Delta, TokenInfo
-from protocols.holdback import Holdback, described
+from protocols.stop_strings import Holdback, StopStrings, described, stop_string_of
 
 # A stand-in tokenizer of its own words: one token per character, ids from 100 on.
 
@@ -103,3 +103,27 @@ def test_an_end_token_with_no_text_keeps_its_id() -> None:
     holdback.begin([], keep_stop=False, retokenize=retokenize)
     last = holdback.finish(Delta(0, "", [2], None, "stop"), None)
     assert (last.text, last.token_ids, last.finish_reason) == ("", [2], "stop")
+
+
+def spell(token_id: int) -> str:
+    return chr(token_id - 100)
+
+
+def test_a_whole_answer_cut_at_a_stop_string_keeps_the_tokens_of_its_text() -> None:
+    stops = StopStrings(["c"], False, spell, retokenize)
+    tokens = [TokenInfo(100 + ord(c), c, -0.5) for c in "abcd"]
+    cut = stops.cut("ab", "c", [t.token_id for t in tokens], tokens)
+    assert cut is not None and cut.text == "ab" and cut.tokens == tokens[:2]
+    assert stops.cut("ab", 7, [], None) is None  # a stop token ended it: nothing to cut
+    assert stops.beyond("ab", "c", [t.token_id for t in tokens], None) == "cd"
+    assert stops.beyond("ab", None, [], None) == ""
+
+
+def test_the_engine_keeps_stop_strings_only_where_the_client_did_not_ask() -> None:
+    assert StopStrings(["c"], False, spell, retokenize).kept_by_engine
+    assert not StopStrings(["c"], True, spell, retokenize).kept_by_engine
+    assert not StopStrings([], False, spell, retokenize).kept_by_engine
+    kept = StopStrings(["c"], False, spell, retokenize)
+    assert kept.streamed_text("ab!", True, [100 + ord("!")]) == "ab"  # an end token's text
+    assert kept.streamed_text("ab!", False, [100 + ord("!")]) == "ab!"
+    assert stop_string_of("c") == "c" and stop_string_of(2) is None

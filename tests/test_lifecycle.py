@@ -14,7 +14,7 @@ from clients import CHAT, UNENDING, connect, frames_until_done, greedy, payload,
 from serving import LoopThread, RunningServer, gateway_settings, loading_server, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 LONG = greedy(UNENDING, ignore_eos=True)
 PROMPT = CHAT.format("Write a very long essay about rivers.")
@@ -34,7 +34,7 @@ def unfinished(server: RunningServer) -> int:
 
 
 def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
-    loop_thread: LoopThread, engine: Engine
+    loop_thread: LoopThread, engine: VllmEngine
 ) -> None:
     with loading_server(loop_thread, engine) as (loading, finish_loading):
         for path in ("/health", "/ping"):
@@ -55,7 +55,7 @@ def test_health_is_503_while_loading_and_requests_wait_for_the_engine(
 
 
 def test_an_engine_that_fails_to_start_is_reported(loop_thread: LoopThread) -> None:
-    async def broken() -> Engine:
+    async def broken() -> VllmEngine:
         raise RuntimeError("no such model")
 
     failed = start_server(loop_thread, gateway_settings(), broken)

@@ -32,7 +32,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 PROMPT = CHAT.format("Name three colours.")
 FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)
@@ -352,7 +352,7 @@ def test_a_generation_failure_gives_finish_reason_error(server: RunningServer) -
 
 
 def test_a_dynamic_batch_failing_mid_stream_ends_with_the_handler_failure_line(
-    loop_thread: LoopThread, engine: Engine, idle_engine: Callable[..., None]
+    loop_thread: LoopThread, engine: VllmEngine, idle_engine: Callable[..., None]
 ) -> None:
     # One slot: the second prompt reaches the engine, and fails there, after the first streamed.
     settings = gateway_settings(MAX_RUNNING_REQUESTS="1")
@@ -430,7 +430,7 @@ def test_clients_that_leave_stop_their_generation(
 
 def test_ping_is_503_while_loading_then_answers_past_a_full_queue(
     loop_thread: LoopThread,
-    engine: Engine,
+    engine: VllmEngine,
     make_server: Callable[..., RunningServer],
     idle_engine: Callable[[], None],
 ) -> None:

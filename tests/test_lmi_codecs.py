@@ -12,15 +12,10 @@ from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untype
 from protocols.errors import GenerationError, invalid
 from protocols.events import Finished, GeneratedSequence, History, TokenInfo, TopToken, token_array
 from protocols.eventstream import model_error, model_stream_error, payload_part
-from protocols.lmi import (
-    InvalidPayload,
-    LmiEncoder,
-    LmiRequest,
-    decode_lmi,
-    output_form,
-    payload_error,
-)
+from protocols.lmi import payload_error
 from protocols.lmi_adapters import MAX_PAGE, page
+from protocols.lmi_answers import LmiEncoder
+from protocols.lmi_requests import InvalidPayload, LmiRequest, decode_lmi, output_form
 from protocols.tgi import TgiEncoder, decode_tgi, error_body, error_event
 
 PROMPT = "What is Deep Learning?"

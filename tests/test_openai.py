@@ -24,7 +24,7 @@ from serving import (
 )
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION: list[ChatCompletionMessageParam] = [
@@ -309,7 +309,7 @@ def test_overload_is_429_rate_limit(
 
 
 def test_engine_failures_are_500_or_an_error_event_then_done(
-    loop_thread: LoopThread, engine: Engine, idle_engine: Callable[[], None]
+    loop_thread: LoopThread, engine: VllmEngine, idle_engine: Callable[[], None]
 ) -> None:
     settings = gateway_settings(MAX_RUNNING_REQUESTS="1")  # the second prompt starts later
     failing = start_server(loop_thread, settings, failing_loader(engine, FAULT))
@@ -332,7 +332,7 @@ def test_engine_failures_are_500_or_an_error_event_then_done(
 
 
 def test_an_engine_that_failed_to_start_is_503(loop_thread: LoopThread) -> None:
-    async def no_engine() -> Engine:
+    async def no_engine() -> VllmEngine:
         raise RuntimeError("no model here")
 
     broken = start_server(loop_thread, gateway_settings(), no_engine)

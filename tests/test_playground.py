@@ -27,7 +27,7 @@ from clients import outcomes_since, settled_metrics, web
 from serving import LoopThread, RunningServer, loading_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by deploy/install-browser.sh
 CHROMIUM_ARGS = [
@@ -383,7 +383,7 @@ def test_chat_api_mode_streams_stops_and_shows_errors(
 
 
 def test_loading_status_while_the_engine_starts(
-    loop_thread: LoopThread, engine: Engine, page: Page
+    loop_thread: LoopThread, engine: VllmEngine, page: Page
 ) -> None:
     with loading_server(loop_thread, engine) as (loading, finish_loading):
         try:

@@ -31,7 +31,7 @@ from clients import (
 from serving import STEP_TOKENS, RunningServer
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 LONG = greedy(UNENDING, ignore_eos=True)
 PROMPT = CHAT.format("Name a river.")
@@ -194,7 +194,7 @@ def test_the_bulk_cap_holds_bulk_back_while_an_interactive_request_runs(
 
 @pytest.mark.long  # fills the KV cache until vLLM preempts: make test-all
 def test_preempted_requests_are_recomputed_to_the_same_greedy_text(
-    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+    server: RunningServer, engine: VllmEngine, idle_engine: Callable[[], None]
 ) -> None:
     # Four requests whose prompts fit the KV cache together but whose answers do not: the
     # scheduler preempts the lowest class (the bulk ones) to let the others go on.
@@ -275,7 +275,7 @@ class EndlessStream:
 
 
 def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_runs(
-    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+    server: RunningServer, engine: VllmEngine, idle_engine: Callable[[], None]
 ) -> None:
     cap = server.gateway.settings.engine.bulk_max_running  # the test engine's (serving.py)
     assert cap == 4
@@ -327,7 +327,7 @@ def test_bulk_is_held_to_its_share_of_the_engine_while_an_interactive_request_ru
 
 
 def test_a_chat_prompt_is_computed_in_bounded_steps_without_bulk(
-    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+    server: RunningServer, engine: VllmEngine, idle_engine: Callable[[], None]
 ) -> None:
     """While a chat's long prompt is computed: each step takes at most INTERACTIVE_STEP_TOKENS,
     so the prompt takes many steps and another chat already streaming gains a token in each
@@ -370,7 +370,7 @@ def test_a_chat_prompt_is_computed_in_bounded_steps_without_bulk(
 
 @pytest.mark.long  # fills the KV cache under the bulk cap: make test-all
 def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_text(
-    server: RunningServer, engine: Engine, idle_engine: Callable[[], None]
+    server: RunningServer, engine: VllmEngine, idle_engine: Callable[[], None]
 ) -> None:
     # Twice the cap of bulk requests whose prompts fill most of the KV cache and whose answers
     # overflow it, then a person's chat: the bulk past the cap is paused (keeping its blocks),

@@ -41,7 +41,7 @@ from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
 REPLICAS = 2  # on the session's Ray cluster (tests/ray_cluster.py: `ray_address`)
@@ -72,7 +72,7 @@ def replicas(
     settings = gateway_settings(**env, REDIS_URL=redis_server.url)
     loader = default_loader(settings)
 
-    async def load() -> Engine:  # the gateway's engine, kept: its router is what the tests ask
+    async def load() -> VllmEngine:  # the gateway's engine, kept: its router is what the tests ask
         engine = await loader()
         assert isinstance(engine, ReplicaEngine)
         _fleets.append(engine.fleet)

@@ -13,7 +13,7 @@ from clients import CHAT, UNENDING, outcomes_since, sagemaker_runtime, settled_m
 from serving import LoopThread, RunningServer, failing_loader, gateway_settings, start_server
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import Engine
+    from gateway.engine.vllm_engine import VllmEngine
 
 PROMPT = CHAT.format("Name three colours.")
 FAULT = CHAT.format("Fail in the engine, please.")  # fails once admitted (serving.failing_loader)
@@ -113,7 +113,7 @@ def test_response_stream_forms(server: RunningServer) -> None:
 
 
 def test_a_failure_mid_stream_raises_model_stream_error(
-    loop_thread: LoopThread, engine: Engine, idle_engine: Callable[..., None]
+    loop_thread: LoopThread, engine: VllmEngine, idle_engine: Callable[..., None]
 ) -> None:
     # One slot: the second prompt reaches the engine, and fails there, after the first streamed.
     settings = gateway_settings(MAX_RUNNING_REQUESTS="1")

@@ -13,7 +13,7 @@ from protocols.batch_payload import decode_batch
 from protocols.control import Config, Control, decode_client, rest_config
 from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
-from protocols.lmi import InvalidPayload, decode_lmi
+from protocols.lmi_requests import InvalidPayload, decode_lmi
 from protocols.rest_generate import decode_one
 from protocols.tgi import decode_tgi
 from protocols.transformers_fields import GENERATION_CONFIG_FIELDS

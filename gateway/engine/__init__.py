@@ -1,5 +1,6 @@
-"""The engine: the vLLM adapter, the bulk cap's scheduler, beam search, CPU defaults, the
-default model, the holder that rebuilds a dead engine, and engine replicas on Ray.
+"""The engine: the vLLM engine wrapper (vllm_engine.py and its parts), the bulk cap's
+scheduler, beam search, CPU defaults, the default model, the holder that rebuilds a dead
+engine, and engine replicas on Ray.
 
 The only folder that imports vLLM, torch or Ray. May import: config/, protocols/.
 """

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from gateway.engine.adapter import Engine
 from gateway.engine.cpu_defaults import cpu_flags, reported_flags
+from gateway.engine.vllm_engine import VllmEngine
 from protocols.errors import ErrorKind, GenerationError
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ class EngineHolder:
 
     def __init__(
         self,
-        load: Callable[[], Awaitable[Engine]],
+        load: Callable[[], Awaitable[VllmEngine]],
         expected_seconds: float = 30.0,
         describe: Callable[[str, str, list[str]], None] | None = None,
         *,
@@ -52,7 +52,7 @@ class EngineHolder:
         self._stopping = False
         # The last engine built; while it is rebuilt, the dead one (its tokenizer and limits
         # still answer /info and the like).
-        self.engine: Engine | None = None
+        self.engine: VllmEngine | None = None
         self.error: str | None = None
         self.status = "loading"
         self.restarts = 0
@@ -107,7 +107,7 @@ class EngineHolder:
         if self.status == "ready" and engine is not None and not engine.healthy:
             self._died(engine, engine.death_reason())
 
-    def _died(self, engine: Engine, reason: str) -> None:
+    def _died(self, engine: VllmEngine, reason: str) -> None:
         if engine is not self.engine or self.status != "ready" or self._stopping:
             return  # an engine already replaced, or shut down on purpose
         now = time.monotonic()
@@ -128,7 +128,7 @@ class EngineHolder:
         self._started = now
         self._task = asyncio.create_task(self._rebuild(engine), name="engine-rebuild")
 
-    async def _rebuild(self, dead: Engine) -> None:
+    async def _rebuild(self, dead: VllmEngine) -> None:
         dead.shutdown()  # vLLM's monitor began this; it frees what the dead engine still holds
         await self._build()
 
@@ -143,7 +143,7 @@ class EngineHolder:
         if self.on_give_up is not None:
             self.on_give_up(reason)
 
-    async def wait(self) -> Engine:
+    async def wait(self) -> VllmEngine:
         while True:
             await self._ready.wait()
             self._check()

@@ -8,15 +8,15 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from gateway.config.settings import Settings, served_model_name
-from gateway.engine.adapter import Engine
+from gateway.engine.vllm_engine import VllmEngine
 
-EngineLoader = Callable[[], Awaitable[Engine]]
+EngineLoader = Callable[[], Awaitable[VllmEngine]]
 
 
 def local_loader(settings: Settings) -> EngineLoader:
     """The engine in this process: the configured model, or the default one prepared once."""
 
-    async def load() -> Engine:
+    async def load() -> VllmEngine:
         model = settings.engine.model
         if not model:
             from gateway.engine.default_model import prepare_default_model
@@ -25,6 +25,6 @@ def local_loader(settings: Settings) -> EngineLoader:
         named = msgspec.structs.replace(
             settings.engine, served_model_name=served_model_name(settings.engine)
         )
-        return await Engine.start(named, model)
+        return await VllmEngine.start(named, model)
 
     return load

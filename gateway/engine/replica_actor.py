@@ -2,7 +2,7 @@
 (gateway/engine/replicas.py), with Ray Core's public actor API only.
 
 It builds the engine the gateway would build (`gateway.engine.loader.local_loader`) with its
-first call and serves `Engine.stream` / `complete` / `beam_search` (their keyword arguments
+first call and serves `VllmEngine.stream` / `complete` / `beam_search` (their keyword arguments
 pass through), each call naming the continuation key it was routed by. Ray restarts the actor
 when its process dies; an engine that dies takes the process with it, so Ray restarts that
 too.
@@ -22,9 +22,10 @@ from typing import Any
 import msgspec
 
 from gateway.config.settings import Settings
-from gateway.engine.adapter import Engine, EngineStep
 from gateway.engine.loader import local_loader
 from gateway.engine.lora import Adapter
+from gateway.engine.outputs import EngineStep
+from gateway.engine.vllm_engine import VllmEngine
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
@@ -75,17 +76,17 @@ class EngineReplica:
             os.environ["OMP_NUM_THREADS"] = str(len(share.split(",")))
         self.settings = settings
         self.name = name
-        self._building: asyncio.Future[Engine] | None = None
+        self._building: asyncio.Future[VllmEngine] | None = None
         self._served: OrderedDict[str, int] = OrderedDict()
 
-    async def _engine(self) -> Engine:
+    async def _engine(self) -> VllmEngine:
         """The engine, built by the first call (a Ray actor's `__init__` runs off its event
         loop, where the engine must live); shielded: a cancelled call leaves the build going."""
         if self._building is None:
             self._building = asyncio.ensure_future(self._build())
         return await asyncio.shield(self._building)
 
-    async def _build(self) -> Engine:
+    async def _build(self) -> VllmEngine:
         engine = await local_loader(self.settings)()
 
         def died(reason: str) -> None:
@@ -150,7 +151,7 @@ class EngineReplica:
             engine.adapters.remove(adapter.name)
         await engine.llm.remove_lora(adapter.lora_id)
 
-    async def _started(self, key: str | None, kwargs: dict[str, Any]) -> Engine:
+    async def _started(self, key: str | None, kwargs: dict[str, Any]) -> VllmEngine:
         """The engine, the request counted under its key, and its adapter known here by name:
         a replica that started after the adapter was loaded (Ray restarting a dead one) learns
         it from the request, and vLLM loads it from its path with its first request."""

@@ -4,8 +4,8 @@ object refs, `ray.cancel`, `ray.get_actor`, `ray.kill`), and one setting of Ray'
 replicas' environment (gateway/engine/ray_seam.py).
 
 The replicas are N named actors (`EngineReplica`, gateway/engine/replica_actor.py) that the
-gateway creates, or finds when another gateway did. The gateway holds a `ReplicaEngine`: an
-`Engine` whose tokenizer is the replicas' own (sent once) and whose engine calls go to the
+gateway creates, or finds when another gateway did. The gateway holds a `ReplicaEngine`: a
+`VllmEngine` whose tokenizer is the replicas' own (sent once) and whose engine calls go to the
 replica it picks itself (`Fleet.pick`): by the prompt's continuation key
 (gateway/engine/affinity.py) with rendezvous hashing, so every continuation of a key reaches
 the replica whose prefix cache holds its blocks; a prompt with no key to any replica.
@@ -36,12 +36,14 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from gateway.config.settings import Settings
-from gateway.engine.adapter import Engine, EngineStep, SchedulerView
 from gateway.engine.affinity import AFFINITY
 from gateway.engine.lora import Adapter, Adapters
 from gateway.engine.meter import Meter
+from gateway.engine.outputs import EngineStep, OutputReader
 from gateway.engine.ray_seam import REPLICA_ENV
 from gateway.engine.replica_actor import EngineReplica, ReplicaFailure, ReplicaInfo
+from gateway.engine.scheduler_view import SchedulerView
+from gateway.engine.vllm_engine import VllmEngine
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import SamplingOptions
@@ -140,15 +142,15 @@ def _raised(item: object) -> None:
         raise kind(item.kind, item.message, item.field)
 
 
-class ReplicaEngine(Engine):
-    """The gateway's side: an `Engine` whose engines are the replicas. Tokenizing and chat
+class ReplicaEngine(VllmEngine):
+    """The gateway's side: a `VllmEngine` whose engines are the replicas. Tokenizing and chat
     templates run here; only engine requests cross to a replica."""
 
     def __init__(self, fleet: Fleet, info: ReplicaInfo, on_shutdown: Callable[[], None]) -> None:
-        # No engine of its own: Engine.__init__ would want one. What it sets, set here.
+        # No engine of its own: VllmEngine.__init__ would want one. What it sets, set here.
         self.fleet = fleet
         self.tokenizer = info.tokenizer
-        self._special = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+        self._reader = OutputReader(self.tokenizer)
         self.eos_token_ids = info.eos_token_ids
         self.max_model_len = info.max_model_len
         self.dtype = info.dtype
@@ -386,7 +388,7 @@ def remove_replicas(count: int) -> None:
 
 
 def replica_loader(settings: Settings) -> Callable[[], Any]:
-    async def load() -> Engine:
+    async def load() -> VllmEngine:
         actors, shutdown = await asyncio.to_thread(_connect, settings)
         log.info("waiting for %d engine replicas on Ray", len(actors))
         # Retried through restarts: Ray may restart a replica that has not started yet (its

@@ -147,7 +147,7 @@ def step_tokens_at_most(scheduler: Scheduler, tokens: int) -> Iterator[None]:
         scheduler.max_num_scheduled_tokens = budget
 
 
-# --- The engine's life (gateway/engine/adapter.py) --------------------------------------------
+# --- The engine's life (gateway/engine/death_watch.py) ----------------------------------------
 
 
 def start_output_handler(llm: AsyncLLM) -> asyncio.Task[Any]:

@@ -51,8 +51,8 @@ from protocols.control import (
 from protocols.errors import GenerationError, invalid
 from protocols.events import Delta, Failed, Finished, History, Initialized, Queued, token_array
 from protocols.generation import GenerationRequest, SamplingOptions
-from protocols.holdback import Holdback
 from protocols.names import Protocol
+from protocols.stop_strings import Holdback
 
 log = logging.getLogger(__name__)
 State = Literal["new", "generating", "paused", "done"]

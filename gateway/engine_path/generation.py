@@ -27,8 +27,9 @@ from gateway.config.priorities import PriorityClasses
 from gateway.config.settings import Settings
 from gateway.edge.caller import current_caller
 from gateway.edge.limits import Limiter, RateLimited
-from gateway.engine.adapter import Engine, EngineStep
 from gateway.engine.holder import EngineHolder
+from gateway.engine.outputs import EngineStep
+from gateway.engine.vllm_engine import VllmEngine
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
@@ -49,8 +50,8 @@ from protocols.events import (
     token_array,
 )
 from protocols.generation import GenerationRequest
-from protocols.holdback import Holdback
 from protocols.names import Protocol
+from protocols.stop_strings import Holdback, stop_string_of
 
 log = logging.getLogger(__name__)
 # Tokenizing costs about a microsecond a character: past this, do it in a worker thread.
@@ -173,7 +174,7 @@ class GenerationService:
 
 
 async def _history(
-    engine: Engine, request: GenerationRequest, chat_template: str | None = None
+    engine: VllmEngine, request: GenerationRequest, chat_template: str | None = None
 ) -> History:
     """The sequence to submit: the request's history, or its prompt tokenized, within context."""
     history = request.history
@@ -228,7 +229,7 @@ async def tokenized(text: str, encode: Callable[[str], list[int]]) -> list[int]:
     return encode(text)
 
 
-def _longest_token(engine: Engine) -> int:
+def _longest_token(engine: VllmEngine) -> int:
     """The most characters one token stands for: a prompt longer than the context times this
     cannot fit, and is refused before the tokenizer spends seconds on megabytes of it."""
     return _longest_in(engine.tokenizer)
@@ -240,7 +241,7 @@ def _longest_in(tokenizer: Any) -> int:
 
 
 async def _engine_events(
-    engine: Engine,
+    engine: VllmEngine,
     request: GenerationRequest,
     history: History,
     meter: StreamMeter,
@@ -285,7 +286,7 @@ async def _engine_events(
             if step.finished:
                 reason = step.finish_reason or "length"
                 piece = Delta(index, step.text, list(step.token_ids), step.tokens, reason)
-                stop_string = step.stop_reason if isinstance(step.stop_reason, str) else None
+                stop_string = stop_string_of(step.stop_reason)
                 out: Delta | None = holdback.finish(piece, stop_string, step.beyond)
             else:
                 out = holdback.push(Delta(index, step.text, list(step.token_ids), step.tokens))

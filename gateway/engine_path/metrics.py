@@ -17,7 +17,7 @@ from prometheus_client import Counter as PromCounter
 from gateway.config.priorities import MAX_PRIORITY
 
 if TYPE_CHECKING:
-    from gateway.engine.adapter import SchedulerView
+    from gateway.engine.scheduler_view import SchedulerView
     from gateway.engine_path.admission import Admission
 
 BASE = "base"  # the `adapter` label of the base model's requests

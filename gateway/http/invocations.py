@@ -30,23 +30,23 @@ from protocols.lmi import (
     INFERENCE_COMPONENT,
     MEDIA_TYPES,
     HandlerFailure,
-    InvalidPayload,
     Line,
-    LmiEncoder,
-    LmiRequest,
     Output,
     PayloadError,
     _Payload,
-    adapter_field,
-    decode_lmi,
-    failed_answer,
-    failed_line,
-    is_chat,
     lmi_status,
     payload_error,
-    with_component,
 )
 from protocols.lmi import Answer as LmiAnswer
+from protocols.lmi_answers import LmiEncoder, failed_answer, failed_line
+from protocols.lmi_requests import (
+    InvalidPayload,
+    LmiRequest,
+    adapter_field,
+    decode_lmi,
+    is_chat,
+    with_component,
+)
 from protocols.names import Protocol
 from protocols.openai_answers import Answer as ChatAnswer
 from protocols.openai_answers import ErrorBody

@@ -1,18 +1,24 @@
-"""Streamed text held back with its tokens while it could still begin a stop string.
+"""Stop strings, in one place: finding one in the text, cutting there with exactly the tokens of
+the kept text, what came beyond it, `include_stop_str_in_output`, and holding back streamed text
+that may begin one. The engine (gateway/engine/vllm_engine.py) meets each request's stop
+strings through `StopStrings`; the engine path (gateway/engine_path/generation.py) and the
+control session hold streamed text in a `Holdback`.
 
 vLLM ends a request at a stop string in its own text, but when it streams it holds back the
 last (longest stop string - 1) characters of text and none of the token ids, so a Delta's
-text and ids drift apart. The engine adapter asks for every token's text at once (the stop
-string kept in the output); here a Delta's text, token ids and log-probabilities are held as
-one while its text could be the start of a stop string, and go out together: every Delta
-carries exactly the text of its tokens. A Holdback can outlive an engine request (a paused
-generation keeps what it holds), so a stop string that spans two requests is found here: the
-engine sees only its own request's text.
+text and ids drift apart. A streamed request asks the engine for every token's text at once
+(`StopStrings.kept_by_engine`: the stop string kept in the output); here a Delta's text, token
+ids and log-probabilities are held as one while its text could be the start of a stop string,
+and go out together: every Delta carries exactly the text of its tokens. A Holdback can outlive
+an engine request (a paused generation keeps what it holds), so a stop string that spans two
+requests is found here: the engine sees only its own request's text.
 
 Where a stop string is cut off, the Delta keeps only the tokens whose text it still shows: a
 token the cut splits (" mission" before the stop string "mission to") is replaced by the
 tokens of its kept text (" "), tokenized afresh and with no log-probability, so ids, text and
-the history a continuation resumes from all describe what the client was sent.
+the history a continuation resumes from all describe what the client was sent. vLLM cuts the
+text of a whole (not streamed) answer at the stop string but keeps every token id (the stop
+string's, and one that runs past it): `StopStrings.cut` gives it the tokens of its text.
 """
 
 from __future__ import annotations
@@ -23,6 +29,82 @@ from protocols.events import Delta, TokenInfo
 
 # A text's tokens as the model's tokenizer makes them, with no log-probability (NaN).
 Retokenize = Callable[[str], list[TokenInfo]]
+# A token's own text, as the tokenizer spells it alone.
+Spell = Callable[[int], str]
+
+
+def stop_string_of(stop_reason: int | str | None) -> str | None:
+    """The stop string that ended a sequence, from the engine's stop reason (a stop token's id,
+    or the stop string); None when none did."""
+    return stop_reason if isinstance(stop_reason, str) else None
+
+
+class StopStrings:
+    """One engine request's stop strings, as the engine meets them: `spell` gives a token's
+    own text, `retokenize` the tokens of a text cut short."""
+
+    def __init__(
+        self,
+        stops: Sequence[str],
+        include_in_output: bool,
+        spell: Spell,
+        retokenize: Retokenize,
+    ) -> None:
+        self._stops = tuple(stops)
+        self._include = include_in_output
+        self._spell = spell
+        self._retokenize = retokenize
+
+    @property
+    def kept_by_engine(self) -> bool:
+        """Whether a streamed request asks the engine to keep its stop strings in the text
+        (`include_stop_str_in_output`) though the client did not: vLLM would hold back text
+        without its tokens, a `Holdback` holds both and cuts the stop string itself."""
+        return bool(self._stops) and not self._include
+
+    def streamed_text(self, text: str, is_eos: bool, token_ids: Sequence[int]) -> str:
+        """A streamed step's text: a stop token's text only when the client asked for it
+        (keeping the stop strings makes the engine keep an end token's text too)."""
+        if self.kept_by_engine and is_eos and token_ids:
+            return text.removesuffix(self._spell(token_ids[-1]))
+        return text
+
+    def beyond(
+        self,
+        text: str,
+        stop_reason: int | str | None,
+        token_ids: Sequence[int],
+        tokens: list[TokenInfo] | None,
+    ) -> str:
+        """The text of a last step's tokens past the stop string that ended it (the engine cuts
+        it from `text`)."""
+        if stop_string_of(stop_reason) is None:
+            return ""
+        whole = "".join(t.text for t in self._spelled(token_ids, tokens))
+        return whole[len(text) :] if whole.startswith(text) else ""
+
+    def cut(
+        self,
+        text: str,
+        stop_reason: int | str | None,
+        token_ids: Sequence[int],
+        tokens: list[TokenInfo] | None,
+    ) -> Delta | None:
+        """A whole sequence that ended at a stop string, with only the tokens of its `text`
+        (the engine's, cut at the stop string); None when no stop string ended it."""
+        if stop_string_of(stop_reason) is None:
+            return None
+        pieces = self._spelled(token_ids, tokens)
+        if "".join(t.text for t in pieces).startswith(text):
+            parts = [Delta(0, t.text, [t.token_id], [t]) for t in pieces]
+            return described(parts, text, self._retokenize)
+        # tokens whose text alone is not their text in the sequence (a split character)
+        fresh = self._retokenize(text)
+        return Delta(0, text, [t.token_id for t in fresh], fresh)
+
+    def _spelled(self, token_ids: Sequence[int], tokens: list[TokenInfo] | None) -> list[TokenInfo]:
+        """Each token with its own text (the engine's, where it gave tokens)."""
+        return tokens or [TokenInfo(i, self._spell(i), float("nan")) for i in token_ids]
 
 
 class Holdback:
