@@ -5,7 +5,7 @@ protocols/openai_*.py; every prompt goes through the one engine path (BatchRunne
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -124,11 +124,21 @@ async def prepare(
     )
 
 
-def refusal(head: list[Step]) -> Whole | None:
-    """A prompt that failed before anything streamed keeps its status."""
-    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
-    began = any(isinstance(e, Delta) for step in head for e in step)
-    return error_answer(failed.error()) if failed is not None and not began else None
+def refused_with(
+    answer: Callable[[GenerationError], Whole],
+) -> Callable[[list[Step]], Whole | None]:
+    """What a stream's head answers instead of a stream: a prompt that failed before anything
+    streamed keeps its status, in the shape `answer` gives its error."""
+
+    def refused(head: list[Step]) -> Whole | None:
+        failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
+        began = any(isinstance(e, Delta) for step in head for e in step)
+        return answer(failed.error()) if failed is not None and not began else None
+
+    return refused
+
+
+refusal = refused_with(error_answer)  # in OpenAI's shape
 
 
 async def _chunks(

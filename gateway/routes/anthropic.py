@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.http.chat import ModelNotServed, resolve
+from gateway.http.chat import ModelNotServed, refused_with, resolve
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import (
     CLIENT_GONE,
@@ -70,18 +70,11 @@ async def _answer(request: Request) -> Prepared:
         request,
         steps,
         ready=has_output,
-        refuse=_refusal,
+        refuse=refused_with(_error),
         chunks=partial(_events, encoder=encoder),
         media_type=SSE,
         headers=SSE_HEADERS,
     )
-
-
-def _refusal(head: list[Step]) -> Whole | None:
-    """A prompt that failed before anything streamed keeps its status."""
-    failed = next((e for e in head[-1] if isinstance(e, Failed)), None)
-    began = any(isinstance(e, Delta) for step in head for e in step)
-    return _error(failed.error()) if failed is not None and not began else None
 
 
 async def _events(
