@@ -219,7 +219,6 @@ async def started_target(
     """The target `name` started for `regime` (its own server and engine), stopped after."""
     port = targets.free_port()
     command, env, served = target_command(name, regime, options, model, port)
-    print(f"mixed: {name}, {regime}: starting on port {port}", file=sys.stderr)
     log = out / f"{name}-{regime}.log"
     async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
         yield endpoint

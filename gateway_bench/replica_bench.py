@@ -7,12 +7,11 @@ import asyncio
 import logging
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -120,27 +119,14 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
     port = targets.free_port()
     temp = tempfile.mkdtemp(prefix="rb-", dir="/tmp")
     args, env = ray_start(port, temp, cpus)
-    out = await asyncio.to_thread(log.open, "ab")
     try:
-        process = await asyncio.create_subprocess_exec(
-            *args,
-            env=env,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        async with targets.process_group(args, env, log) as process:
+            while not await _listening(port):
+                if process.returncode is not None:
+                    raise RuntimeError(f"ray start exited; see {log}")
+                await asyncio.sleep(0.2)
+            yield f"127.0.0.1:{port}"
     finally:
-        out.close()
-    try:
-        while not await _listening(port):
-            if process.returncode is not None:
-                raise RuntimeError(f"ray start exited; see {log}")
-            await asyncio.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        with suppress(ProcessLookupError):  # it may have exited already (and said why)
-            os.killpg(process.pid, signal.SIGTERM)
-        await process.wait()
         await asyncio.to_thread(shutil.rmtree, temp, True)
 
 

@@ -98,8 +98,7 @@ async def run(o: ServeOptions) -> list[tuple[str, str, dict[str, Any]]]:
         ("gateway", targets.gateway_command, targets.gateway_environment(settings)),
     )
     for label, command, env in servers:
-        port = targets.free_port()
-        log = out / f"{label.split()[0].lower()}.log"
+        port, log = targets.free_port(), out / f"{label.split()[0].lower()}.log"
         async with targets.server(command(port), env, port, log, o.start_timeout) as endpoint:
             for backend, path in BACKENDS:
                 figures = await asyncio.to_thread(
