@@ -165,3 +165,9 @@ def write_report(report: msgspec.Struct, markdown: str, out: Path, name: str = "
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
     (out / f"{name}.md").write_text(markdown)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
