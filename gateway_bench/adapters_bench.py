@@ -1,19 +1,5 @@
-"""`llm-gateway bench adapters`: what a LoRA adapter costs (issue 33).
-
-Two gateways (each its own server and engine, started for the run): one with LoRA on, serving
-an adapter (`--adapter`, a peft adapter directory; none given: the recipe's of
-gateway_bench/adapter_recipe.py, made once), and one with LoRA off. The same chat request
-(`/v1/chat/completions`, greedy, `ignore_eos`: every answer `output_tokens` long, not
-streamed) in three variants: the base model on the LoRA-off gateway, the base model on the
-LoRA-on gateway, and the adapter (its name as `model`) on the LoRA-on gateway. On a CPU,
-vLLM runs a LoRA engine eager: the LoRA-on base pays for that whether or not its requests
-use an adapter.
-
-At each concurrency, `concurrency` clients send `rounds` requests back to back, each variant
-in turn, `repeats` times; the report gives each variant's median tok/s, the adapter's median
-ratio to the LoRA-on base and the LoRA-on base's to the LoRA-off base, each ratio taken
-within its repeat. Goal (docs/BENCHMARKS.md): the adapter >= 0.7x the base at 32.
-"""
+"""`llm-gateway bench adapters`: what a LoRA adapter costs (issue 33; docs/BENCHMARKS.md, "LoRA
+adapters")."""
 
 from __future__ import annotations
 

@@ -251,13 +251,10 @@ class _Run:
             url = o.vllm_url.rstrip("/")
             yield targets.Endpoint(url, model=await targets.served_model(self.session, url))
             return
-        port = targets.free_port()
-        dtype = None if defaults else self.defaults.dtype
+        dtype, port = None if defaults else self.defaults.dtype, targets.free_port()
         env = {} if defaults else self.defaults.environment
         command = targets.vllm_server_command(o.engine_settings(), model, name, port, dtype)
         log = out / ("vllm-server-defaults.log" if defaults else "vllm-server.log")
-        which = "vLLM's OpenAI server" + (" with vLLM's defaults" if defaults else "")
-        self.say(f"starting {which} on port {port}")
         async with targets.server(command, env, port, log, o.start_timeout, name) as endpoint:
             yield endpoint
 

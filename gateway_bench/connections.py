@@ -1,12 +1,5 @@
-"""Connection scale: many idle WebSockets, then many concurrent streams, on one gateway.
-
-Idle: N connections to `/ws` are opened (64 handshakes at a time) and held, each by a task
-that reads it (so the server's pings are answered); the gateway process's resident memory
-is read (psutil, the server's pid) before opening them and a moment after the last one,
-and the difference divided by N is the memory each idle connection costs. Streams: S more
-connections each send one `/ws` prompt with short output at the same time; every stream
-must complete. The idle ones must still be open at the end.
-"""
+"""Connection scale: many idle WebSockets, then many concurrent streams, on one gateway
+(docs/BENCHMARKS.md, "Connection scale")."""
 
 from __future__ import annotations
 

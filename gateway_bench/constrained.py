@@ -1,26 +1,6 @@
-"""`llm-gateway bench constrained`: what an output constraint costs (issue 32).
-
-One gateway (its own server and engine, started for the run) answers the same chat request on
-`/v1/chat/completions` (not streamed: the answer's usage counts its tokens) in each variant:
-unconstrained (its end of sequence ignored: every answer is `output_tokens` long), held to a
-JSON schema (`response_format` json_schema: a title and a story, strings of any length; the
-answer ends where the model closes the object, its tokens counted), held to a regular
-expression (vLLM's `structured_outputs`: `[A-Za-z ,.]+` with `min_tokens` at `output_tokens`,
-so the model cannot end it sooner), and the same two with counted repetitions
-(`minLength`, `{n,}`): xgrammar checks a counted repetition's tokens at every step, which costs
-far more per token than an open one; and a forced tool call (`tools` with `tool_choice`
-`required`, and a named function), its arguments held to the function's schema.
-
-At each concurrency, `concurrency` clients send `rounds` requests back to back, each variant
-in turn, `repeats` times (one request of each first, alone: a grammar is compiled once, then
-cached); the report gives each variant's median tok/s and its median ratio to the
-unconstrained run of the same repeat (the machine's load drifts between repeats), side by
-side; `tokens` are all its answers' tokens. The goal (docs/BENCHMARKS.md): >= 0.8x at 32,
-for `json_schema`, `regex` and `required_tool`.
-
-A variant is one entry of `VARIANTS`: the body fields it adds to the request. `measure_variants`
-and `variants_markdown` are also the adapters scenario's (adapters_bench.py).
-"""
+"""`llm-gateway bench constrained`: what an output constraint costs (issue 32; docs/BENCHMARKS.md,
+"Output constraints"). `measure_variants` and `variants_markdown` are also the adapters
+scenario's."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""Continuation by request_id against resending the history, on WS `/ws`.
-
-For each history length H and repetition:
-1. a new request_id generates `generated` tokens after a fresh prompt of H - `generated`
-   tokens: the gateway stores the H-token history under that id;
-2. continuation: the same request_id with an empty prompt. The gateway resubmits the stored
-   token ids and vLLM's prefix cache serves all of it but the last partial block;
-3. fresh: a new request_id whose prompt is the whole text so far with its first word changed,
-   so that no block of it is in the prefix cache: what the same history costs when it has to
-   be computed again (a server that forgot it, another replica, an evicted cache);
-4. resend: a new request_id with the whole text so far, verbatim. vLLM's prefix cache serves
-   it too, as far as the text tokenizes back into the same ids: shown for reference.
-Each measured request generates `new_tokens` tokens; the figure is its TTFT. The point's
-figures are medians over the repetitions; the ratio is continuation / fresh.
-"""
+"""Continuation by request_id against a fresh and a resent history, on WS `/ws`
+(docs/BENCHMARKS.md, "Continuation")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""CPU accounting around a sweep step, from the kernel's counters (psutil).
-
-- Other processes' share: the machine's busy time (steal included) minus the time of the bench
-  and of the server under test with all their children (vLLM's engine core), over the step's
-  wall time x cores. Unlike the load average, it ignores the engine's own spinning threads.
-- Frontend CPU: the CPU time of the serving process itself, without its children: the gateway
-  or vLLM's API server (HTTP, JSON, detokenizing, scheduling the outputs); for the in-process
-  ceiling, the bench process, which is its frontend and client at once.
-"""
+"""CPU accounting around a sweep step, from the kernel's counters (psutil): the other processes'
+share and the frontend's CPU (docs/BENCHMARKS.md, "The figures")."""
 
 from __future__ import annotations
 

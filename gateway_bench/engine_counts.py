@@ -1,28 +1,38 @@
-"""The engine's own counts from a server's GET /metrics: the gateway's or vLLM's server's.
+"""A server's GET /metrics as sums by sample name: the one parser of every scenario.
 
-The gateway exports its engine's scheduler figures as `gateway_engine_*` gauges; vLLM's
-server exports `vllm:num_preemptions` (a counter: `_total`, labelled by engine and model)
-and `vllm:num_requests_running` / `_waiting`. Both count a preemption when the preempted
-request resumes, so a count is complete only once the engine has emptied (`drained`).
+`parse_counts` reads the engine's own counts: the gateway's `gateway_engine_*` gauges or vLLM's
+server's `vllm:num_preemptions_total` and `vllm:num_requests_running` / `_waiting`. Both count
+a preemption when the preempted request resumes, so a count is complete only once the engine
+has emptied (`drained`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from time import perf_counter
 
 import aiohttp
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-_NAMES = {
-    "gateway_engine_preemptions": "preemptions",
-    "vllm:num_preemptions_total": "preemptions",
-    "gateway_engine_running": "running",
-    "vllm:num_requests_running": "running",
-    "gateway_engine_waiting": "waiting",
-    "vllm:num_requests_waiting": "waiting",
-}
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Each sample name's values summed over its label sets; a sample with a `kind` label also
+    under `name:kind`."""
+    found: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[sample.name] += sample.value
+            if (kind := sample.labels.get("kind")) is not None:
+                found[f"{sample.name}:{kind}"] += sample.value
+    return dict(found)
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with session.get(url + "/metrics") as response:
+        response.raise_for_status()
+        return metric_sums(await response.text())
 
 
 class EngineCounts(msgspec.Struct, frozen=True):
@@ -36,20 +46,19 @@ class EngineCounts(msgspec.Struct, frozen=True):
 
 
 def parse_counts(text: str) -> EngineCounts:
-    """The figures summed over their label sets (one engine each, on these servers)."""
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (field := _NAMES.get(sample.name)) is not None:
-                found[field] = found.get(field, 0.0) + sample.value
-    figures = {field: int(value) for field, value in found.items()}
-    return EngineCounts(figures.get("preemptions"), figures.get("running"), figures.get("waiting"))
+    return counts_of(metric_sums(text))
 
 
-async def engine_counts(session: aiohttp.ClientSession, url: str) -> EngineCounts:
-    async with session.get(url + "/metrics") as response:
-        response.raise_for_status()
-        return parse_counts(await response.text())
+def counts_of(sums: dict[str, float]) -> EngineCounts:
+    def count(gateway: str, vllm: str) -> int | None:
+        found = [sums[name] for name in (gateway, vllm) if name in sums]
+        return int(sum(found)) if found else None
+
+    return EngineCounts(
+        count("gateway_engine_preemptions", "vllm:num_preemptions_total"),
+        count("gateway_engine_running", "vllm:num_requests_running"),
+        count("gateway_engine_waiting", "vllm:num_requests_waiting"),
+    )
 
 
 async def drained(session: aiohttp.ClientSession, url: str, limit_s: float) -> EngineCounts | None:
@@ -57,7 +66,7 @@ async def drained(session: aiohttp.ClientSession, url: str, limit_s: float) -> E
     `limit_s` (or never says what it runs)."""
     deadline = perf_counter() + limit_s
     while True:
-        counts = await engine_counts(session, url)
+        counts = counts_of(await scrape(session, url))
         if counts.idle:
             return counts
         if counts.running is None or perf_counter() > deadline:

@@ -1,16 +1,5 @@
-"""Per-request timings as the client sees them, and the figures of a sweep step.
-
-A protocol client records, for each message that carries text, the time it arrived and, when
-the protocol says, how many tokens it carries. Everything else is computed after the step,
-so the measuring loop does one `perf_counter()` and one list append per message.
-
-- TTFT: from just before the request is sent to the first message with non-empty text.
-- Inter-token latency: the gaps between consecutive text messages. A message that carries k
-  tokens (and says so) gives k samples of gap / k. When a protocol does not say how many
-  tokens a message carries, each gap is divided by the request's mean tokens per message
-  after the first (exactly 1 in the usual case of one token per engine step and message).
-- End-to-end latency: from sending to the end of the answer.
-"""
+"""Per-request timings as the client sees them, and the figures of a sweep step (TTFT, ITL,
+E2E: docs/BENCHMARKS.md, "The figures")."""
 
 from __future__ import annotations
 
@@ -126,7 +115,8 @@ def failed(sent: float, error: str) -> Record:
 
 
 def itl_samples(record: Record) -> list[float]:
-    """Inter-token latencies of one request, in seconds (see the module docstring)."""
+    """Inter-token latencies of one request, in seconds (docs/BENCHMARKS.md, "Inter-token
+    latency")."""
     times, counts = record.arrivals, record.counts
     if len(times) < 2:
         return []

@@ -1,23 +1,5 @@
-"""`llm-gateway bench mixed`: a person's chats under a saturating batch load.
-
-For each regime (saturation: every batch client inside the engine; overload: twice as many
-batch clients as the engine runs at once) and each target (vLLM's OpenAI server, the gateway
-with FCFS, the gateway with priorities), one server is started and measured (or the server
-a caller of `run_mixed` hands in):
-
-1. idle: chats one after another, alone (the idle TTFT), then, with the burst shape, one
-   burst of `burst_size` chats at once (the burst's own idle reference);
-2. per chat shape (mixed_options.py: steady, sporadic, burst), in turn: `batch_clients`
-   clients send batch requests back to back; once the engine is full the shape's chats run,
-   and the batch tokens that arrive meanwhile give the batch tok/s; then the batch clients
-   stop (each after its current request), the engine drains, and its preemption count since
-   before the load, divided by the chats, gives the preemptions per chat.
-
-Chats are what a chat UI sends: WS `/generate` on the gateway, streamed `/v1/chat/completions`
-on vLLM's server; batch requests are `/invocations` (jsonlines) on the gateway and streamed
-`/v1/completions` on vLLM's server. Figures go to `report.json`, `report.md` and `ttft.png`
-under `--out`; docs/BENCHMARKS.md explains them.
-"""
+"""`llm-gateway bench mixed`: a person's chats under a saturating batch load (docs/BENCHMARKS.md,
+"Mixed")."""
 
 from __future__ import annotations
 
@@ -237,7 +219,6 @@ async def started_target(
     """The target `name` started for `regime` (its own server and engine), stopped after."""
     port = targets.free_port()
     command, env, served = target_command(name, regime, options, model, port)
-    print(f"mixed: {name}, {regime}: starting on port {port}", file=sys.stderr)
     log = out / f"{name}-{regime}.log"
     async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
         yield endpoint

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway_bench import results
 from gateway_bench.metrics import percentile
 from gateway_bench.mixed_options import MixedOptions
 from gateway_bench.results import Machine
@@ -233,8 +234,7 @@ def markdown(report: MixedReport) -> str:
 
 
 def write_report(report: MixedReport, out: Path) -> None:
-    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (out / "report.md").write_text(markdown(report) + "\n")
+    results.write_report(report, markdown(report) + "\n", out)
     draw(report, out / "ttft.png")
 
 

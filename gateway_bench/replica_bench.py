@@ -1,28 +1,5 @@
-"""`llm-gateway bench replicas`: what engine replicas on Ray cost and buy.
-
-Each target is a gateway started for it (its own local Ray cluster, `ray start --head` on
-loopback, where it has replicas), measured, and stopped. With `--ray-address HOST:PORT` the
-targets with replicas run on that cluster instead (one started once, as the tests do): each
-target's gateway then creates the replicas it asks for there, as on a cluster of its own. The
-bench refuses a cluster where replicas already run (the gateway would use them, whatever
-their settings) or with fewer CPUs than the target has replicas, and removes the target's
-replicas after it.
-
-1. throughput: the in-process engine, then ENGINE_REPLICAS=1 (the same engine on the same
-   cores, reached through a Ray actor), `repeats` times, each ratio within its pair (the
-   machine's load drifts between pairs). `concurrency` clients on WS `/ws` each send `rounds`
-   requests (`prompt_tokens` in, `output_tokens` out, greedy, EOS ignored) back to back: the
-   tok/s of each and their ratio is what the actor hop costs.
-2. continuation: ENGINE_REPLICAS=2 with REPLICA_ROUTING=affinity, then =load (the less loaded
-   of two replicas drawn at random). Per repetition, on WS `/ws`, one request at a time: a new
-   request_id generates `generated` tokens after a prompt of `history - generated` tokens; its
-   continuation (the same id, no prompt) and a fresh prompt as long as that history (not in
-   any cache) each generate `new_tokens`. TTFT of each (medians), and for each continuation the
-   prompt tokens the engine found in its prefix cache, read from the gateway's /metrics before
-   and after it: a continuation counts as served from the cache when it found at least half
-   (a hit finds all but the last partial KV block, 128 tokens on vLLM's CPU backend; a miss
-   finds none).
-"""
+"""`llm-gateway bench replicas`: what engine replicas on Ray cost and buy (docs/BENCHMARKS.md,
+"Engine replicas")."""
 
 from __future__ import annotations
 
@@ -30,24 +7,23 @@ import asyncio
 import logging
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 import msgspec
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_bench import machine, targets
 from gateway_bench.clients import send, ws_batch
+from gateway_bench.engine_counts import scrape
 from gateway_bench.metrics import Record, summarize
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import number_cell
-from gateway_bench.results import Machine
+from gateway_bench.results import Machine, write_report
 from gateway_bench.runner import GATEWAY_CLIENTS, NoProgress, run_step
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
@@ -58,6 +34,7 @@ RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"
 # its limit for an answer. 0: no drain, Ray's own immediate teardown.
 RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache: a hit
+_PROMPTS, _PROMPTS_CACHED = "gateway_prompt_tokens_total", "gateway_prompt_tokens_cached_total"
 
 
 class ReplicaOptions(Options, frozen=True, kw_only=True):
@@ -121,23 +98,9 @@ class ReplicaReport(msgspec.Struct, kw_only=True):
     continuation: list[Continuation]
 
 
-class _Prompts(msgspec.Struct):
-    total: float = 0.0
-    cached: float = 0.0
-
-
-async def _prompt_tokens(session: aiohttp.ClientSession, url: str) -> _Prompts:
-    async with session.get(url + "/metrics") as r:
-        r.raise_for_status()
-        text = await r.text()
-    found = _Prompts()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gateway_prompt_tokens_total":
-                found.total += sample.value
-            elif sample.name == "gateway_prompt_tokens_cached_total":
-                found.cached += sample.value
-    return found
+def _prompt_tokens(sums: dict[str, float]) -> tuple[float, float]:
+    """The prompt tokens submitted and found in the prefix cache, so far."""
+    return sums.get(_PROMPTS, 0.0), sums.get(_PROMPTS_CACHED, 0.0)
 
 
 def ray_start(port: int, temp: str, cpus: int) -> tuple[list[str], dict[str, str]]:
@@ -156,27 +119,14 @@ async def _ray_cluster(cpus: int, log: Path) -> AsyncIterator[str]:
     port = targets.free_port()
     temp = tempfile.mkdtemp(prefix="rb-", dir="/tmp")
     args, env = ray_start(port, temp, cpus)
-    out = await asyncio.to_thread(log.open, "ab")
     try:
-        process = await asyncio.create_subprocess_exec(
-            *args,
-            env=env,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        async with targets.process_group(args, env, log) as process:
+            while not await _listening(port):
+                if process.returncode is not None:
+                    raise RuntimeError(f"ray start exited; see {log}")
+                await asyncio.sleep(0.2)
+            yield f"127.0.0.1:{port}"
     finally:
-        out.close()
-    try:
-        while not await _listening(port):
-            if process.returncode is not None:
-                raise RuntimeError(f"ray start exited; see {log}")
-            await asyncio.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        with suppress(ProcessLookupError):  # it may have exited already (and said why)
-            os.killpg(process.pid, signal.SIGTERM)
-        await process.wait()
         await asyncio.to_thread(shutil.rmtree, temp, True)
 
 
@@ -313,7 +263,7 @@ async def _continuation(
     continued: list[float] = []
     fresh: list[float] = []
     from_cache, failed = 0, 0
-    prompted = _Prompts()
+    prompted, cached_total = 0.0, 0.0
     async with _gateway(f"continuation-{routing}", options, extra, out) as context:
         worker = Worker(context)
         try:
@@ -326,13 +276,12 @@ async def _continuation(
                 try:
                     first = Request(key, text_of(words), options.generated, len(words))
                     history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
-                    before = await _prompt_tokens(context.session, context.base_url)
+                    before = _prompt_tokens(await scrape(context.session, context.base_url))
                     again = Request(key, "", options.new_tokens, options.history)
                     continued.append(_ttft_ms(await send(ws_batch, worker, again)))
-                    after = await _prompt_tokens(context.session, context.base_url)
-                    total, cached = after.total - before.total, after.cached - before.cached
-                    prompted.total += total
-                    prompted.cached += cached
+                    after = _prompt_tokens(await scrape(context.session, context.base_url))
+                    total, cached = after[0] - before[0], after[1] - before[1]
+                    prompted, cached_total = prompted + total, cached_total + cached
                     from_cache += cached >= _FROM_CACHE * total
                     other = text_of(workload.salted(words, f"{workload.run}:fresh:{rep}"))
                     cold = Request(
@@ -354,7 +303,7 @@ async def _continuation(
         fresh_ttft_ms=_median(fresh),
         from_cache=from_cache,
         measured=len(continued),
-        cached_share=round(prompted.cached / prompted.total, 3) if prompted.total else 0.0,
+        cached_share=round(cached_total / prompted, 3) if prompted else 0.0,
         failed=failed,
     )
 
@@ -439,10 +388,7 @@ async def run_replicas(
         throughput=throughput,
         continuation=continuation,
     )
-    await asyncio.to_thread(
-        (out / "report.json").write_bytes, msgspec.json.format(msgspec.json.encode(report))
-    )
-    await asyncio.to_thread((out / "report.md").write_text, markdown(report))
+    await asyncio.to_thread(write_report, report, markdown(report), out)
     return report
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-from gateway_bench.results import BenchReport, StepResult, TargetResult
+from gateway_bench.results import BenchReport, StepResult, TargetResult, table
 
 MARKDOWN, JSON, CHART = "report.md", "report.json", "report.png"
 _FIGURES: tuple[tuple[str, Callable[[StepResult], float | None]], ...] = (
@@ -32,18 +32,12 @@ def _ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
 def _reference(targets: list[TargetResult], kind: str) -> dict[int, StepResult]:
     target = next((t for t in targets if t.kind == kind), None)
     return {} if target is None else {s.concurrency: s for s in target.steps}
 
 
-def _figures_table(report: BenchReport) -> list[str]:
+def _figurestable(report: BenchReport) -> list[str]:
     ceiling = _reference(report.targets, "ceiling")
     header = ["target", "conc", "req", "err", "tokens", "tok/s", "÷ ceiling", "÷ vLLM"]
     header += ["TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99"]
@@ -73,10 +67,10 @@ def _figures_table(report: BenchReport) -> list[str]:
                     "-" if s.other_cpu_pct is None else f"{s.other_cpu_pct:.0f}%",
                 ]
             )
-    return _table(header, rows)
+    return table(header, rows)
 
 
-def _ratios_table(report: BenchReport) -> list[str]:
+def _ratiostable(report: BenchReport) -> list[str]:
     ceiling = _reference(report.targets, "ceiling")
     rows = []
     for target in report.targets:
@@ -88,13 +82,13 @@ def _ratios_table(report: BenchReport) -> list[str]:
                 for _, get in _FIGURES
             ]
             rows.append([target.label, str(s.concurrency), *cells])
-    return _table(["target", "conc", *(name for name, _ in _FIGURES)], rows)
+    return table(["target", "conc", *(name for name, _ in _FIGURES)], rows)
 
 
 def _goals(report: BenchReport) -> list[str]:
     verdict = {True: "**pass**", False: "**FAIL**", None: "not measured"}
     rows = [[g.name, g.requirement, g.measured, verdict[g.passed]] for g in report.goals]
-    return _table(["goal", "requirement", "measured", "result"], rows)
+    return table(["goal", "requirement", "measured", "result"], rows)
 
 
 def _continuation(report: BenchReport) -> list[str]:
@@ -119,7 +113,7 @@ def _continuation(report: BenchReport) -> list[str]:
         f"On {result.protocol}; each history is a prompt plus {result.generated_tokens} "
         f"generated tokens; each measured request generates {result.new_tokens}. Medians."
     )
-    return [intro, "", *_table(header, rows)]
+    return [intro, "", *table(header, rows)]
 
 
 def _connections(report: BenchReport) -> list[str]:
@@ -141,7 +135,7 @@ def _connections(report: BenchReport) -> list[str]:
     ]
     if c.first_error:
         rows.append(["first error", c.first_error.replace("|", "/")])
-    return _table(["figure", "value"], rows)
+    return table(["figure", "value"], rows)
 
 
 def _targets(report: BenchReport) -> list[str]:
@@ -156,7 +150,7 @@ def _targets(report: BenchReport) -> list[str]:
         for t in report.targets
     ]
     header = ["target", "start-up", "warm-up errors", "tokens", "how"]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _errors(report: BenchReport) -> list[str]:
@@ -230,11 +224,11 @@ def markdown(report: BenchReport, chart: str | None = CHART) -> str:
         "processes other than the bench and the server under test used during the step; "
         "compare targets only where it is similar.",
         "",
-        *_figures_table(report),
+        *_figurestable(report),
         "",
         "## Every figure as a ratio (÷ ceiling / ÷ vLLM server)",
         "",
-        *_ratios_table(report),
+        *_ratiostable(report),
         "",
     ]
     if chart:

@@ -160,7 +160,14 @@ class BenchReport(msgspec.Struct, kw_only=True):
     goals: list[Goal]
 
 
-def write_report(report: msgspec.Struct, markdown: str, out: Path) -> None:
-    """A scenario's report in `out`: report.json (the Struct) and report.md (`markdown`)."""
-    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (out / "report.md").write_text(markdown)
+def write_report(report: msgspec.Struct, markdown: str, out: Path, name: str = "report") -> None:
+    """A scenario's report in `out`: NAME.json (the Struct) and NAME.md (`markdown`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
+    (out / f"{name}.md").write_text(markdown)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from gateway_bench import machine, targets
 from gateway_bench.metrics import FINISHED, RATE_LIMITED, percentile
 from gateway_bench.options import Scenario
+from gateway_bench.results import write_report
 from gateway_bench.soak_amplification import measure_amplification
 from gateway_bench.soak_report import (
     Figures,
@@ -42,7 +43,6 @@ from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, margins, 
 from gateway_bench.worker import Context, pooled_connector
 from gateway_bench.workload import Workload
 
-JSON = "soak.json"
 MARKDOWN = "soak.md"
 _SETTLE_LIMIT_S = 60.0
 _MB = 1 << 20
@@ -200,9 +200,7 @@ async def run_soak(
 
 
 def write(report: SoakReport, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / JSON).write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (out / MARKDOWN).write_text(markdown(report))
+    write_report(report, markdown(report), out, "soak")
 
 
 async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:

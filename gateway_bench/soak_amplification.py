@@ -1,24 +1,6 @@
-"""The soak's amplification part (issue 31): another key's TTFT while one key asks for the most
-engine sequences it may.
-
-The main key first sends a short streamed chat (`/v1/completions`, `stream: true`) alone,
-`amplification_chats` times, one after the other: its idle TTFT. Then the amplifier key's
-clients (a key whose one limit is its concurrency) ask, back to back, for as many sequences as
-that limit allows in one request (OpenAI `n`, LMI `num_beams`, in turn), every third ask one
-more (which the gateway must refuse, naming the field), while the main key sends
-the same chats again. The ratio of the two medians is what one key's largest asks cost
-another (issue 31's goal: <= 2x).
-
-Then the amplification by constraints (issue 43): the same chats once more while the
-amplifier key sends, back to back at its concurrent limit, the hostile probe's output
-constraints: a regex of 50,000 alternated words, a JSON schema of 10,000 string properties and
-one of a 100,000-value enum (each `structured_outputs` on `/v1/completions`). Each must be
-refused at once, naming the field and the limit (MAX_REGEX_CHARS, MAX_SCHEMA_BYTES...), and
-leave the engine to the others. The probing clients run in a process of their own at the lowest
-CPU priority (nice 19): building and sending megabyte bodies is the attacker's own work, on its
-own machine in the world; on a 2-core loopback run, at equal priority, it took a core from the
-engine and doubled the other key's TTFT by itself (docs/BENCHMARKS.md).
-"""
+"""The soak's amplification parts (issues 31 and 43): another key's TTFT while one key asks for
+the most engine sequences it may, then sends the hostile probe's constraints (docs/BENCHMARKS.md,
+"Soak": the goals' table and "Amplification by constraints")."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import msgspec
 
 from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, percentile
-from gateway_bench.results import Goal, Machine
+from gateway_bench.results import Goal, Machine, table
 from gateway_bench.soak_amplification import Amplification, ConstraintLoad
 from gateway_bench.soak_run import BASELINE, BY_NAME, CONTENDED, Outcome
 from gateway_bench.soak_watch import Counters, Scrape
@@ -308,12 +308,10 @@ def markdown(report: SoakReport) -> str:
         f"- /metrics: {s.accepted} accepted, {s.terminal_total} terminal ({_kinds(s.terminal)}), "
         f"{s.engine_aborts} engine aborts; settled {report.settle_s:.2f} s after the last client",
         "",
-        "| goal | requirement | measured | met |",
-        "|---|---|---|---|",
     ]
-    for goal in report.goals:
-        met = {True: "yes", False: "**no**", None: "n/a"}[goal.passed]
-        lines.append(f"| {goal.name} | {goal.requirement} | {goal.measured} | {met} |")
+    met = {True: "yes", False: "**no**", None: "n/a"}
+    rows = [[g.name, g.requirement, g.measured, met[g.passed]] for g in report.goals]
+    lines += table(["goal", "requirement", "measured", "met"], rows)
     return "\n".join(lines) + "\n"
 
 

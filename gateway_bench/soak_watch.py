@@ -1,13 +1,6 @@
-"""What the soak reads from the gateway while it runs: `/metrics` and the process's memory.
-
-`MetricsWatch` scrapes `/metrics` every `interval` seconds and keeps each scrape's
-`gateway_engine_requests` with the times the scrape was sent and answered. `RssWatch` reads
-the gateway process's resident memory with the number of requests done at that moment.
-`unexplained` then finds the scrapes where the engine held more requests than there were
-clients to explain them: clients still waiting for their answer, or gone less than the grace
-(1 s) before. Any such scrape is an engine request alive more than the grace after its client
-left (or a request nobody sent).
-"""
+"""What the soak reads from the gateway while it runs: `/metrics` and the process's memory, and
+the scrapes no client present explains (docs/BENCHMARKS.md, "Soak": "Nothing outlives its
+client")."""
 
 from __future__ import annotations
 
@@ -21,9 +14,12 @@ from time import perf_counter
 import aiohttp
 import msgspec
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
+
+from gateway_bench.engine_counts import metric_sums
 
 ENGINE_REQUESTS = "gateway_engine_requests"
+_ACCEPTED, _ABORTS = "gateway_prompts_accepted_total", "gateway_engine_aborts_total"
+_TERMINAL = "gateway_terminal_events_total"
 
 
 class Scrape(msgspec.Struct, frozen=True):
@@ -55,21 +51,11 @@ class Counters(msgspec.Struct, frozen=True):
 
 
 def parse_counters(text: str) -> Counters:
-    accepted, aborts, engine = 0.0, 0.0, 0.0
-    terminal: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gateway_prompts_accepted_total":
-                accepted += sample.value
-            elif sample.name == "gateway_terminal_events_total":
-                kind = sample.labels["kind"]
-                terminal[kind] = terminal.get(kind, 0.0) + sample.value
-            elif sample.name == "gateway_engine_aborts_total":
-                aborts += sample.value
-            elif sample.name == ENGINE_REQUESTS:
-                engine = sample.value
-    counts = {kind: int(value) for kind, value in sorted(terminal.items())}
-    return Counters(int(accepted), counts, int(aborts), int(engine))
+    sums = metric_sums(text)
+    kinds = sorted(k for k in sums if k.startswith(_TERMINAL + ":"))
+    terminal = {k.partition(":")[2]: int(sums[k]) for k in kinds}
+    accepted, aborts = sums.get(_ACCEPTED, 0.0), sums.get(_ABORTS, 0.0)
+    return Counters(int(accepted), terminal, int(aborts), int(sums.get(ENGINE_REQUESTS, 0.0)))
 
 
 async def counters(session: aiohttp.ClientSession, base_url: str) -> Counters:

@@ -182,6 +182,30 @@ async def _stop(process: Process) -> None:
 
 
 @asynccontextmanager
+async def process_group(
+    command: list[str], env: dict[str, str], log: Path
+) -> AsyncIterator[Process]:
+    """A subprocess in a process group of its own (its children included), its output in `log`;
+    the group stopped on exit."""
+    out = await asyncio.to_thread(log.open, "ab")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        out.close()  # the child holds its own copy
+    try:
+        yield process
+    finally:
+        await _stop(process)
+
+
+@asynccontextmanager
 async def server(
     command: list[str],
     env: dict[str, str],
@@ -192,24 +216,11 @@ async def server(
 ) -> AsyncIterator[Endpoint]:
     """A server subprocess, ready to measure; stopped (with its children) on exit."""
     began = perf_counter()
-    out = await asyncio.to_thread(log.open, "ab")
-    try:
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,  # its own process group, engine-core child included
-        )
-    finally:
-        out.close()  # the child holds its own copy
-    try:
+    say(f"starting {log.stem} on port {port}")
+    async with process_group(command, env, log) as process:
         url = f"http://127.0.0.1:{port}"
         await _wait_ready(process, url, log, limit_s)
         yield Endpoint(url, process.pid, round(perf_counter() - began, 1), model)
-    finally:
-        await _stop(process)
 
 
 def say(message: str) -> None:
@@ -245,10 +256,9 @@ async def started_gateway(
     """A gateway on the options' engine (`dtype`: the resolved one; `env` added to its
     environment), started for a run, its output in `out/<name>.log`; stopped after."""
     settings = options.engine_settings(dtype)
-    port = free_port()
-    say(f"starting {name} on port {port}")
     environment = {**gateway_environment(settings), **(env or {})}
     log, served = out / f"{name}.log", served_model_name(settings)
+    port = free_port()
     command = gateway_command(port)
     async with server(command, environment, port, log, options.start_timeout, served) as endpoint:
         yield endpoint

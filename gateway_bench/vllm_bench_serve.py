@@ -22,6 +22,7 @@ from typing import Any
 from gateway.config.settings import served_model_name
 from gateway_bench import machine, targets
 from gateway_bench.options import Options, Positive, Scenario
+from gateway_bench.results import table
 
 # vLLM's `vllm bench serve` entry point, without the console script (see the docstring).
 _VLLM_BENCH_SERVE = (
@@ -98,8 +99,7 @@ async def run(o: ServeOptions) -> list[tuple[str, str, dict[str, Any]]]:
         ("gateway", targets.gateway_command, targets.gateway_environment(settings)),
     )
     for label, command, env in servers:
-        port = targets.free_port()
-        log = out / f"{label.split()[0].lower()}.log"
+        port, log = targets.free_port(), out / f"{label.split()[0].lower()}.log"
         async with targets.server(command(port), env, port, log, o.start_timeout) as endpoint:
             for backend, path in BACKENDS:
                 figures = await asyncio.to_thread(
@@ -109,23 +109,20 @@ async def run(o: ServeOptions) -> list[tuple[str, str, dict[str, Any]]]:
     return rows
 
 
-def table(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
+def figures_table(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
     header = ["target", "backend", *(label for label, _, _ in _FIGURES)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, backend, figures in rows:
-        cells = [
-            "-" if figures.get(key) is None else fmt.format(figures[key])
-            for _, key, fmt in _FIGURES
-        ]
-        lines.append("| " + " | ".join([label, backend, *cells]) + " |")
-    return "\n".join(lines)
+    cells = [
+        [label, backend, *("-" if f.get(k) is None else fmt.format(f[k]) for _, k, fmt in _FIGURES)]
+        for label, backend, f in rows
+    ]
+    return "\n".join(table(header, cells))
 
 
 async def _run(options: ServeOptions, command: str) -> tuple[str, Path, bool]:
     targets.raise_file_limit(4 * options.concurrency + 64)
     rows = await run(options)
     failed = sum(int(figures.get("failed") or 0) for _, _, figures in rows)
-    return table(rows), Path(options.out), not failed
+    return figures_table(rows), Path(options.out), not failed
 
 
 SCENARIO = Scenario(
