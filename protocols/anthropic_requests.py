@@ -62,12 +62,6 @@ class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", kw_only=Tru
     data: str = ""
 
 
-class UnservedBlock(msgspec.Struct, kw_only=True):
-    """Any other block (`image`, `document`, `search_result`...): refused by its `type`."""
-
-    type: str
-
-
 Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 _BLOCK_TYPES = frozenset(b.__struct_config__.tag for b in Block.__args__)
 
@@ -152,7 +146,7 @@ def decode_messages(raw: bytes) -> OpenAICall:
         requests=[request],
         choices=1,
         stream=body.stream,
-        include_usage=True,
+        include_usage=False,  # Anthropic's usage always comes in message_delta
         top_logprobs=None,
         tool_use=conversation.tool_use,
     )
