@@ -202,9 +202,12 @@ async def _loading_status(model: ServedModel, session: ControlSession) -> None:
 # --- POST /v1/generate ---------------------------------------------------------------------
 
 
+Encoded = tuple[ServerMessage, bytes]  # a message, encoded once as it is queued
+
+
 async def _messages(
-    session: ControlSession, queue: BoundedQueue[ServerMessage], unread: Counter
-) -> AsyncGenerator[ServerMessage, None]:
+    session: ControlSession, queue: BoundedQueue[Encoded], unread: Counter
+) -> AsyncGenerator[Encoded, None]:
     """The session's messages up to its last (a completion or an error); closing this (the
     answer ended, or its client left) ends the session, which aborts its engine request. A
     client that does not read (its queue overflows) has its generation end there, with a
@@ -218,9 +221,9 @@ async def _messages(
     watcher = asyncio.create_task(abort_when_unread())
     try:
         while True:
-            message = await queue.get()
-            yield message
-            if isinstance(message, Completion | Error):
+            item = await queue.get()
+            yield item
+            if isinstance(item[0], Completion | Error):
                 return
     finally:
         watcher.cancel()
@@ -228,16 +231,14 @@ async def _messages(
         await session.close()
 
 
-async def _sse(
-    head: list[ServerMessage], rest: AsyncIterator[ServerMessage]
-) -> AsyncGenerator[Chunk, None]:
-    async for message in chained(head, rest):
-        yield Chunk(sse_event(encode(message)))
+async def _sse(head: list[Encoded], rest: AsyncIterator[Encoded]) -> AsyncGenerator[Chunk, None]:
+    async for _, data in chained(head, rest):
+        yield Chunk(sse_event(data))
 
 
-def _refusal(head: list[ServerMessage]) -> Whole | None:
+def _refusal(head: list[Encoded]) -> Whole | None:
     """An error before `init` (the prompt was refused) keeps its HTTP status."""
-    first = head[0]
+    first = head[0][0]
     return _error_answer(first, kind_of(first)) if isinstance(first, Error) else None
 
 
@@ -251,15 +252,15 @@ async def _v1_generate(request: Request) -> Prepared:
         config = rest_config(await request.body(), gateway.settings.max_stop_sequences)
     except GenerationError as e:
         return _error_answer(error_message(e), e.kind)
-    queue = BoundedQueue[ServerMessage](
-        gateway.settings.max_queued_bytes_per_connection, lambda message: len(encode(message))
+    queue = BoundedQueue[Encoded](
+        gateway.settings.max_queued_bytes_per_connection, lambda item: len(item[1])
     )
     session = ControlSession(
         gateway.settings,
         gateway.service,
         gateway.feedback,
         gateway.feedback_limits,
-        queue.put,
+        lambda message: queue.put((message, encode(message))),
         protocol=Protocol.V1_GENERATE,
     )
     await session.handle(config)
@@ -275,9 +276,10 @@ async def _v1_generate(request: Request) -> Prepared:
             media_type=SSE,
             headers=NO_CACHE,
         )
-    answer = await collect(request, messages)
-    if answer is None:
+    collected = await collect(request, messages)
+    if collected is None:
         return CLIENT_GONE
+    answer = [message for message, _ in collected]
     last = answer[-1]
     if isinstance(last, Error):
         return _error_answer(last, kind_of(last))
