@@ -61,7 +61,7 @@ class BatchRunner:
         ]
         return self.run(requests, protocol, key=tuple(item.request_id for item in items))
 
-    async def run(
+    def run(
         self, requests: Sequence[GenerationRequest], protocol: Protocol, *, key: Key | None = None
     ) -> AsyncGenerator[list[Event], None]:
         """`key` None: the prompts start afresh and leave no history behind. A key belongs to
@@ -72,9 +72,12 @@ class BatchRunner:
         its end. A store that cannot be reached fails every prompt of the payload.
         """
         if key is None:
-            async for step in self._steps(requests, protocol, None, {}, frozenset()):
-                yield step
-            return
+            return self._steps(requests, protocol, None, {}, frozenset())
+        return self._keyed(requests, protocol, key)
+
+    async def _keyed(
+        self, requests: Sequence[GenerationRequest], protocol: Protocol, key: Key
+    ) -> AsyncGenerator[list[Event], None]:
         owner = current_caller().owner
         key = (owner, *key)
         claim: Claim | None = None

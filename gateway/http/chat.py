@@ -149,10 +149,10 @@ async def _chunks(
         for event in step:
             match event:
                 case Delta(index=index):
+                    data = encoder.chunk(event)
                     if encoder.chat and index not in opened:
                         opened.add(index)
-                        yield Chunk(encoder.opening(index))
-                    data = encoder.chunk(event)
+                        data = encoder.opening(index) + data  # one write for both
                     if data:
                         yield Chunk(data)
                 case Finished(index=index):
