@@ -11,6 +11,7 @@ each prompt keeps exactly one terminal event, for a client that reads again.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ class BoundedQueue(Generic[T]):
         self.queued_bytes = 0
         self.overflowed = asyncio.Event()
         self._size = size
-        self._items: asyncio.Queue[tuple[T, int]] = asyncio.Queue()
+        self._items: deque[tuple[T, int]] = deque()
+        self._reader: asyncio.Future[None] | None = None  # the one `get` waiting, if any
 
     @property
     def why(self) -> str:
@@ -49,13 +51,22 @@ class BoundedQueue(Generic[T]):
 
     def put(self, item: T) -> None:
         size = self._size(item)
-        self._items.put_nowait((item, size))
+        self._items.append((item, size))
         self.queued_bytes += size
-        if self.queued_bytes > self.max_bytes and self._items.qsize() > 1:
+        if self.queued_bytes > self.max_bytes and len(self._items) > 1:
             self.overflowed.set()
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
 
     async def get(self) -> T:
-        item, size = await self._items.get()
+        """The next item, once there is one (one reader at a time)."""
+        while not self._items:
+            self._reader = asyncio.get_running_loop().create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+        item, size = self._items.popleft()
         self.queued_bytes -= size
         return item
 
