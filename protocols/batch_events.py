@@ -118,8 +118,10 @@ class PayloadFrames:
             out += [[Accepted(self._ids[i]) for i in sorted(self._accepted)], self._refused]
             self._phase = 1
         for phase, events in ((1, self._started), (2, self._initialized)):
+            if self._phase != phase:
+                continue
             ended_before = sum(i not in events for i in self._done)
-            if self._phase == phase and len(events) + ended_before == len(self._accepted):
+            if len(events) + ended_before == len(self._accepted):
                 out.append([events[i] for i in sorted(events)])
                 self._phase += 1
         if self._phase == 3 and self._progress:
