@@ -92,6 +92,7 @@ def test_the_drains_end_ends_every_prompt_with_shutting_down() -> None:
         return a + b, late, deadlines.active == 0
 
     ended, late, idle = asyncio.run(main())
-    assert [(type(e), e.message) for e in ended] == [(Failed, SHUTTING_DOWN)] * 2
-    assert [(type(e), e.message) for e in late] == [(Failed, SHUTTING_DOWN)]
+    shutting_down = Failed(0, ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
+    assert ended == [shutting_down] * 2
+    assert late == [shutting_down]
     assert idle
