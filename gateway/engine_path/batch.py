@@ -3,9 +3,9 @@
 `BatchRunner.run` starts one `GenerationService.generate` per request, each in a task of its
 own (so its admission slot is entered and left in one task), and yields, per wake-up, every
 event the engine step produced for the payload, one Delta per prompt (a prompt's Deltas merge
-while they wait for the consumer). A payload of one prompt needs neither task nor queue: its
-events are yielded as they come, one a step (vLLM merges its outputs while the consumer is
-busy, as the queue would). With a continuation key
+while they wait for the consumer). A payload of one prompt keeps its task too: its
+generation goes on to its end, and leaves its admission slot, while its client does not read
+(issue 47 measured what iterating it in the consumer's task would save). With a continuation key
 (the ordered request_ids, the specs' "internal caching"), known request_ids continue their
 history, and every prompt that finishes leaves its whole sequence in the store before its
 Finished event is delivered (a store that cannot take it turns that Finished into a Failed).
@@ -106,11 +106,6 @@ class BatchRunner:
         known: dict[str, History],
         refused: frozenset[str],
     ) -> AsyncGenerator[list[Event], None]:
-        if len(requests) == 1:  # one prompt: its events as they come, no task or queue
-            async with aclosing(self._one(requests[0], protocol, key, known, refused)) as events:
-                async for event in events:
-                    yield [event]
-            return
         histories = dict(known)
         queue: asyncio.Queue[Event] = asyncio.Queue()
         unread: dict[int, Delta] = {}  # each prompt's Delta still in the queue
@@ -128,10 +123,31 @@ class BatchRunner:
             queue.put_nowait(event)
 
         async def pump(request: GenerationRequest) -> None:
-            async with aclosing(
-                self._one(request, protocol, key, known, refused, histories)
-            ) as events:
+            rid = request.request_id
+            if rid in refused:
+                put(self._refuse(request, protocol, _duplicate(rid or "")))
+                return
+            if rid in known:
+                made_with, asked = known[rid].adapter, self.service.adapter_of(request)
+                if made_with != asked:  # a history continues on the model that made it
+                    put(
+                        self._refuse(
+                            request, protocol, _other_adapter(rid or "", made_with, request)
+                        )
+                    )
+                    return
+                request = msgspec.structs.replace(request, history=known[rid])
+            if key is not None:  # this task's own context: its engine requests only
+                AFFINITY.set(affinity_key(key))
+            async with aclosing(self.service.generate(request, protocol)) as events:
                 async for event in events:
+                    if isinstance(event, Finished) and event.history and key and rid is not None:
+                        histories[rid] = event.history
+                        try:
+                            await self.store.save(key, dict(histories))
+                        except GenerationError as e:  # its history is lost: say so
+                            put(_failed(request.index, e))
+                            continue
                     put(event)
 
         tasks = [asyncio.create_task(pump(r)) for r in requests]
@@ -148,42 +164,6 @@ class BatchRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _one(
-        self,
-        request: GenerationRequest,
-        protocol: Protocol,
-        key: Key | None,
-        known: dict[str, History],
-        refused: frozenset[str],
-        histories: dict[str, History] | None = None,
-    ) -> AsyncGenerator[Event, None]:
-        """One prompt's events; its Finished leaves the payload's `histories` (with this
-        prompt's) in the store first. Its engine requests carry the key's affinity: iterated
-        in a task of its own (`pump`), or in the consumer's, which serves this payload only."""
-        rid = request.request_id
-        if rid in refused:
-            yield self._refuse(request, protocol, _duplicate(rid or ""))
-            return
-        if rid in known:
-            made_with, asked = known[rid].adapter, self.service.adapter_of(request)
-            if made_with != asked:  # a history continues on the model that made it
-                yield self._refuse(request, protocol, _other_adapter(rid or "", made_with, request))
-                return
-            request = msgspec.structs.replace(request, history=known[rid])
-        if key is not None:
-            AFFINITY.set(affinity_key(key))
-        histories = dict(known) if histories is None else histories
-        async with aclosing(self.service.generate(request, protocol)) as events:
-            async for event in events:
-                if isinstance(event, Finished) and event.history and key and rid is not None:
-                    histories[rid] = event.history
-                    try:
-                        await self.store.save(key, dict(histories))
-                    except GenerationError as e:  # its history is lost: say so
-                        yield _failed(request.index, e)
-                        continue
-                yield event
 
     def _refuse(
         self, request: GenerationRequest, protocol: Protocol, error: GenerationError
