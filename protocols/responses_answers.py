@@ -295,8 +295,9 @@ _TERMINAL = {
     "completed": "response.completed",
     "incomplete": "response.incomplete",
     "failed": "response.failed",
-    # The SDK's stream types have no event for it: OpenAI's webhook event's name.
-    "cancelled": "response.cancelled",
+    # The SDK's stream types have no event of its own: a response that ended before its end
+    # without an error is incomplete (as one the gateway's shutdown cut), its status says why.
+    "cancelled": "response.incomplete",
 }
 
 
