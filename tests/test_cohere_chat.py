@@ -75,14 +75,14 @@ def test_chat_answers_text_with_usage(server: RunningServer) -> None:
 def test_chat_stream_delivers_the_whole_answers_text(server: RunningServer) -> None:
     body: Any = {"model": MODEL, "messages": HELLO, "max_tokens": 12, "temperature": 0}
     whole = client(server).chat(**body)
-    events = list(client(server).chat_stream(**body))
+    events: list[Any] = list(client(server).chat_stream(**body))
     assert [e.type for e in events[:2]] == ["message-start", "content-start"]
     assert [e.type for e in events[-2:]] == ["content-end", "message-end"]
-    text = "".join(e.delta.message.content.text for e in events if e.type == "content-delta")  # type: ignore[union-attr]
+    text = "".join(e.delta.message.content.text for e in events if e.type == "content-delta")
     assert whole.message.content is not None
     assert text == whole.message.content[0].text  # type: ignore[union-attr]
     end = events[-1].delta
-    assert end.finish_reason == whole.finish_reason and end.usage.tokens.output_tokens > 0  # type: ignore[union-attr]
+    assert end.finish_reason == whole.finish_reason and end.usage.tokens.output_tokens > 0
     raw = _raw_events(server, body)
     assert [e.type for e in raw] == [e.type for e in events]
 
@@ -100,17 +100,15 @@ def test_a_required_tool_call_whole_and_streamed(server: RunningServer) -> None:
     [call] = answer.message.tool_calls or []
     assert call.function is not None and call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments or "")["city"], str)
-    events = list(client(server).chat_stream(**body))
+    events: list[Any] = list(client(server).chat_stream(**body))
     starts = [e for e in events if e.type == "tool-call-start"]
-    assert [s.delta.message.tool_calls.function.name for s in starts] == ["get_weather"]  # type: ignore[union-attr]
+    assert [s.delta.message.tool_calls.function.name for s in starts] == ["get_weather"]
     arguments = "".join(
-        e.delta.message.tool_calls.function.arguments  # type: ignore[union-attr]
-        for e in events
-        if e.type == "tool-call-delta"
+        e.delta.message.tool_calls.function.arguments for e in events if e.type == "tool-call-delta"
     )
     assert isinstance(json.loads(arguments)["city"], str)
     assert [e.type for e in events[-2:]] == ["tool-call-end", "message-end"]
-    assert events[-1].delta.finish_reason == "TOOL_CALL"  # type: ignore[union-attr]
+    assert events[-1].delta.finish_reason == "TOOL_CALL"
     raw = _raw_events(server, body)
     assert "tool-call-start" in [e.type for e in raw]
 
@@ -121,19 +119,18 @@ def test_a_two_turn_tool_loop(server: RunningServer) -> None:
         model=MODEL, messages=QUESTION, tools=[WEATHER], tool_choice="REQUIRED", max_tokens=60
     )
     [call] = first.message.tool_calls or []
+    messages: Any = [
+        *QUESTION,
+        {"role": "assistant", "tool_calls": [call], "tool_plan": first.message.tool_plan},
+        {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "content": [{"type": "document", "document": {"data": {"weather": "Sunny, 24 C"}}}],
+        },
+    ]
     second = sdk.chat(
         model=MODEL,
-        messages=[
-            *QUESTION,
-            {"role": "assistant", "tool_calls": [call], "tool_plan": first.message.tool_plan},
-            {
-                "role": "tool",
-                "tool_call_id": call.id,
-                "content": [
-                    {"type": "document", "document": {"data": {"weather": "Sunny, 24 C"}}}
-                ],
-            },
-        ],
+        messages=messages,
         tools=[WEATHER],
         tool_choice="NONE",
         max_tokens=24,

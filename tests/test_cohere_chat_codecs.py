@@ -256,7 +256,9 @@ def _events(stream: bytes) -> list[Any]:
     events = []
     for frame in frames[:-1]:
         name, data = frame.split("\n")
-        event = EVENTS.validate_python(msgspec.json.decode(data.removeprefix("data: ")), strict=True)
+        event = EVENTS.validate_python(
+            msgspec.json.decode(data.removeprefix("data: ")), strict=True
+        )
         assert name == f"event: {event.type}"
         events.append(event)
     return events
