@@ -26,6 +26,9 @@ from openai.types.responses import (
 )
 
 from clients import web
+from protocols.errors import ErrorKind, GenerationError
+from protocols.responses_answers import EventStream, failed, opened
+from protocols.responses_requests import decode_responses
 from serving import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -191,6 +194,18 @@ def test_responses_and_their_events(
     _strict(Response, events[-1].response.model_dump())
     if "tools" in fields:
         assert isinstance(events[-1].response.output[0], ResponseFunctionToolCall)
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+def test_a_failed_response_s_event(kind: ErrorKind) -> None:
+    """`response.failed` (a failure after the stream began), its error's code one the SDK
+    lists, whatever the failure."""
+    call = decode_responses(b'{"input": "Hi"}', 100)
+    response = failed(opened("resp_1", MODEL, call.echo), GenerationError(kind, "no"))
+    [(name, data)] = list(_frames(EventStream().failed(response).decode()))
+    event = _strict(ResponseStreamEvent, json.loads(data))
+    assert name == event.type == "response.failed" and event.response.status == "failed"
+    assert event.response.error is not None and event.response.error.message == "no"
 
 
 def test_a_background_response_queued_then_cancelled(server: RunningServer) -> None:
