@@ -19,3 +19,4 @@ class Protocol(enum.StrEnum):
     OPENAI_COMPLETIONS = "openai_completions"  # POST /v1/completions
     OPENAI_RESPONSES = "openai_responses"  # POST /v1/responses (OpenAI's Responses API)
     ANTHROPIC_MESSAGES = "anthropic_messages"  # POST /v1/messages (Anthropic's Messages API)
+    COHERE_CHAT = "cohere_chat"  # POST /v2/chat (Cohere's chat)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from protocols.errors import GenerationError
+from protocols.errors import ErrorKind, GenerationError
 from protocols.events import Finished
 from protocols.openai_answers import ErrorBody, ErrorDetail
 from protocols.sse import sse_event
@@ -55,8 +55,11 @@ def usage_of(done: Finished) -> ResponseUsage:
     )
 
 
+ErrorCode = Literal["server_error", "rate_limit_exceeded", "invalid_prompt"]
+
+
 class ResponseError(msgspec.Struct):
-    code: str
+    code: ErrorCode
     message: str
 
 
@@ -174,9 +177,19 @@ def finished(response: ResponseObject, done: Finished, outcome: Outcome) -> Resp
 
 
 def failed(response: ResponseObject, error: GenerationError) -> ResponseObject:
+    code = _ERROR_CODES.get(error.kind, "server_error")
     return msgspec.structs.replace(
-        response, status="failed", error=ResponseError(error.kind.value, error.message)
+        response, status="failed", error=ResponseError(code, error.message)
     )
+
+
+# A failed response's `error.code`: one of the codes the openai SDK's `ResponseError` lists.
+_ERROR_CODES: dict[ErrorKind, ErrorCode] = {
+    ErrorKind.RATE_LIMITED: "rate_limit_exceeded",
+    ErrorKind.INVALID_REQUEST: "invalid_prompt",
+    ErrorKind.UNPROCESSABLE: "invalid_prompt",
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED: "invalid_prompt",
+}
 
 
 def cancelled(response: ResponseObject) -> ResponseObject:
@@ -295,8 +308,9 @@ _TERMINAL = {
     "completed": "response.completed",
     "incomplete": "response.incomplete",
     "failed": "response.failed",
-    # The SDK's stream types have no event for it: OpenAI's webhook event's name.
-    "cancelled": "response.cancelled",
+    # The SDK's stream types have no event of its own: a response that ended before its end
+    # without an error is incomplete (as one the gateway's shutdown cut), its status says why.
+    "cancelled": "response.incomplete",
 }
 
 

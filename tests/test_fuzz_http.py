@@ -206,6 +206,7 @@ VALID: dict[str, dict[str, Any]] = {
     "ResponsesRequest": {"input": "Hi", "max_output_tokens": 1},
     "MessagesRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI, "max_tokens": 1},
     "CountTokensRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI},
+    "CohereChatRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI, "max_tokens": 1},
 }
 
 

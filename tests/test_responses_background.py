@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.responses import ResponseIncompleteEvent
 from redis_server import RedisServer, running_redis
 
 from clients import scrape, value, wait_for
@@ -128,11 +129,10 @@ def test_cancel_stops_it_in_the_engine(make_server: Callable[..., RunningServer]
         cancelled = api.responses.cancel(made.id)
         assert cancelled.status == "cancelled"
         rest = list(stream)
-    # The SDK's stream types have no event for it (OpenAI's webhook event's name): it reads it
-    # untyped, its `response` a dict.
-    last: Any = rest[-1]
-    assert last.type == "response.cancelled"
-    assert last.to_dict()["response"]["status"] == "cancelled"
+    # The SDK's stream types have no event of its own for it: its incomplete event, typed.
+    last = rest[-1]
+    assert isinstance(last, ResponseIncompleteEvent)
+    assert last.response.status == "cancelled"
     numbers = [e.sequence_number for e in seen + rest]
     assert numbers == list(range(len(numbers)))
     wait_for(lambda: running(guarded) == 0)
@@ -186,8 +186,8 @@ def test_with_redis_cancel_on_another_gateway_stops_it_where_it_runs(
             if event.type == "response.output_text.delta":
                 break
         assert client(second).responses.cancel(made.id).status == "cancelled"
-        last: Any = list(stream)[-1]
-    assert last.type == "response.cancelled"
+        last = list(stream)[-1]
+    assert isinstance(last, ResponseIncompleteEvent) and last.response.status == "cancelled"
     wait_for(lambda: running(first) == 0)
     assert client(first).responses.retrieve(made.id).status == "cancelled"
 

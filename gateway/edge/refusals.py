@@ -12,6 +12,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.edge.http_errors import status_of
 from protocols import (
     anthropic_answers,
+    cohere,
     control,
     lmi,
     lmi_adapters,
@@ -39,6 +40,8 @@ def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
     """The status and body the route at `path` answers `error` with."""
     if path.startswith("/v1/messages"):
         return anthropic_answers.error_of(error)
+    if path.startswith("/v2/"):
+        return cohere.error_of(error)
     if path.startswith(_OPENAI) or (path.startswith("/v1/") and path != "/v1/generate"):
         return openai_answers.error_of(error)  # an unknown /v1/ path too: OpenAI's clients
     if path.startswith(_LMI):
