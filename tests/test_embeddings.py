@@ -107,3 +107,9 @@ def test_chat_still_works_beside_the_embedding_model(embedding_server: RunningSe
     )
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"]
+
+
+def test_the_models_list_has_the_embedding_model_and_its_task(oai: openai.OpenAI) -> None:
+    listed = {m.id: m for m in oai.models.list()}
+    assert getattr(listed[NAME], "task", None) == "embed"
+    assert getattr(listed[NAME], "max_model_len", None) == 256

@@ -80,6 +80,7 @@ class PoolingEngine:
         pooler = config.pooler_config
         self.pooling = str(getattr(pooler, "seq_pooling_type", None) or "mean").lower()
         self.model_id = str(config.model)
+        self.special_prefix, self.special_suffix = _special_tokens(self.tokenizer)
         self._ids = itertools.count()
         self._closing = False
 
@@ -154,6 +155,18 @@ class PoolingEngine:
             return
         self._closing = True
         self.llm.shutdown()
+
+
+def _special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after one text ([CLS], [SEP]), found
+    by tokenizing a probe both ways: vLLM's tokenizer wrapper has no
+    `build_inputs_with_special_tokens`."""
+    body = list(tokenizer.encode("a", add_special_tokens=False))
+    full = list(tokenizer.encode("a", add_special_tokens=True))
+    for at in range(len(full) - len(body) + 1):
+        if full[at : at + len(body)] == body:
+            return full[:at], full[at + len(body) :]
+    return [], []
 
 
 PoolingLoader = Callable[[], Awaitable[PoolingEngine]]

@@ -153,7 +153,8 @@ class EmbeddingModel:
         limit = engine.max_model_len
         if request.max_tokens is not None:
             limit = min(limit, request.max_tokens)
-        special = int(engine.tokenizer.num_special_tokens_to_add())
+        prefix, suffix = engine.special_prefix, engine.special_suffix
+        special = len(prefix) + len(suffix)
         inputs = []
         for item in request.inputs:
             if item.token_ids is not None:
@@ -166,7 +167,7 @@ class EmbeddingModel:
                 if len(body) + special > limit:
                     kept = _check_length(body, max(limit - special, 0), request, item.field)
                     body = kept
-                ids = list(engine.tokenizer.build_inputs_with_special_tokens(body))
+                ids = [*prefix, *body, *suffix]
             inputs.append(ids)
         return inputs
 
