@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from gateway.config.priorities import PriorityClasses
-from gateway.config.settings import Settings, constraint_budget
+from gateway.config.settings import Settings, constraint_budget, embedding_model_name
 from gateway.drain import Drain, DrainMiddleware
 from gateway.edge.api_keys import KeyRing
 from gateway.edge.auth import ApiKeyMiddleware, open_paths_of
@@ -25,11 +25,13 @@ from gateway.engine.cpu_defaults import resolve_bulk_cap
 from gateway.engine.engine_args import device_type
 from gateway.engine.holder import EngineHolder
 from gateway.engine.loader import EngineLoader, local_loader
+from gateway.engine.pooling_engine import PoolingEngine, PoolingLoader, pooling_loader
 from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.background import Background
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
+from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
 from gateway.engine_path.reattach import Detached
@@ -41,6 +43,8 @@ from gateway.state import Gateway
 from gateway.stores.configured import open_event_log, open_store
 from gateway.stores.feedback import FeedbackStore, feedback_path
 from protocols.names import Protocol
+
+EMBEDDING_START_SECONDS = 20.0  # the status messages' estimate
 
 
 def default_loader(settings: Settings) -> EngineLoader:
@@ -57,9 +61,11 @@ def create_app(
     *,
     owns_engine: bool = True,
     on_give_up: Callable[[str], None] | None = None,
+    load_embedding: PoolingLoader | None = None,
 ) -> Starlette:
-    """`load` defaults to building the configured engine; tests pass a shared one.
-    `on_give_up(reason)`: the engine died more often than ENGINE_MAX_RESTARTS allows."""
+    """`load` defaults to building the configured engine; tests pass a shared one, and
+    `load_embedding` for the embedding model's (else EMBEDDING_MODEL's, when set).
+    `on_give_up(reason)`: an engine died more often than ENGINE_MAX_RESTARTS allows."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Gateway]]:
@@ -111,6 +117,16 @@ def create_app(
         drain.on_draining(detached.stop_all)
         background = Background(open_event_log(settings, store))
         drain.on_drained(background.settled)  # their terminal events kept before the exit
+        embedding_holder: EngineHolder[PoolingEngine] | None = None
+        if load_embedding is not None or settings.embedding_model:
+            embedding_holder = EngineHolder(
+                load_embedding or pooling_loader(settings),
+                EMBEDDING_START_SECONDS,
+                max_restarts=settings.engine_max_restarts,
+                restart_window_seconds=settings.engine_restart_window_seconds,
+                on_give_up=on_give_up,
+            )
+            embedding_holder.start()
         gateway = Gateway(
             settings,
             ServedModel(holder, settings.engine, tool_parsing, chat_template),
@@ -121,6 +137,11 @@ def create_app(
             drain,
             detached,
             background,
+            EmbeddingModel(
+                embedding_holder, embedding_model_name(settings), settings.embedding_priority
+            )
+            if embedding_holder is not None
+            else None,
         )
         app.state.gateway = gateway
         try:
@@ -131,6 +152,8 @@ def create_app(
             await store.close()
             if owns_engine:
                 await holder.stop()
+                if embedding_holder is not None:
+                    await embedding_holder.stop()
 
     deadlines = Deadlines(settings.request_timeout_seconds)
     chat_template = configured_chat_template(settings.chat_template)

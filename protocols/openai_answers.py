@@ -120,6 +120,7 @@ class Model(msgspec.Struct, kw_only=True):
     owned_by: str = "llm-gateway"
     root: str | UnsetType = UNSET
     parent: str | UnsetType = UNSET
+    task: str | UnsetType = UNSET  # set for a model that does not generate (`embed`)
 
 
 class ModelList(msgspec.Struct):

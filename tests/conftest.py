@@ -21,6 +21,7 @@ from gateway.engine.grpc_client import use_poller_client
 from serving import (
     LoopThread,
     RunningServer,
+    free_port,
     gateway_settings,
     shared_loader,
     start_server,
@@ -28,6 +29,8 @@ from serving import (
 )
 
 if TYPE_CHECKING:
+    from gateway.config.settings import Settings
+    from gateway.engine.pooling_engine import PoolingEngine
     from gateway.engine.vllm_engine import VllmEngine
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -38,7 +41,11 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_AUTH_MODE"] = "disabled"
 use_poller_client()  # gRPC's client as `llm-gateway serve` sets it with replicas: before Ray
 
-ENGINE_FIXTURES = {"engine", "loop_thread"}  # every server fixture depends on both
+ENGINE_FIXTURES = {
+    "engine",
+    "loop_thread",
+    "embedding_engine",
+}  # every server fixture depends on both
 # Servers and clusters beside the session's engine: a test using one is `make test-all`'s.
 OWN_ENGINE_FIXTURES = {"vllm_server", "ray_address"}
 
@@ -74,6 +81,42 @@ def engine(loop_thread: LoopThread) -> Iterator[VllmEngine]:
 @pytest.fixture(scope="session")
 def server(loop_thread: LoopThread, engine: VllmEngine) -> Iterator[RunningServer]:
     running = start_server(loop_thread, gateway_settings(), shared_loader(engine))
+    wait_ready(running.http)
+    yield running
+    running.stop()
+
+
+def embedding_settings() -> Settings:
+    """The test settings with the shipped embedding model, in float32: its vectors then equal
+    sentence-transformers' own."""
+    return gateway_settings(EMBEDDING_MODEL="default", EMBEDDING_DTYPE="float32")
+
+
+@pytest.fixture(scope="session")
+def embedding_engine(loop_thread: LoopThread) -> Iterator[PoolingEngine]:
+    """The shipped embedding model's pooling engine: one for the session."""
+    from gateway.engine.pooling_engine import PoolingEngine
+
+    built = loop_thread.run(PoolingEngine.start(embedding_settings()))
+    yield built
+    loop_thread.call(built.shutdown)
+
+
+@pytest.fixture(scope="session")
+def embedding_server(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
+) -> Iterator[RunningServer]:
+    """A server with the chat model and the embedding model, on the session's two engines."""
+    from gateway.app import create_app
+
+    async def load_embedding() -> PoolingEngine:
+        return embedding_engine
+
+    settings = embedding_settings()
+    app = create_app(
+        settings, shared_loader(engine), owns_engine=False, load_embedding=load_embedding
+    )
+    running = RunningServer(loop_thread, app, settings, free_port())
     wait_ready(running.http)
     yield running
     running.stop()

@@ -68,6 +68,20 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
+DEFAULT_EMBEDDING_MODEL = "default"
+DEFAULT_EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def embedding_model_name(settings: Settings) -> str:
+    """The embedding model's name as clients see it: EMBEDDING_SERVED_MODEL_NAME, else the
+    default's name or EMBEDDING_MODEL."""
+    if settings.embedding_served_model_name:
+        return settings.embedding_served_model_name
+    if settings.embedding_model == DEFAULT_EMBEDDING_MODEL:
+        return DEFAULT_EMBEDDING_MODEL_NAME
+    return settings.embedding_model
+
+
 def served_model_name(engine: EngineSettings) -> str:
     """The name clients see and may ask for: SERVED_MODEL_NAME, else the model's own name."""
     if engine.served_model_name:
@@ -79,6 +93,18 @@ def served_model_name(engine: EngineSettings) -> str:
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     host: str = "127.0.0.1"
+    # The embedding model served beside the chat model (docs/EMBEDDINGS.md): empty, none;
+    # `default`, the shipped all-MiniLM-L6-v2; else a Hugging Face model directory or hub id.
+    # Its own vLLM engine (the pooling runner), with these settings (`auto`: by the CPU, as
+    # the chat engine's; the batch defaults are issue 45's measurements).
+    embedding_model: str = ""
+    embedding_served_model_name: str = ""
+    embedding_dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    embedding_max_num_batched_tokens: Positive = 8192
+    embedding_max_num_seqs: Positive = 64
+    embedding_kv_cache_gib: PositiveFloat = 0.25
+    # The class of an embedding request that names none: bulk, so chats stay fast.
+    embedding_priority: Annotated[int, Meta(ge=0, le=9)] = 2
     port: Port = 8000
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     max_running_requests: Positive = 256

@@ -14,6 +14,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Generic, Protocol
+
+from typing_extensions import TypeVar
 
 from gateway.engine.cpu_defaults import cpu_flags, reported_flags
 from gateway.engine.vllm_engine import VllmEngine
@@ -22,13 +25,33 @@ from protocols.errors import ErrorKind, GenerationError
 log = logging.getLogger(__name__)
 
 
-class EngineHolder:
+class HeldEngine(Protocol):
+    """What the holder needs of an engine: the chat model's (VllmEngine) or an embedding
+    model's (PoolingEngine)."""
+
+    dtype: str
+    dtype_reason: str
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def on_death(self, callback: Callable[[str], None]) -> None: ...
+
+    def death_reason(self) -> str: ...
+
+    def shutdown(self) -> None: ...
+
+
+E = TypeVar("E", bound=HeldEngine, default=VllmEngine)
+
+
+class EngineHolder(Generic[E]):
     """Starts the engine in the background and rebuilds it when it dies; requests made
     meanwhile wait for it."""
 
     def __init__(
         self,
-        load: Callable[[], Awaitable[VllmEngine]],
+        load: Callable[[], Awaitable[E]],
         expected_seconds: float = 30.0,
         describe: Callable[[str, str, list[str]], None] | None = None,
         *,
@@ -52,7 +75,7 @@ class EngineHolder:
         self._stopping = False
         # The last engine built; while it is rebuilt, the dead one (its tokenizer and limits
         # still answer /info and the like).
-        self.engine: VllmEngine | None = None
+        self.engine: E | None = None
         self.error: str | None = None
         self.status = "loading"
         self.restarts = 0
@@ -107,7 +130,7 @@ class EngineHolder:
         if self.status == "ready" and engine is not None and not engine.healthy:
             self._died(engine, engine.death_reason())
 
-    def _died(self, engine: VllmEngine, reason: str) -> None:
+    def _died(self, engine: E, reason: str) -> None:
         if engine is not self.engine or self.status != "ready" or self._stopping:
             return  # an engine already replaced, or shut down on purpose
         now = time.monotonic()
@@ -128,7 +151,7 @@ class EngineHolder:
         self._started = now
         self._task = asyncio.create_task(self._rebuild(engine), name="engine-rebuild")
 
-    async def _rebuild(self, dead: VllmEngine) -> None:
+    async def _rebuild(self, dead: E) -> None:
         dead.shutdown()  # vLLM's monitor began this; it frees what the dead engine still holds
         await self._build()
 
@@ -143,7 +166,7 @@ class EngineHolder:
         if self.on_give_up is not None:
             self.on_give_up(reason)
 
-    async def wait(self) -> VllmEngine:
+    async def wait(self) -> E:
         while True:
             await self._ready.wait()
             self._check()

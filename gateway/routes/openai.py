@@ -32,15 +32,22 @@ async def completions(request: Request) -> Response:
 
 
 def _listed(request: Request) -> list[Model]:
-    """The served model, then its adapters; `created` is when this listing was made, as vLLM's
-    server dates it."""
-    model = gateway_of(request).model
+    """The served model, its adapters, then the embedding model (with its `task`); `created`
+    is when this listing was made, as vLLM's server dates it."""
+    gateway = gateway_of(request)
+    model = gateway.model
     context, now = model.context_length(), int(time.time())
     listed = [Model(id=model.name, max_model_len=context, created=now)]
     listed += [
         Model(id=name, max_model_len=context, created=now, root=str(path), parent=model.name)
         for name, path in model.adapter_paths().items()
     ]
+    embedding = gateway.embedding
+    if embedding is not None:
+        length = embedding.context_length() or 0
+        listed.append(
+            Model(id=embedding.name, max_model_len=length, created=now, task=embedding.task)
+        )
     return listed
 
 

@@ -1,0 +1,199 @@
+"""`EmbeddingModel`: what routes may know and ask of the embedding model served beside the chat
+model (docs/EMBEDDINGS.md): its name and task, whether it is ready, and the neutral requests of
+protocols/embedding.py answered with its engine's vectors.
+
+Inputs are tokenized and cut here, so every family's truncation means the same: an input
+longer than the model takes is cut at the side asked for (the special tokens kept) or refused
+naming its field; `max_tokens` keeps at most that many tokens. Scores are a bi-encoder's: the
+cosine of the two texts' embeddings, as vLLM's score does for an embedding model. A request
+with no priority is `priority` (EMBEDDING_PRIORITY: bulk), so chats stay fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from gateway.engine.holder import EngineHolder
+from gateway.engine.pooling_engine import PoolingEngine
+from protocols.embedding import (
+    EmbeddingInput,
+    EmbeddingRequest,
+    Embeddings,
+    ScoreRequest,
+    Scores,
+    Side,
+    TokenEmbeddings,
+    cosine,
+)
+from protocols.errors import ErrorKind, GenerationError, invalid
+from protocols.openai_requests import check_token_ids
+
+Task = Literal["embed"]
+
+
+class EmbeddingModel:
+    """The served embedding model: `name` as clients see it, `task` what it does (a registry
+    holds models by both); everything else waits for the engine while it loads."""
+
+    task: Task = "embed"
+
+    def __init__(
+        self, holder: EngineHolder[PoolingEngine], name: str, default_priority: int
+    ) -> None:
+        self._holder = holder
+        self.name = name
+        self.default_priority = default_priority
+
+    @property
+    def ready(self) -> bool:
+        return self._holder.ready
+
+    def status(self) -> tuple[str, str | None]:
+        """(status, error): loading (also while it is rebuilt), ready or failed."""
+        return self._holder.describe()
+
+    def context_length(self) -> int | None:
+        """The longest input in tokens, None before the engine was built."""
+        engine = self._holder.engine
+        return engine.max_model_len if engine is not None else None
+
+    async def dimensions_supported(self) -> bool:
+        """Whether the model serves shortened vectors (Matryoshka): `dimensions` else refused."""
+        return (await self._holder.wait()).matryoshka
+
+    async def describe(self) -> dict[str, Any]:
+        """What TEI's /info reports of the model."""
+        engine = await self._holder.wait()
+        return {
+            "model_id": engine.model_id,
+            "dtype": engine.dtype,
+            "pooling": engine.pooling,
+            "max_input_length": engine.max_model_len,
+            "embedding_size": engine.embedding_size,
+        }
+
+    async def tokenize(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        engine = await self._holder.wait()
+        ids = await asyncio.to_thread(
+            engine.tokenizer.encode, text, add_special_tokens=special_tokens
+        )
+        return list(ids)
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        """One vector per input, in order; `usage` the tokens embedded."""
+        engine = await self._holder.wait()
+        inputs = await self._token_ids(engine, request)
+        vectors = await asyncio.gather(
+            *(
+                engine.pool(
+                    ids,
+                    normalize=request.normalize,
+                    dimensions=request.dimensions,
+                    priority=self._priority(request.priority),
+                )
+                for ids in inputs
+            )
+        )
+        return Embeddings([list(v) for v in vectors], sum(len(ids) for ids in inputs))
+
+    async def embed_tokens(self, request: EmbeddingRequest) -> TokenEmbeddings:
+        """For each input, a vector per token (TEI's /embed_all, vLLM's `token_embed`)."""
+        engine = await self._holder.wait()
+        inputs = await self._token_ids(engine, request)
+        vectors = await asyncio.gather(
+            *(
+                engine.pool(
+                    ids,
+                    token_level=True,
+                    normalize=request.normalize,
+                    priority=self._priority(request.priority),
+                )
+                for ids in inputs
+            )
+        )
+        return TokenEmbeddings([list(v) for v in vectors], sum(len(ids) for ids in inputs))
+
+    async def score(self, request: ScoreRequest) -> Scores:
+        """Each pair's cosine of its two texts' embeddings, in the documents' order."""
+        queries = [
+            EmbeddingInput(_field(request.query_field, i, len(request.queries)), text=q)
+            for i, q in enumerate(request.queries)
+        ]
+        documents = [
+            EmbeddingInput(f"{request.documents_field}[{i}]", text=d)
+            for i, d in enumerate(request.documents)
+        ]
+        embedded = await self.embed(
+            EmbeddingRequest(
+                inputs=(*queries, *documents),
+                truncate=request.truncate,
+                side=request.side,
+                priority=request.priority,
+            )
+        )
+        query_vectors = embedded.vectors[: len(queries)]
+        document_vectors = embedded.vectors[len(queries) :]
+        if len(query_vectors) == 1:
+            scores = [cosine(query_vectors[0], d) for d in document_vectors]
+        else:
+            scores = [cosine(q, d) for q, d in zip(query_vectors, document_vectors, strict=True)]
+        return Scores(scores, embedded.prompt_tokens)
+
+    def _priority(self, asked: int | None) -> int:
+        return self.default_priority if asked is None else asked
+
+    async def _token_ids(self, engine: PoolingEngine, request: EmbeddingRequest) -> list[list[int]]:
+        if request.prompt_name is not None:
+            raise invalid("This model has no prompts: leave out `prompt_name`", "prompt_name")
+        texts = [i.text for i in request.inputs if i.text is not None]
+        encoded = iter(await asyncio.to_thread(_encode_all, engine.tokenizer, texts))
+        vocabulary = len(engine.tokenizer)
+        limit = engine.max_model_len
+        if request.max_tokens is not None:
+            limit = min(limit, request.max_tokens)
+        prefix, suffix = engine.special_prefix, engine.special_suffix
+        special = len(prefix) + len(suffix)
+        inputs = []
+        for item in request.inputs:
+            if item.token_ids is not None:
+                check_token_ids(item.token_ids, vocabulary, item.field)
+                ids = list(item.token_ids)
+                if len(ids) > limit:
+                    ids = _check_length(ids, limit, request, item.field)
+            else:
+                body = next(encoded)
+                if len(body) + special > limit:
+                    kept = _check_length(body, max(limit - special, 0), request, item.field)
+                    body = kept
+                ids = [*prefix, *body, *suffix]
+            inputs.append(ids)
+        return inputs
+
+
+def _encode_all(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Each text's tokens without the special tokens, which are added after any cut."""
+    return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+
+def _check_length(ids: list[int], limit: int, request: EmbeddingRequest, field: str) -> list[int]:
+    """`ids` cut to `limit` at the request's side where it truncates; refused otherwise."""
+    if not request.truncates:
+        raise GenerationError(
+            ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+            f"`{field}` has more tokens than this model takes ({limit}); ask for truncation "
+            "or send a shorter text",
+            field,
+        )
+    return _cut(ids, limit, request.side)
+
+
+def _cut(ids: list[int], limit: int, side: Side) -> list[int]:
+    if limit <= 0:
+        return []
+    return ids[-limit:] if side == "left" else ids[:limit]
+
+
+def _field(field: str, i: int, count: int) -> str:
+    return field if count == 1 else f"{field}[{i}]"
