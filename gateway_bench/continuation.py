@@ -11,6 +11,7 @@ from gateway_bench.clients import send, ws_batch
 from gateway_bench.metrics import Record
 from gateway_bench.results import ContinuationPoint, ContinuationResult
 from gateway_bench.runner import Progress
+from gateway_bench.sweep_options import BenchOptions
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 
@@ -34,21 +35,18 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 async def _point(
-    worker: Worker,
-    workload: Workload,
-    history: int,
-    *,
-    repetitions: int,
-    generated: int,
-    new_tokens: int,
-    limit_s: float,
-    progress: Progress,
+    worker: Worker, workload: Workload, history: int, o: BenchOptions, progress: Progress
 ) -> ContinuationPoint:
+    generated, new_tokens, limit_s = (
+        o.continuation_generated,
+        o.continuation_new_tokens,
+        o.request_timeout,
+    )
     continued: list[float] = []
     fresh: list[float] = []
     resent: list[float] = []
     errors: list[str] = []
-    for rep in range(repetitions):
+    for rep in range(o.continuation_repetitions):
         words = workload.words_for(f"history-{history}", rep, history - generated)
         words = workload.salted(words, f"{workload.run}:history")
         prompt = text_of(words)
@@ -73,7 +71,7 @@ async def _point(
     cont, cold_ms = _median(continued), _median(fresh)
     return ContinuationPoint(
         history_tokens=history,
-        repetitions=repetitions,
+        repetitions=o.continuation_repetitions,
         continuation_ttft_ms=cont,
         fresh_ttft_ms=cold_ms,
         resend_ttft_ms=_median(resent),
@@ -84,37 +82,19 @@ async def _point(
 
 
 async def continuation_bench(
-    context: Context,
-    workload: Workload,
-    *,
-    lengths: Sequence[int],
-    repetitions: int,
-    generated: int,
-    new_tokens: int,
-    limit_s: float,
-    progress: Progress,
+    context: Context, workload: Workload, options: BenchOptions, progress: Progress
 ) -> ContinuationResult:
     worker = Worker(context)
     points: list[ContinuationPoint] = []
     try:
-        for history in lengths:
+        for history in options.continuation_lengths:
             progress.set_postfix_str(f"continuation at {history} tokens")
-            point = await _point(
-                worker,
-                workload,
-                history,
-                repetitions=repetitions,
-                generated=generated,
-                new_tokens=new_tokens,
-                limit_s=limit_s,
-                progress=progress,
-            )
-            points.append(point)
+            points.append(await _point(worker, workload, history, options, progress))
     finally:
         await worker.close()
     return ContinuationResult(
         protocol="WS /ws",
-        generated_tokens=generated,
-        new_tokens=new_tokens,
+        generated_tokens=options.continuation_generated,
+        new_tokens=options.continuation_new_tokens,
         points=points,
     )

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway_bench.report import Goal
 from gateway_bench.results import (
     ConnectionResult,
     ContinuationResult,
-    Goal,
     StepResult,
     TargetKind,
     TargetResult,

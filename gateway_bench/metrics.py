@@ -146,7 +146,7 @@ def _ms(value: float | None) -> float | None:
 
 
 def summarize(
-    records: Sequence[Record], *, concurrency: int, wall_s: float, expected_tokens: int
+    records: Sequence[Record], concurrency: int, wall_s: float, expected_tokens: int = 0
 ) -> StepResult:
     ok = [r for r in records if r.error is None]
     errors = [r.error for r in records if r.error is not None]

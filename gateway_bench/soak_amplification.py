@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from gateway_bench.soak_run import SoakOptions
 from gateway_bench.worker import Context, sse_reads
 
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
@@ -109,13 +110,7 @@ def _probe_process(
 
 
 async def measure_constraint_load(
-    main: Context,
-    limited: Context,
-    *,
-    askers: int,
-    chats: Callable[[], Awaitable[list[float | None]]],
-    p50: Callable[[list[float | None]], float | None],
-    prompt: str,
+    limited: Context, askers: int, chats: Callable[[], Awaitable[list[float | None]]], prompt: str
 ) -> ConstraintLoad:
     """`chats()` measures the main key's chats once the probes are coming; the probes run until
     the chats are done."""
@@ -138,7 +133,7 @@ async def measure_constraint_load(
         await loop.run_in_executor(None, process.join)
     tally = msgspec.json.decode(raw, type=_ProbeTally)
     return ConstraintLoad(
-        contended_ttft_p50_ms=p50(contended),
+        contended_ttft_p50_ms=_p50(contended),
         chats=len(contended),
         chat_failures=sum(v is None for v in contended),
         probes=tally.probes,
@@ -267,17 +262,13 @@ def _p50(values: list[float | None]) -> float | None:
 
 
 async def measure_amplification(
-    main: Context,
-    limited: Context,
-    *,
-    limits: str,
-    chats: int,
-    chat_tokens: int,
-    ask_tokens: int,
-    askers: int,
-    prompt: str,
+    main: Context, limited: Context, options: SoakOptions, prompt: str
 ) -> Amplification:
-    sequences = concurrent_limit(limits)
+    """The main key's chats alone, while the `limited` key asks for its most sequences, then
+    while it sends the probe's constraints."""
+    chats, chat_tokens = options.amplification_chats, options.output_tokens[0]
+    ask_tokens, askers = options.amplification_ask_tokens, options.limited_clients
+    sequences = concurrent_limit(options.amplifier_limits)
     idle = await _chats(main, prompt, chats, chat_tokens)
     stop, tally = asyncio.Event(), _Tally()
     asking = [
@@ -293,12 +284,7 @@ async def measure_amplification(
         stop.set()
         await asyncio.gather(*asking)
     constraints = await measure_constraint_load(
-        main,
-        limited,
-        askers=sequences,
-        chats=lambda: _chats(main, prompt, chats, chat_tokens),
-        p50=_p50,
-        prompt=prompt,
+        limited, sequences, lambda: _chats(main, prompt, chats, chat_tokens), prompt
     )
     return Amplification(
         sequences=sequences,
