@@ -61,16 +61,7 @@ _FD_MARGIN = 1024
 
 
 def _failed(protocol: Client, error: BaseException) -> TargetResult:
-    return TargetResult(
-        name=protocol.name,
-        label=protocol.label,
-        kind=protocol.kind,
-        tokens=protocol.tokens,
-        notes=f"not measured: {type(error).__name__}: {error}",
-        steps=[],
-        logprobs=protocol.logprobs,
-        compared_with=protocol.compared_with,
-    )
+    return protocol.result([], f"not measured: {type(error).__name__}: {error}")
 
 
 # A target group's server (or engine), ready: what its workers share and its start-up time.

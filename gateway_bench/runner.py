@@ -36,58 +36,53 @@ class Client:
     logprobs: bool = False
     compared_with: TargetKind = "vllm-server"  # the vLLM server target on the same route
 
+    def result(
+        self, steps: list[StepResult], notes: str = "", warmup_errors: int = 0
+    ) -> TargetResult:
+        return TargetResult(
+            name=self.name,
+            label=self.label,
+            kind=self.kind,
+            tokens=self.tokens,
+            notes=notes or self.notes,
+            steps=steps,
+            warmup_errors=warmup_errors,
+            logprobs=self.logprobs,
+            compared_with=self.compared_with,
+        )
 
-def _reference(
-    name: TargetKind, label: str, call: clients.Call, tokens: TokenSource, notes: str
-) -> Client:
-    return Client(name, label, call, name, tokens, notes=notes)
 
-
-INPROCESS = _reference(
-    "ceiling",
-    "vLLM in-process",
-    clients.inprocess,
-    "counted",
-    "vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
-    "settings (dtype, environment); exact token counts",
-)
-INPROCESS_LOGPROBS = _reference(
-    "ceiling-logprobs",
-    "vLLM in-process, logprobs=0",
-    clients.inprocess_logprobs,
-    "counted",
-    "as the ceiling, with logprobs=0: the reference for protocols that send every "
-    "token's log-probability",
-)
-VLLM_SERVER = _reference(
-    "vllm-server",
-    "vLLM OpenAI server",
-    clients.completions,
-    "reported",
-    "streaming /v1/completions, ignore_eos; tokens from usage (stream_options); the "
-    "gateway's CPU settings (--dtype, environment)",
-)
-VLLM_SERVER_LOGPROBS = _reference(
-    "vllm-server-logprobs",
-    "vLLM OpenAI server, logprobs=0",
-    clients.completions_logprobs,
-    "reported",
-    "as vLLM's server, with logprobs: 0 (each token's log-probability)",
-)
-VLLM_SERVER_DEFAULTS = _reference(
-    "vllm-server-defaults",
-    "vLLM OpenAI server, its defaults",
-    clients.completions,
-    "reported",
-    "as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment",
-)
-VLLM_SERVER_CHAT = _reference(
-    "vllm-server-chat",
-    "vLLM OpenAI server, chat",
-    clients.chat_completions,
-    "reported",
-    "streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
-    "include_usage; the reference for the gateway's chat route",
+# The references: vLLM in-process (the ceiling) and vLLM's OpenAI server, each target's
+# name its kind.
+_REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] = (
+        ("ceiling", "vLLM in-process", clients.inprocess, "counted",
+         "vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
+         "settings (dtype, environment); exact token counts"),
+        ("ceiling-logprobs", "vLLM in-process, logprobs=0", clients.inprocess_logprobs, "counted",
+         "as the ceiling, with logprobs=0: the reference for protocols that send every "
+         "token's log-probability"),
+        ("vllm-server", "vLLM OpenAI server", clients.completions, "reported",
+         "streaming /v1/completions, ignore_eos; tokens from usage (stream_options); the "
+         "gateway's CPU settings (--dtype, environment)"),
+        ("vllm-server-logprobs", "vLLM OpenAI server, logprobs=0", clients.completions_logprobs,
+         "reported", "as vLLM's server, with logprobs: 0 (each token's log-probability)"),
+        ("vllm-server-defaults", "vLLM OpenAI server, its defaults", clients.completions,
+         "reported",
+         "as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment"),
+        ("vllm-server-chat", "vLLM OpenAI server, chat", clients.chat_completions, "reported",
+         "streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
+         "include_usage; the reference for the gateway's chat route"),
+)  # fmt: skip
+(
+    INPROCESS,
+    INPROCESS_LOGPROBS,
+    VLLM_SERVER,
+    VLLM_SERVER_LOGPROBS,
+    VLLM_SERVER_DEFAULTS,
+    VLLM_SERVER_CHAT,
+) = (
+    Client(kind, label, call, kind, tokens, notes=notes)
+    for kind, label, call, tokens, notes in _REFERENCES
 )
 _SAME = "the very request sent to vLLM's server"
 _PROTOCOLS: tuple[tuple[Protocol, str, clients.Call, TokenSource, str, str], ...] = (
@@ -266,14 +261,4 @@ async def sweep(
         name = f"{client.name}-c{concurrency}"
         step = await run_step(client, context, requests, concurrency, progress, limit_s, name)
         steps.append(step.figures(concurrency, sum(r.max_new_tokens for r in requests)))
-    return TargetResult(
-        name=client.name,
-        label=client.label,
-        kind=client.kind,
-        tokens=client.tokens,
-        notes=client.notes,
-        steps=steps,
-        warmup_errors=sum(1 for r in warm.records if r.error is not None),
-        logprobs=client.logprobs,
-        compared_with=client.compared_with,
-    )
+    return client.result(steps, warmup_errors=sum(1 for r in warm.records if r.error))

@@ -12,14 +12,16 @@ import statistics
 from collections.abc import Awaitable, Callable
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
-from time import perf_counter
 from typing import Any
 
 import aiohttp
 import msgspec
 
+from gateway_bench.clients import completions
+from gateway_bench.metrics import start
 from gateway_bench.soak_run import SoakOptions
-from gateway_bench.worker import Context, sse_reads
+from gateway_bench.worker import Context, Worker
+from gateway_bench.workload import Request
 
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
 
@@ -184,25 +186,15 @@ class _Tally:
 
 
 async def _chat_ttft(client: Context, prompt: str, tokens: int) -> float | None:
-    """The first streamed text's delay in ms; None when the chat did not stream text."""
-    body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
-    sent = perf_counter()
-    async with client.session.post(
-        client.base_url + "/v1/completions",
-        data=msgspec.json.encode(body),
-        headers=client.headers(),
-    ) as r:
-        if r.status != 200:
-            await r.read()
-            return None
-        async for payloads in sse_reads(r):
-            for data in payloads:
-                if data == b"[DONE]":
-                    return None
-                choices = msgspec.json.decode(data).get("choices") or [{}]
-                if choices[0].get("text"):
-                    return (perf_counter() - sent) * 1000
-    return None
+    """A streamed /v1/completions chat's first text, in ms; None when it did not answer."""
+    worker, record = Worker(client), start()
+    try:
+        await completions(worker, Request("amplification", prompt, tokens, 0), record)
+    finally:
+        await worker.close()
+    if record.failure() is not None or record.first is None:
+        return None
+    return (record.first - record.sent) * 1000
 
 
 def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, dict[str, Any]]:

@@ -93,30 +93,16 @@ def vllm_server_command(
 ) -> list[str]:
     """`dtype` None: vLLM's own defaults (the "defaults" target); otherwise the gateway's dtype
     and step budget for this machine (gateway/engine/cpu_defaults.py)."""
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--served-model-name",
-        name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(settings.max_model_len),
-        "--kv-cache-memory-bytes",
-        str(int(settings.kv_cache_gib * GIB)),
-        "--seed",
-        str(settings.seed),
+    caching = (
         "--enable-prefix-caching"
         if settings.enable_prefix_caching
-        else "--no-enable-prefix-caching",
-        "--uvicorn-log-level",
-        "warning",
-    ]
+        else "--no-enable-prefix-caching"
+    )
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-model-len", str(settings.max_model_len)]
+    command += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
+    command += ["--seed", str(settings.seed), caching, "--uvicorn-log-level", "warning"]
     if dtype is not None:
         command += ["--dtype", dtype]
         budget = resolve_max_num_batched_tokens(settings.max_num_batched_tokens, machine.device())
