@@ -137,12 +137,8 @@ class BatchLoad:
             await asyncio.wait({task})
 
 
-def _ttft(record: Record) -> float | None:
-    return None if record.first is None else record.first - record.sent
-
-
 def _ttfts(records: list[Record]) -> list[float]:
-    return [t for r in records if (t := _ttft(r)) is not None]
+    return [t for r in records if (t := r.ttft_s) is not None]
 
 
 def _tokens_within(record: Record, start: float, end: float) -> float:
@@ -178,7 +174,7 @@ async def _shape(bench: Bench, shape: str) -> ShapeResult:
     step = batch.result()
     after = await _preemptions(bench)
     targets.say(f"mixed: {bench.target.name}, {shape}: {len(chats)} chats, {end - start:.1f} s")
-    series = [(round(r.sent - start, 3), round(t, 4)) for r in chats if (t := _ttft(r)) is not None]
+    series = [(round(r.sent - start, 3), round(t, 4)) for r in chats if (t := r.ttft_s) is not None]
     failed = [r.error for r in step.records if r.error is not None]
     if failed:
         targets.say(f"mixed: {len(failed)} batch requests failed, the first: {failed[0]}")

@@ -21,7 +21,7 @@ from gateway_bench import machine, targets
 from gateway_bench.clients import send, ws_batch
 from gateway_bench.engine_counts import scrape
 from gateway_bench.machine import Machine
-from gateway_bench.metrics import Record
+from gateway_bench.metrics import median
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import Report, Section, Table, cell, write
 from gateway_bench.runner import GATEWAY_CLIENTS, run_step
@@ -239,15 +239,6 @@ async def _throughput(
         )
 
 
-def _ttft_ms(record: Record) -> float:
-    assert record.first is not None  # `send` returns only answers with text
-    return (record.first - record.sent) * 1000
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 1) if values else None
-
-
 async def _continuation(
     routing: str, options: ReplicaOptions, workload: Workload, out: Path
 ) -> Continuation:
@@ -270,7 +261,7 @@ async def _continuation(
                     history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
                     before = _prompt_tokens(await scrape(context.session, context.base_url))
                     again = Request(key, "", options.new_tokens, options.history)
-                    continued.append(_ttft_ms(await send(ws_batch, worker, again)))
+                    continued.append((await send(ws_batch, worker, again)).ttft_ms())
                     after = _prompt_tokens(await scrape(context.session, context.base_url))
                     total, cached = after[0] - before[0], after[1] - before[1]
                     prompted, cached_total = prompted + total, cached_total + cached
@@ -282,7 +273,7 @@ async def _continuation(
                         options.new_tokens,
                         options.history,
                     )
-                    fresh.append(_ttft_ms(await send(ws_batch, worker, cold)))
+                    fresh.append((await send(ws_batch, worker, cold)).ttft_ms())
                 except Exception as e:
                     failed += 1
                     targets.say(f"replicas: a repetition failed: {e}")
@@ -291,8 +282,8 @@ async def _continuation(
             await worker.close()
     return Continuation(
         routing=routing,
-        continuation_ttft_ms=_median(continued),
-        fresh_ttft_ms=_median(fresh),
+        continuation_ttft_ms=median(continued),
+        fresh_ttft_ms=median(fresh),
         from_cache=from_cache,
         measured=len(continued),
         cached_share=round(cached_total / prompted, 3) if prompted else 0.0,

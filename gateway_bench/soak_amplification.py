@@ -8,7 +8,6 @@ import asyncio
 import multiprocessing
 import os
 import re
-import statistics
 from collections.abc import Awaitable, Callable
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
@@ -18,7 +17,7 @@ import aiohttp
 import msgspec
 
 from gateway_bench.clients import completions
-from gateway_bench.metrics import start
+from gateway_bench.metrics import median, start
 from gateway_bench.soak_run import SoakOptions
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request
@@ -192,9 +191,7 @@ async def _chat_ttft(client: Context, prompt: str, tokens: int) -> float | None:
         await completions(worker, Request("amplification", prompt, tokens, 0), record)
     finally:
         await worker.close()
-    if record.failure() is not None or record.first is None:
-        return None
-    return (record.first - record.sent) * 1000
+    return None if record.failure() is not None else record.ttft_ms()
 
 
 def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, dict[str, Any]]:
@@ -249,8 +246,7 @@ async def _chats(client: Context, prompt: str, count: int, tokens: int) -> list[
 
 
 def _p50(values: list[float | None]) -> float | None:
-    seen = [v for v in values if v is not None]
-    return round(statistics.median(seen), 1) if seen else None
+    return median([v for v in values if v is not None])
 
 
 async def measure_amplification(

@@ -124,12 +124,12 @@ def ttft_by_phase(outcomes: Sequence[Outcome]) -> tuple[dict[str, float | None],
     counts: dict[str, int] = {}
     for phase in (BASELINE, CONTENDED):
         ttft = [
-            o.first - o.sent
+            t
             for o in outcomes
-            if o.phase == phase
+            if (t := o.ttft_s) is not None
+            and o.phase == phase
             and o.key == "main"
             and BY_NAME[o.protocol].streamed
-            and o.first is not None
             and not o.left
             and not o.invalid
         ]
