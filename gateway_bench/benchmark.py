@@ -145,8 +145,9 @@ class _Run:
     async def ceiling(self, engine: VllmEngine | None, model: str) -> AsyncIterator[Ready]:
         """vLLM's AsyncLLM used directly: the shared engine's when given (the test suite's),
         else one built here with the gateway's CPU defaults and shut down afterwards."""
+        profiles = self.options.profiles(self.out)  # the bench's own process: the frontend
         if engine is not None:
-            yield Context(self.session, llm=engine.llm), None
+            yield Context(self.session, llm=engine.llm, profiles=profiles), None
             return
         from gateway_bench.ceiling import start_llm  # imports vLLM: only when this target runs
 
@@ -155,7 +156,10 @@ class _Run:
         settings = self.options.engine_settings(self.defaults.dtype)
         llm = await start_llm(settings, model, self.defaults.environment)
         try:
-            yield Context(self.session, llm=llm), round(perf_counter() - began, 1)
+            yield (
+                Context(self.session, llm=llm, profiles=profiles),
+                round(perf_counter() - began, 1),
+            )
         finally:
             llm.shutdown()
 
