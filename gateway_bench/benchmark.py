@@ -34,6 +34,7 @@ from gateway_bench.results import (
     ConnectionResult,
     ContinuationResult,
     EngineDescription,
+    StepResult,
     TargetResult,
     WorkloadDescription,
 )
@@ -41,13 +42,15 @@ from gateway_bench.runner import (
     GATEWAY_CLIENTS,
     INPROCESS,
     INPROCESS_LOGPROBS,
+    NO_PROGRESS,
     VLLM_SERVER,
     VLLM_SERVER_CHAT,
     VLLM_SERVER_DEFAULTS,
     VLLM_SERVER_LOGPROBS,
     Client,
+    Progress,
     requests_per_step,
-    sweep,
+    run_step,
 )
 from gateway_bench.sweep_options import HELP, QUICK, BenchOptions, check
 from gateway_bench.sweep_report import CHART, sweep_report
@@ -58,10 +61,30 @@ if TYPE_CHECKING:
     from gateway.engine.vllm_engine import VllmEngine
 
 _FD_MARGIN = 1024
+WARMUP_TOKENS = 8
 
 
 def _failed(protocol: Client, error: BaseException) -> TargetResult:
     return protocol.result([], f"not measured: {type(error).__name__}: {error}")
+
+
+async def sweep(
+    client: Client, context: Context, workload: Workload, o: BenchOptions, progress: Progress
+) -> TargetResult:
+    """One target: a warm-up at the highest concurrency, then a step at each."""
+    peak, limit_s = max(o.concurrency), o.request_timeout
+    warmup = workload.requests(client.name, "warmup", peak, min(WARMUP_TOKENS, o.output_tokens))
+    progress.set_postfix_str(f"{client.label}: warm-up")
+    warm = await run_step(client, context, warmup, peak, NO_PROGRESS, limit_s)
+    steps: list[StepResult] = []
+    for concurrency in o.concurrency:
+        count = requests_per_step(concurrency, o.rounds, o.min_requests)
+        requests = workload.requests(client.name, f"c{concurrency}", count)
+        progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
+        name = f"{client.name}-c{concurrency}"
+        step = await run_step(client, context, requests, concurrency, progress, limit_s, name)
+        steps.append(step.figures(concurrency, sum(r.max_new_tokens for r in requests)))
+    return client.result(steps, warmup_errors=sum(1 for r in warm.records if r.error))
 
 
 # A target group's server (or engine), ready: what its workers share and its start-up time.
@@ -99,18 +122,8 @@ class _Run:
         return endpoint.context(self.session, self.options.profiles(self.out), model)
 
     async def measure(self, protocol: Client, context: Context, start_s: float | None) -> None:
-        o = self.options
         try:
-            result = await sweep(
-                protocol,
-                context,
-                self.workload,
-                o.concurrency,
-                rounds=o.rounds,
-                minimum=o.min_requests,
-                progress=self.bar,
-                limit_s=o.request_timeout,
-            )
+            result = await sweep(protocol, context, self.workload, self.options, self.bar)
         except Exception as e:
             result = _failed(protocol, e)
             targets.say(f"{protocol.label}: {e}")

@@ -1,5 +1,6 @@
-"""The sweep's targets, and the concurrency sweep: for each step, C workers send the step's
-requests back to back (docs/BENCHMARKS.md, "The workload" and "The figures")."""
+"""The sweep's targets, and the one step runner of every scenario: a step's requests sent back
+to back by C workers (docs/BENCHMARKS.md, "The workload" and "The figures"), and variants
+measured in turn, their ratios' medians."""
 
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ from gateway_bench.cpu import CpuMeter, CpuUse
 from gateway_bench.metrics import Record, failed, summarize
 from gateway_bench.results import StepResult, TargetKind, TargetResult, TokenSource
 from gateway_bench.worker import Context, Worker
-from gateway_bench.workload import Request, Workload
+from gateway_bench.workload import Request
 from protocols.names import Protocol
-
-WARMUP_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -234,31 +233,3 @@ async def repeated(
         v: (steps[v], round(statistics.median(ratios[v]), 3) if ratios[v] else None)
         for v in variants
     }
-
-
-async def sweep(
-    client: Client,
-    context: Context,
-    workload: Workload,
-    concurrencies: Sequence[int],
-    *,
-    rounds: int,
-    minimum: int,
-    progress: Progress,
-    limit_s: float,
-) -> TargetResult:
-    peak = max(concurrencies)
-    warmup = workload.requests(
-        client.name, "warmup", peak, min(WARMUP_TOKENS, workload.output_tokens)
-    )
-    progress.set_postfix_str(f"{client.label}: warm-up")
-    warm = await run_step(client, context, warmup, peak, NO_PROGRESS, limit_s)
-    steps: list[StepResult] = []
-    for concurrency in concurrencies:
-        count = requests_per_step(concurrency, rounds, minimum)
-        requests = workload.requests(client.name, f"c{concurrency}", count)
-        progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
-        name = f"{client.name}-c{concurrency}"
-        step = await run_step(client, context, requests, concurrency, progress, limit_s, name)
-        steps.append(step.figures(concurrency, sum(r.max_new_tokens for r in requests)))
-    return client.result(steps, warmup_errors=sum(1 for r in warm.records if r.error))
