@@ -76,7 +76,7 @@ class Profile:
         )
 
     async def stop(self) -> None:
-        process = self._process
+        process, self._process = self._process, None
         if process is None:
             return
         if process.returncode is None:
@@ -96,8 +96,9 @@ class Profile:
 
 
 class CpuMeter:
-    """`pids`: the server under test (its first pid is the frontend); none
-    for in-process. `profile`: where py-spy's profile of the frontend goes, if anywhere."""
+    """`pids`: the server under test (its first pid is the frontend); none for in-process.
+    `profile`: where py-spy's profile of the frontend goes, if anywhere (it ends at the first
+    `stop`)."""
 
     def __init__(self, pids: tuple[int, ...], profile: Path | None = None) -> None:
         self._frontend = psutil.Process(pids[0] if pids else os.getpid())

@@ -206,8 +206,9 @@ async def run_step(
         await asyncio.gather(*(work(w) for w in workers))
         wall = perf_counter() - began
     finally:
+        cpu = await meter.stop()  # also on a failure: its py-spy ended
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
-    return Step(records, wall, await meter.stop())
+    return Step(records, wall, cpu)
 
 
 async def repeated(

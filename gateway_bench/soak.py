@@ -146,6 +146,7 @@ async def run_soak(
             settle_s = perf_counter() - last_end
             await asyncio.sleep(options.grace_s + options.scrape_interval_s)  # the tail, scraped
         finally:
+            await meter.stop()  # its profile ended, however the plan ended
             stop.set()
             await asyncio.gather(*watchers)
             bar.close()

@@ -102,10 +102,12 @@ async def run(o: ServeOptions, out: Path) -> list[tuple[str, str, dict[str, Any]
             for backend, path in BACKENDS:
                 where = profiles and profiles / f"{name}-{backend}.speedscope.json"
                 meter = await CpuMeter.start((endpoint.pid,) if endpoint.pid else (), where)
-                figures = await asyncio.to_thread(
-                    vllm_bench_serve, endpoint.url, backend, path, endpoint.model, model, out, o
-                )
-                cpu = await meter.stop()
+                try:
+                    figures = await asyncio.to_thread(
+                        vllm_bench_serve, endpoint.url, backend, path, endpoint.model, model, out, o
+                    )
+                finally:
+                    cpu = await meter.stop()
                 figures["frontend_cpu_ms_per_token"] = cpu.per_token_ms(
                     int(figures.get("total_output_tokens") or 0)
                 )
