@@ -70,10 +70,6 @@ class Report:
         lines += [line for section in self.sections for line in section.lines()]
         return "\n".join(lines).rstrip("\n")
 
-    @property
-    def goals(self) -> list[Goal]:
-        return [goal for section in self.sections for goal in section.goals]
-
 
 def write(result: msgspec.Struct, report: Report, out: Path, name: str = "report") -> str:
     """`result` as out/NAME.json and `report` as out/NAME.md; the Markdown."""
@@ -89,5 +85,5 @@ def cell(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def ratio(value: float | None, reference: float | None, suffix: str = "") -> str:
-    return "-" if value is None or not reference else f"{value / reference:.2f}{suffix}"
+def ratio(value: float | None, reference: float | None) -> str:
+    return "-" if value is None or not reference else f"{value / reference:.2f}"
