@@ -15,7 +15,8 @@ import aiohttp
 import msgspec
 import psutil
 
-from gateway_bench.engine_counts import metric_sums, scrape
+from gateway_bench import engine_counts
+from gateway_bench.engine_counts import metric_sums
 
 ENGINE_REQUESTS = "gateway_engine_requests"
 _ACCEPTED, _ABORTS = "gateway_prompts_accepted_total", "gateway_engine_aborts_total"
@@ -66,7 +67,7 @@ async def settled(session: aiohttp.ClientSession, base_url: str, limit_s: float)
     as they are after `limit_s`."""
     deadline = perf_counter() + limit_s
     while True:
-        now = counters_of(await scrape(session, base_url))
+        now = counters_of(await engine_counts.scrape(session, base_url))
         done = now.accepted == now.terminal_total and now.engine_requests == 0
         if done or perf_counter() > deadline:
             return now
