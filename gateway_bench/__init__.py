@@ -12,12 +12,14 @@ Importing it fails with ModuleNotFoundError when the `bench` extra is not instal
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib
 import importlib.util
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # The `bench` extra's packages (pyproject.toml), checked without importing them.
@@ -47,7 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`llm-gateway bench [NAME] [flags]`: the scenario NAME (the sweep when none is named)."""
     # Before anything imports vLLM: its INFO lines would break the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from gateway_bench.event_loop import run_loop
     from gateway_bench.options import Scenario
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -68,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenario = scenarios[given.pop("scenario")]
     options = scenario.options_of(given, parser)
     command = shlex.join(["llm-gateway", "bench", *args])
+    run_loop: Callable[..., Any] = asyncio.run
+    with contextlib.suppress(ImportError):  # uvloop where installed, as uvicorn picks it
+        import uvloop
+
+        run_loop = uvloop.run
     text, out, ok = run_loop(scenario.run(options, command))
     print(text)
     if out is not None:

@@ -1,5 +1,6 @@
 """`llm-gateway bench adapters`: what a LoRA adapter costs (issue 33; docs/BENCHMARKS.md, "LoRA
-adapters")."""
+adapters"): the adapter's tok/s against the base model's, and the base model's with LoRA on
+against off (variants.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,23 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from gateway_bench import machine, targets
-from gateway_bench.constrained import Row, VariantOptions, measure_variants, variants_markdown
+from gateway_bench.machine import Machine
 from gateway_bench.options import Scenario
-from gateway_bench.results import Machine, write_report
+from gateway_bench.report import Report, write
+from gateway_bench.variants import (
+    Row,
+    VariantOptions,
+    measure_variants,
+    ratio_goal,
+    variants_report,
+)
+from gateway_bench.worker import Context, pooled_connector
 
 ADAPTER = "bench-adapter"  # the adapter's name on the LoRA-on gateway
-PROMPT = "Write a long story about a lighthouse keeper and the sea."
 BASE_OFF, BASE_ON, ADAPTED = "base, LoRA off", "base, LoRA on", "adapter"
 VARIANTS = (BASE_OFF, BASE_ON, ADAPTED)
 GOAL_AT, GOAL_RATIO = 32, 0.7
@@ -40,40 +49,38 @@ class AdaptersReport(msgspec.Struct, kw_only=True):
     rows: list[Row]
 
 
-def body(options: AdaptersOptions, model: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": options.output_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-
-
 class Targets(msgspec.Struct):
-    """The URL and model name each variant sends to."""
+    """The URL and model name each variant sends to (and the servers' pids, when started)."""
 
     lora_off: str
     lora_on: str
     base_model: str
     adapter: str = ADAPTER
+    pids: tuple[int | None, int | None] = (None, None)
 
-    def of(self, variant: str) -> tuple[str, str]:
+    def endpoint(self, variant: str) -> targets.Endpoint:
         if variant == BASE_OFF:
-            return self.lora_off, self.base_model
-        return self.lora_on, self.base_model if variant == BASE_ON else self.adapter
+            return targets.Endpoint(self.lora_off, self.pids[0])
+        return targets.Endpoint(self.lora_on, self.pids[1])
+
+    def model(self, variant: str) -> str:
+        return self.adapter if variant == ADAPTED else self.base_model
 
 
 def _ratio_to(variant: str) -> str | None:
     return {ADAPTED: BASE_ON, BASE_ON: BASE_OFF}.get(variant)
 
 
-async def measure_all(options: AdaptersOptions, at: Targets) -> list[Row]:
-    def request(variant: str) -> tuple[str, dict[str, Any]]:
-        url, model = at.of(variant)
-        return url, body(options, model)
+async def measure_all(options: AdaptersOptions, at: Targets, out: Path) -> list[Row]:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
+        profiles = options.profiles(out)
+        contexts = {v: at.endpoint(v).context(session, profiles, at.model(v)) for v in VARIANTS}
 
-    return await measure_variants(options, VARIANTS, request, _ratio_to)
+        def target(variant: str) -> tuple[Context, dict[str, Any]]:
+            return contexts[variant], {"ignore_eos": True}
+
+        return await measure_variants(options, VARIANTS, target, _ratio_to)
 
 
 @asynccontextmanager
@@ -83,13 +90,13 @@ async def started_gateways(
     """The LoRA-off and the LoRA-on gateway, both running for the run."""
     lora = {"ADAPTERS": f"{ADAPTER}={adapter}", "MAX_LORA_RANK": str(options.max_lora_rank)}
     async with AsyncExitStack() as stack:
-        urls, served = [], ""
-        for name, extra in (("lora-off", {}), ("lora-on", lora)):
-            started = targets.started_gateway(options, out, f"gateway-{name}", extra)
-            endpoint = await stack.enter_async_context(started)
-            urls.append(endpoint.url)
-            served = endpoint.model
-        yield Targets(urls[0], urls[1], served)
+        off, on = [
+            await stack.enter_async_context(
+                targets.started_gateway(options, out, f"gateway-{name}", extra)
+            )
+            for name, extra in (("lora-off", {}), ("lora-on", lora))
+        ]
+        yield Targets(off.url, on.url, on.model, pids=(off.pid, on.pid))
 
 
 def adapter_of(options: AdaptersOptions) -> Path:
@@ -112,36 +119,42 @@ async def run_adapters(
     host = await asyncio.to_thread(machine.describe, options.dtype)
     adapter = await asyncio.to_thread(adapter_of, options)
     if at is not None:
-        rows = await measure_all(options, at)
+        rows = await measure_all(options, at, out)
     else:
         async with started_gateways(options, adapter, out) as started:
-            rows = await measure_all(options, started)
+            rows = await measure_all(options, started, out)
     host.load_end = machine.load()
-    report = AdaptersReport(
+    result = AdaptersReport(
         command=command, machine=host, options=options, adapter=str(adapter), rows=rows
     )
-    await asyncio.to_thread(write_report, report, markdown(report), out)
-    return report, out
+    await asyncio.to_thread(write, result, report(result), out)
+    return result, out
 
 
-def markdown(report: AdaptersReport) -> str:
-    goal = [r for r in report.rows if r.concurrency == GOAL_AT and r.variant == ADAPTED]
-    met = all(r.ratio is not None and r.ratio >= GOAL_RATIO for r in goal)
-    verdict = f"Goal: the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}: "
-    return variants_markdown(
+def report(result: AdaptersReport) -> Report:
+    return variants_report(
         "LoRA adapters: tok/s of the adapter, and of the base with LoRA on and off",
-        report.command,
-        report.machine,
-        report.rows,
+        result.command,
+        result.machine,
+        result.rows,
         "ratio",
+        ratio_goal(
+            f"the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}",
+            [r for r in result.rows if r.variant == ADAPTED],
+            GOAL_AT,
+            GOAL_RATIO,
+        ),
         lambda variant: f" {_ratio_to(variant)}",
-        verdict + ("met." if met else "not met.") if goal else "",
     )
+
+
+def markdown(result: AdaptersReport) -> str:
+    return report(result).markdown()
 
 
 async def _run(options: AdaptersOptions, command: str) -> tuple[str, Path, bool]:
-    report, out = await run_adapters(options, command)
-    return markdown(report), out, all(r.failed == 0 for r in report.rows)
+    result, out = await run_adapters(options, command)
+    return markdown(result), out, all(r.failed == 0 for r in result.rows)
 
 
 SCENARIO = Scenario(

@@ -12,10 +12,10 @@ on with the next.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING
 import aiohttp
 from tqdm import tqdm
 
-from gateway.config.settings import EngineSettings, served_model_name
-from gateway_bench import chart, goals, machine, report, targets
+from gateway.config.settings import served_model_name
+from gateway_bench import chart, goals, machine, targets
 from gateway_bench.connections import connection_scale
 from gateway_bench.continuation import continuation_bench
-from gateway_bench.options import Options, Positive, Scenario
+from gateway_bench.options import Scenario
+from gateway_bench.report import write
 from gateway_bench.results import (
     BenchReport,
     ConnectionResult,
     ContinuationResult,
-    CpuDefaults,
     EngineDescription,
+    StepResult,
     TargetResult,
     WorkloadDescription,
 )
@@ -41,125 +42,62 @@ from gateway_bench.runner import (
     GATEWAY_CLIENTS,
     INPROCESS,
     INPROCESS_LOGPROBS,
+    NO_PROGRESS,
     VLLM_SERVER,
     VLLM_SERVER_CHAT,
     VLLM_SERVER_DEFAULTS,
     VLLM_SERVER_LOGPROBS,
     Client,
+    Progress,
     requests_per_step,
-    sweep,
+    run_step,
 )
+from gateway_bench.sweep_options import HELP, QUICK, BenchOptions, check
+from gateway_bench.sweep_report import CHART, sweep_report
 from gateway_bench.worker import Context, pooled_connector
 from gateway_bench.workload import Workload
-from protocols.names import Protocol
 
 if TYPE_CHECKING:
     from gateway.engine.vllm_engine import VllmEngine
 
 _FD_MARGIN = 1024
-# The gateway protocols the bench measures, by their protocols.names.Protocol value.
-PROTOCOL_NAMES: tuple[Protocol, ...] = tuple(Protocol(c.name) for c in GATEWAY_CLIENTS)
-
-
-class BenchOptions(Options, frozen=True, kw_only=True):
-    # Workload
-    concurrency: tuple[Positive, ...] = (1, 8, 32, 64)
-    output_tokens: Positive = 64  # tokens generated per request
-    prompt_tokens: tuple[Positive, Positive] = (128, 128)
-    rounds: Positive = 2  # requests per step: max(rounds * concurrency, min_requests)
-    min_requests: Positive = 8
-    # Targets
-    ceiling: bool = True
-    vllm_server: bool = True
-    vllm_server_defaults: bool = True  # vLLM's server once more, with vLLM's own defaults
-    gateway: bool = True
-    protocols: tuple[Protocol, ...] = PROTOCOL_NAMES
-    gateway_url: str = ""  # measure this running gateway instead of starting one
-    gateway_pid: int | None = None  # its process, for the memory figure
-    vllm_url: str = ""  # measure this running vLLM server instead of starting one
-    # Continuation
-    continuation: bool = True
-    continuation_lengths: tuple[Positive, ...] = (512, 1024, 1536)
-    continuation_repetitions: Positive = 3
-    continuation_generated: Positive = 16
-    continuation_new_tokens: Positive = 4
-    # Connection scale
-    connections: bool = True
-    idle_connections: Positive = 1000
-    streams: Positive = 256
-    stream_tokens: Positive = 16
-
-
-QUICK = BenchOptions(
-    concurrency=(1, 4),
-    output_tokens=8,
-    prompt_tokens=(32, 32),
-    rounds=1,
-    min_requests=2,
-    continuation_lengths=(160, 288),
-    continuation_repetitions=1,
-    continuation_generated=8,
-    continuation_new_tokens=2,
-    idle_connections=16,
-    streams=8,
-    stream_tokens=4,
-    enforce_eager=True,
-    quick=True,
-)
-HELP = {
-    "concurrency": "comma-separated sweep",
-    "prompt_tokens": "prompt length N or range N-M",
-    "rounds": "requests per step = rounds x concurrency",
-    "min_requests": "at least this many requests per step",
-    "protocols": "gateway protocols",
-    "ceiling": "vLLM in-process",
-    "vllm_server": "vLLM's OpenAI server (all three variants)",
-    "vllm_server_defaults": "the variant of vLLM's server started with vLLM's own defaults",
-    "gateway_url": "measure this running gateway (e.g. http://10.0.0.5:8000)",
-    "gateway_pid": "the running gateway's pid, for memory per connection",
-    "vllm_url": "measure this running vLLM OpenAI server",
-    "continuation_lengths": "history tokens",
-    "idle_connections": "idle WebSockets held at once",
-    "streams": "concurrent short streams",
-    "stream_tokens": "tokens per stream",
-    "enforce_eager": "no torch.compile: engines start faster",
-}
-
-
-def _check(options: BenchOptions) -> str | None:
-    unknown = sorted(set(options.protocols) - set(PROTOCOL_NAMES))
-    if unknown:
-        return f"unknown protocol(s) {','.join(unknown)}; known: {','.join(PROTOCOL_NAMES)}"
-    if options.continuation and min(options.continuation_lengths) <= options.continuation_generated:
-        return "continuation lengths must exceed the generated tokens"
-    return None
+WARMUP_TOKENS = 8
 
 
 def _failed(protocol: Client, error: BaseException) -> TargetResult:
-    return TargetResult(
-        name=protocol.name,
-        label=protocol.label,
-        kind=protocol.kind,
-        tokens=protocol.tokens,
-        notes=f"not measured: {type(error).__name__}: {error}",
-        steps=[],
-        logprobs=protocol.logprobs,
-        compared_with=protocol.compared_with,
-    )
+    return protocol.result([], f"not measured: {type(error).__name__}: {error}")
+
+
+async def sweep(
+    client: Client, context: Context, workload: Workload, o: BenchOptions, progress: Progress
+) -> TargetResult:
+    """One target: a warm-up at the highest concurrency, then a step at each."""
+    peak, limit_s = max(o.concurrency), o.request_timeout
+    warmup = workload.requests(client.name, "warmup", peak, min(WARMUP_TOKENS, o.output_tokens))
+    progress.set_postfix_str(f"{client.label}: warm-up")
+    warm = await run_step(client, context, warmup, peak, NO_PROGRESS, limit_s)
+    steps: list[StepResult] = []
+    for concurrency in o.concurrency:
+        count = requests_per_step(concurrency, o.rounds, o.min_requests)
+        requests = workload.requests(client.name, f"c{concurrency}", count)
+        progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
+        name = f"{client.name}-c{concurrency}"
+        step = await run_step(client, context, requests, concurrency, progress, limit_s, name)
+        steps.append(step.figures(concurrency, sum(r.max_new_tokens for r in requests)))
+    return client.result(steps, warmup_errors=sum(1 for r in warm.records if r.error))
+
+
+# A target group's server (or engine), ready: what its workers share and its start-up time.
+Ready = tuple[Context, float | None]
+Started = AbstractAsyncContextManager[Ready]
 
 
 class _Run:
     def __init__(
-        self,
-        options: BenchOptions,
-        workload: Workload,
-        session: aiohttp.ClientSession,
-        defaults: CpuDefaults,
+        self, options: BenchOptions, workload: Workload, session: aiohttp.ClientSession, out: Path
     ):
-        self.options = options
-        self.workload = workload
-        self.session = session
-        self.defaults = defaults
+        self.options, self.workload, self.session, self.out = options, workload, session, out
+        self.defaults = machine.cpu_defaults(options.dtype)
         self.targets: list[TargetResult] = []
         self.continuation: ContinuationResult | None = None
         self.connections: ConnectionResult | None = None
@@ -177,152 +115,108 @@ class _Run:
 
     def say(self, message: str) -> None:
         self.bar.set_postfix_str(message)
-        if not self.options.progress:
-            return
-        tqdm.write(f"llm-gateway bench: {message}", file=sys.stderr)
+        if self.options.progress:
+            targets.say(message)
 
-    def warn(self, message: str) -> None:
-        tqdm.write(f"llm-gateway bench: {message}", file=sys.stderr)
+    def context(self, endpoint: targets.Endpoint, model: str = "") -> Context:
+        return endpoint.context(self.session, self.options.profiles(self.out), model)
 
-    async def measure(
-        self, protocol: Client, context: Context, start_s: float | None = None
-    ) -> None:
-        o = self.options
+    async def measure(self, protocol: Client, context: Context, start_s: float | None) -> None:
         try:
-            result = await sweep(
-                protocol,
-                context,
-                self.workload,
-                o.concurrency,
-                rounds=o.rounds,
-                minimum=o.min_requests,
-                progress=self.bar,
-                limit_s=o.request_timeout,
-            )
+            result = await sweep(protocol, context, self.workload, self.options, self.bar)
         except Exception as e:
             result = _failed(protocol, e)
-            self.warn(f"{protocol.label}: {e}")
+            targets.say(f"{protocol.label}: {e}")
         result.start_s = start_s
         self.targets.append(result)
 
-    async def guarded(self, protocols: list[Client], work: Callable[[], Awaitable[None]]) -> None:
-        """Run `work`; if it fails, report the targets it had not measured, with the error."""
+    async def group(
+        self,
+        protocols: list[Client],
+        started: Started,
+        extra: Callable[[Context, bool], Awaitable[None]] | None = None,
+    ) -> None:
+        """Each of `protocols` on the server `started` gives (the first with its start-up
+        time); `extra(context, before)` before and after them. If it fails, the targets not
+        measured are reported with the error."""
         done = len(self.targets)
         try:
-            await work()
+            async with started as (context, start_s):
+                if extra is not None:
+                    await extra(context, True)
+                for protocol in protocols:
+                    await self.measure(protocol, context, start_s)
+                    start_s = None  # the engine started once, for the first protocol
+                if extra is not None:
+                    await extra(context, False)
         except Exception as e:
             measured = {t.name for t in self.targets[done:]}
             self.targets += [_failed(p, e) for p in protocols if p.name not in measured]
-            self.warn(f"{', '.join(p.label for p in protocols)}: {e}")
+            targets.say(f"{', '.join(p.label for p in protocols)}: {e}")
 
-    def resolved(self) -> EngineSettings:
-        """The engine settings with the dtype the gateway would choose here."""
-        return self.options.engine_settings(self.defaults.dtype)
-
-    async def ceiling(self, engine: VllmEngine | None, model: str) -> None:
+    @asynccontextmanager
+    async def ceiling(self, engine: VllmEngine | None, model: str) -> AsyncIterator[Ready]:
         """vLLM's AsyncLLM used directly: the shared engine's when given (the test suite's),
         else one built here with the gateway's CPU defaults and shut down afterwards."""
+        profiles = self.options.profiles(self.out)  # the bench's own process: the frontend
         if engine is not None:
-            context = Context(self.session, llm=engine.llm)
-            await self.measure(INPROCESS, context)
-            await self.measure(INPROCESS_LOGPROBS, context)
+            yield Context(self.session, llm=engine.llm, profiles=profiles), None
             return
         from gateway_bench.ceiling import start_llm  # imports vLLM: only when this target runs
 
         self.say("starting vLLM in-process")
         began = perf_counter()
-        llm = await start_llm(self.resolved(), model, self.defaults.environment)
-        start_s = round(perf_counter() - began, 1)
+        settings = self.options.engine_settings(self.defaults.dtype)
+        llm = await start_llm(settings, model, self.defaults.environment)
         try:
-            context = Context(self.session, llm=llm)
-            await self.measure(INPROCESS, context, start_s)
-            await self.measure(INPROCESS_LOGPROBS, context)
+            yield (
+                Context(self.session, llm=llm, profiles=profiles),
+                round(perf_counter() - began, 1),
+            )
         finally:
             llm.shutdown()
 
     @asynccontextmanager
-    async def _vllm(
-        self, model: str, out: Path, *, defaults: bool = False
-    ) -> AsyncIterator[targets.Endpoint]:
-        """vLLM's server with the gateway's CPU defaults, or (`defaults`) with vLLM's own."""
+    async def vllm(self, model: str, own_defaults: bool = False) -> AsyncIterator[Ready]:
+        """vLLM's server with the gateway's CPU defaults, or (`own_defaults`) with vLLM's own."""
         o = self.options
-        name = served_model_name(o.engine_settings())
         if o.vllm_url:
             url = o.vllm_url.rstrip("/")
-            yield targets.Endpoint(url, model=await targets.served_model(self.session, url))
+            served = await targets.served_model(self.session, url)
+            yield self.context(targets.Endpoint(url), served), None
             return
-        dtype, port = None if defaults else self.defaults.dtype, targets.free_port()
-        env = {} if defaults else self.defaults.environment
-        command = targets.vllm_server_command(o.engine_settings(), model, name, port, dtype)
-        log = out / ("vllm-server-defaults.log" if defaults else "vllm-server.log")
-        async with targets.server(command, env, port, log, o.start_timeout, name) as endpoint:
-            yield endpoint
-
-    async def vllm_server(self, model: str, out: Path) -> None:
-        async with self._vllm(model, out) as endpoint:
-            pids = () if endpoint.pid is None else (endpoint.pid,)
-            context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
-            await self.measure(VLLM_SERVER, context, endpoint.start_s)
-            await self.measure(VLLM_SERVER_LOGPROBS, context)
-            await self.measure(VLLM_SERVER_CHAT, context)
-
-    async def vllm_server_defaults(self, model: str, out: Path) -> None:
-        async with self._vllm(model, out, defaults=True) as endpoint:
-            pids = () if endpoint.pid is None else (endpoint.pid,)
-            context = Context(self.session, endpoint.url, model=endpoint.model, pids=pids)
-            await self.measure(VLLM_SERVER_DEFAULTS, context, endpoint.start_s)
+        name = "vllm-server-defaults" if own_defaults else "vllm-server"
+        launch = partial(targets.vllm_launch, o, model, own_defaults=own_defaults)
+        async with targets.started(o, self.out, name, launch) as endpoint:
+            yield self.context(endpoint, endpoint.model), endpoint.start_s
 
     @asynccontextmanager
-    async def _gateway(
-        self, provided: targets.Endpoint | None, out: Path
-    ) -> AsyncIterator[targets.Endpoint]:
+    async def gateway(self, provided: targets.Endpoint | None) -> AsyncIterator[Ready]:
         o = self.options
-        if provided is not None:
-            yield provided
+        if provided is not None or o.gateway_url:
+            endpoint = provided or targets.Endpoint(o.gateway_url.rstrip("/"), o.gateway_pid)
+            yield self.context(endpoint), None
             return
-        if o.gateway_url:
-            yield targets.Endpoint(o.gateway_url.rstrip("/"), o.gateway_pid)
-            return
-        async with targets.started_gateway(o, out) as endpoint:  # it applies its CPU defaults
-            yield endpoint
+        async with targets.started_gateway(o, self.out) as endpoint:  # its own CPU defaults
+            yield self.context(endpoint), endpoint.start_s
 
-    async def gateway(self, provided: targets.Endpoint | None, out: Path) -> None:
+    async def scale_and_continuation(self, context: Context, before: bool) -> None:
+        """Connection scale before the protocols (memory read on a fresh process), the
+        continuation benchmark after them."""
         o = self.options
-        async with self._gateway(provided, out) as endpoint:
-            pids = () if endpoint.pid is None else (endpoint.pid,)
-            context = Context(self.session, endpoint.url, pids=pids)
-            if o.connections:
-                self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
-                try:
-                    self.connections = await connection_scale(
-                        context,
-                        self.workload,
-                        pid=endpoint.pid,
-                        idle=o.idle_connections,
-                        streams=o.streams,
-                        output_tokens=o.stream_tokens,
-                        limit_s=o.request_timeout,
-                    )
-                except Exception as e:
-                    self.warn(f"connection scale not measured: {type(e).__name__}: {e}")
-            start_s = endpoint.start_s
-            for protocol in (p for p in GATEWAY_CLIENTS if p.name in o.protocols):
-                await self.measure(protocol, context, start_s)
-                start_s = None  # the engine started once, for the first protocol
-            if o.continuation:
-                try:
-                    self.continuation = await continuation_bench(
-                        context,
-                        self.workload,
-                        lengths=o.continuation_lengths,
-                        repetitions=o.continuation_repetitions,
-                        generated=o.continuation_generated,
-                        new_tokens=o.continuation_new_tokens,
-                        limit_s=o.request_timeout,
-                        progress=self.bar,
-                    )
-                except Exception as e:
-                    self.warn(f"continuation not measured: {type(e).__name__}: {e}")
+        if before and o.connections:
+            self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
+            try:
+                pid = context.pids[0] if context.pids else None
+                self.connections = await connection_scale(context, self.workload, pid, o)
+            except Exception as e:
+                targets.say(f"connection scale not measured: {type(e).__name__}: {e}")
+        if not before and o.continuation:
+            try:
+                run = continuation_bench(context, self.workload, o, self.bar)
+                self.continuation = await run
+            except Exception as e:
+                targets.say(f"continuation not measured: {type(e).__name__}: {e}")
 
 
 def _vllm_defaults(options: BenchOptions) -> bool:
@@ -372,17 +266,11 @@ async def run_benchmark(
     out = options.out_dir()
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     targets.raise_file_limit(options.idle_connections + options.streams + _FD_MARGIN)
-    needs_model = (options.ceiling and engine is None) or (
-        options.vllm_server and not options.vllm_url
-    )
+    # The model directory: for the servers the bench starts, and for the workload's tokenizer.
+    needs_model = engine is None or (options.vllm_server and not options.vllm_url)
     needs_model = needs_model or (options.gateway and gateway is None and not options.gateway_url)
-    needs_model = needs_model or engine is None  # the workload needs its tokenizer
     model = await asyncio.to_thread(targets.model_dir, options) if needs_model else ""
-    tokenizer = (
-        engine.tokenizer
-        if engine is not None
-        else await asyncio.to_thread(targets.tokenizer, model)
-    )
+    tokenizer = engine.tokenizer if engine else await asyncio.to_thread(targets.tokenizer, model)
     workload = Workload.from_tokenizer(
         tokenizer,
         seed=options.seed,
@@ -393,20 +281,18 @@ async def run_benchmark(
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None)
     ) as session:
-        run = _Run(options, workload, session, host.defaults)
+        run = _Run(options, workload, session, out)
         try:
             if options.ceiling:
-                ceilings = [INPROCESS, INPROCESS_LOGPROBS]
-                await run.guarded(ceilings, lambda: run.ceiling(engine, model))
+                await run.group([INPROCESS, INPROCESS_LOGPROBS], run.ceiling(engine, model))
             if options.vllm_server:
                 servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS, VLLM_SERVER_CHAT]
-                await run.guarded(servers, lambda: run.vllm_server(model, out))
+                await run.group(servers, run.vllm(model))
             if _vllm_defaults(options):
-                defaults = [VLLM_SERVER_DEFAULTS]
-                await run.guarded(defaults, lambda: run.vllm_server_defaults(model, out))
+                await run.group([VLLM_SERVER_DEFAULTS], run.vllm(model, own_defaults=True))
             if options.gateway:
                 chosen = [p for p in GATEWAY_CLIENTS if p.name in options.protocols]
-                await run.guarded(chosen, lambda: run.gateway(gateway, out))
+                await run.group(chosen, run.gateway(gateway), run.scale_and_continuation)
         finally:
             run.bar.close()
     host.load_end = machine.load()
@@ -425,17 +311,17 @@ async def run_benchmark(
     )
     drawn = True
     try:
-        chart.draw(result, out / report.CHART)
+        chart.draw(result, out / CHART)
     except Exception as e:  # a report without its chart is still worth writing
         drawn = False
-        tqdm.write(f"llm-gateway bench: no chart: {e}", file=sys.stderr)
-    report.write(result, out, drawn)
+        targets.say(f"no chart: {e}")
+    write(result, sweep_report(result, CHART if drawn else None), out)
     return result, out
 
 
 async def _run(options: BenchOptions, command: str) -> tuple[str, Path, bool]:
     result, out = await run_benchmark(options, command=command)
-    return report.markdown(result, chart=None), out, True
+    return sweep_report(result, chart=None).markdown(), out, True
 
 
 SCENARIO = Scenario(
@@ -447,7 +333,7 @@ SCENARIO = Scenario(
     QUICK,
     _run,
     HELP,
-    _check,
+    check,
 )
 
 

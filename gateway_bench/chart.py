@@ -1,11 +1,15 @@
-"""The PNG chart: output tokens/s and TTFT p50 against concurrency, one line per target."""
+"""The PNG charts: matplotlib's figure for a grid of axes, and the sweep's chart: output
+tokens/s and TTFT p50 against concurrency, one line per target."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway_bench.results import BenchReport
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # The references are drawn dashed or dotted and on top, so the protocols' lines never hide them.
 _STYLE: dict[str, dict[str, Any]] = {
@@ -23,14 +27,27 @@ def _minor_label(value: float, _: object) -> str:
     return f"{value:g}" if f"{value:g}"[0] in "25" else ""
 
 
-def draw(report: BenchReport, path: Path) -> None:
+def grid(rows: int, columns: int, size: tuple[float, float]) -> tuple[Figure, Any]:
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede pyplot
     import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, columns, figsize=size, squeeze=False)
+
+
+def save(figure: Figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def draw(report: BenchReport, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    figure, (throughput, ttft) = plt.subplots(1, 2, figsize=(13, 5.5))
+    figure, axes = grid(1, 2, (13, 5.5))
+    throughput, ttft = axes[0]
     for target in report.targets:
         steps = [s for s in target.steps if s.requests > s.errors]
         if not steps:
@@ -62,5 +79,4 @@ def draw(report: BenchReport, path: Path) -> None:
         f"output tokens, {report.machine.logical_cores} cores"
     )
     figure.tight_layout(rect=(0, 0.12, 1, 1))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)

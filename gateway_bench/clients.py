@@ -102,13 +102,14 @@ _CHUNK = msgspec.json.Decoder(_Chunk)
 
 
 def _openai(worker: Worker, request: Request, stream: bool = True) -> dict[str, Any]:
-    """What every OpenAI request shares: greedy, every token generated, usage at the end.
-    vLLM's server is told its model's name; the gateway serves its one model unnamed."""
+    """What every OpenAI request shares: greedy, every token generated, usage at the end, and
+    what the request adds (`Request.body`). vLLM's server is told its model's name; the gateway
+    serves its one model unnamed."""
     body: dict[str, Any] = {"model": worker.context.model} if worker.context.model else {}
     body |= {"max_tokens": request.max_new_tokens, "temperature": 0, "ignore_eos": True}
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
-    return body
+    return body | request.body
 
 
 def _error_text(error: Any) -> str:

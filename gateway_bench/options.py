@@ -24,6 +24,10 @@ from gateway.config.settings import EngineSettings
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 Share = Annotated[float, msgspec.Meta(ge=0, lt=1)]
 _DEFAULTS = EngineSettings()
+_HELP = {
+    "profile": "record a py-spy profile (speedscope) of the server under test during each "
+    "measured step, in OUT/profiles/",
+}
 _CHOICES = {"dtype": typing.get_args(typing.get_type_hints(EngineSettings)["dtype"])}
 
 
@@ -41,6 +45,7 @@ class Options(msgspec.Struct, frozen=True, kw_only=True):
     progress: bool = True
     start_timeout: float = 900.0  # seconds a server may take to be ready
     request_timeout: float = 300.0  # seconds one request may take
+    profile: bool = False  # a py-spy profile of the server under test in each measured step
     quick: bool = False
 
     def engine_settings(self, dtype: str | None = None) -> EngineSettings:
@@ -49,6 +54,10 @@ class Options(msgspec.Struct, frozen=True, kw_only=True):
         chosen |= {"model": self.model, "max_model_len": self.max_model_len, "seed": self.seed}
         chosen |= {"kv_cache_gib": self.kv_cache_gib, "enforce_eager": self.enforce_eager}
         return EngineSettings(**{**chosen, "dtype": dtype or self.dtype})
+
+    def profiles(self, out: Path) -> Path | None:
+        """Where `--profile` puts each step's profile (docs/BENCHMARKS.md, "Profiles")."""
+        return out / "profiles" if self.profile else None
 
     def out_dir(self, prefix: str = "") -> Path:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -91,7 +100,7 @@ class Scenario(Generic[OptionsT]):
                 continue
             flag, default = "--" + name.replace("_", "-"), getattr(defaults, name)
             shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
-            text = self.help.get(name, "")
+            text = {**_HELP, **self.help}.get(name, "")
             text += f" (default {shown})" if shown not in ("", None) else ""
             kind: dict[str, Any] = {"default": None, "help": text.strip() or None}
             if name in _CHOICES:

@@ -20,11 +20,11 @@ import msgspec
 from gateway_bench import machine, targets
 from gateway_bench.clients import send, ws_batch
 from gateway_bench.engine_counts import scrape
-from gateway_bench.metrics import Record, summarize
+from gateway_bench.machine import Machine
+from gateway_bench.metrics import median
 from gateway_bench.options import Options, Positive, Scenario
-from gateway_bench.report import number_cell
-from gateway_bench.results import Machine, write_report
-from gateway_bench.runner import GATEWAY_CLIENTS, NoProgress, run_step
+from gateway_bench.report import Report, Section, Table, cell, write
+from gateway_bench.runner import GATEWAY_CLIENTS, run_step
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 
@@ -73,6 +73,7 @@ class Throughput(msgspec.Struct):
     # where a ratio below 1 comes from: slower engine steps (ITL) or a later first token
     ttft_p50_ms: float | None = None
     itl_p50_ms: float | None = None
+    frontend_cpu_ms_per_token: float | None = None  # the gateway process's own (cpu.py)
 
 
 class Continuation(msgspec.Struct):
@@ -199,10 +200,11 @@ async def _gateway(
 ) -> AsyncIterator[Context]:
     """The target's gateway, started; or the one `running` at that URL (measured, not stopped)."""
     timeout = aiohttp.ClientTimeout(total=None)
+    profiles = options.profiles(out / name)
     if running:
-        print(f"replicas: {name}: the gateway running at {running}", file=sys.stderr)
+        targets.say(f"replicas: {name}: the gateway running at {running}")
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            yield Context(session, running)
+            yield targets.Endpoint(running).context(session, profiles)
         return
     dtype = machine.cpu_defaults(options.dtype).dtype
     replicas = int(extra.get("ENGINE_REPLICAS", "0"))
@@ -217,43 +219,24 @@ async def _gateway(
             env |= RAY_ENV | {"RAY_ADDRESS": await stack.enter_async_context(cluster)}
         started = targets.started_gateway(options, out, name, env, dtype)
         endpoint = await stack.enter_async_context(started)
-        yield Context(session, endpoint.url)
+        yield endpoint.context(session, profiles)
 
 
 async def _throughput(
-    name: str,
-    options: ReplicaOptions,
-    workload: Workload,
-    extra: dict[str, str],
-    out: Path,
-    running: str = "",
+    name: str, options: ReplicaOptions, workload: Workload, out: Path, running: str = ""
 ) -> Throughput:
+    extra = {"ENGINE_REPLICAS": "1"} if name == "one-replica" else {}
     async with _gateway(name, options, extra, out, running) as context:
-        warm = workload.requests(name, "warm-up", options.concurrency, options.output_tokens)
-        requests = workload.requests(
-            name, "measure", options.concurrency * options.rounds, options.output_tokens
-        )
+        c, tokens, limit = options.concurrency, options.output_tokens, options.request_timeout
         ws = GATEWAY_CLIENTS[0]  # WS /ws
-        limit = options.request_timeout
-        await run_step(ws, context, warm, options.concurrency, NoProgress(), limit)
-        records, wall_s, _ = await run_step(
-            ws, context, requests, options.concurrency, NoProgress(), limit
+        await run_step(ws, context, workload.requests(name, "warm-up", c, tokens), c, limit_s=limit)
+        requests = workload.requests(name, "measure", c * options.rounds, tokens)
+        step = await run_step(ws, context, requests, c, limit_s=limit, profile="measure")
+        f = step.figures(c)
+        tok_s = round(f.tokens / step.wall_s, 1)
+        return Throughput(
+            name, tok_s, f.errors, f.ttft_p50_ms, f.itl_p50_ms, f.frontend_cpu_ms_per_token
         )
-        measured = summarize(
-            records, concurrency=options.concurrency, wall_s=wall_s, expected_tokens=0
-        )
-        tok_s = round(measured.tokens / wall_s, 1)
-        failed = measured.errors
-        return Throughput(name, tok_s, failed, measured.ttft_p50_ms, measured.itl_p50_ms)
-
-
-def _ttft_ms(record: Record) -> float:
-    assert record.first is not None  # `send` returns only answers with text
-    return (record.first - record.sent) * 1000
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 1) if values else None
 
 
 async def _continuation(
@@ -278,7 +261,7 @@ async def _continuation(
                     history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
                     before = _prompt_tokens(await scrape(context.session, context.base_url))
                     again = Request(key, "", options.new_tokens, options.history)
-                    continued.append(_ttft_ms(await send(ws_batch, worker, again)))
+                    continued.append((await send(ws_batch, worker, again)).ttft_ms())
                     after = _prompt_tokens(await scrape(context.session, context.base_url))
                     total, cached = after[0] - before[0], after[1] - before[1]
                     prompted, cached_total = prompted + total, cached_total + cached
@@ -290,17 +273,17 @@ async def _continuation(
                         options.new_tokens,
                         options.history,
                     )
-                    fresh.append(_ttft_ms(await send(ws_batch, worker, cold)))
+                    fresh.append((await send(ws_batch, worker, cold)).ttft_ms())
                 except Exception as e:
                     failed += 1
-                    print(f"replicas: a repetition failed: {e}", file=sys.stderr)
+                    targets.say(f"replicas: a repetition failed: {e}")
                     await worker.close()
         finally:
             await worker.close()
     return Continuation(
         routing=routing,
-        continuation_ttft_ms=_median(continued),
-        fresh_ttft_ms=_median(fresh),
+        continuation_ttft_ms=median(continued),
+        fresh_ttft_ms=median(fresh),
         from_cache=from_cache,
         measured=len(continued),
         cached_share=round(cached_total / prompted, 3) if prompted else 0.0,
@@ -309,17 +292,14 @@ async def _continuation(
 
 
 def markdown(report: ReplicaReport) -> str:
-    lines = [
-        f"# {report.command}",
-        "",
-        report.machine.summary,
-        "",
-    ]
+    return _report(report).markdown()
+
+
+def _report(report: ReplicaReport) -> Report:
+    sections = []
     if report.throughput:
-        lines += [
-            "| target | tok/s | / in-process (its pair) | TTFT p50 ms | ITL p50 ms | failed |",
-            "|---|---|---|---|---|---|",
-        ]
+        columns = ["target", "tok/s", "/ in-process (its pair)", "TTFT p50 ms", "ITL p50 ms"]
+        table = Table([*columns, "failed", "frontend CPU ms/token"])
         ratios, base = [], None
         for t in report.throughput:
             if t.target == "in-process":
@@ -328,27 +308,28 @@ def markdown(report: ReplicaReport) -> str:
             if t.target != "in-process" and ratio is not None:
                 ratios.append(ratio)
             shown = "-" if ratio is None else f"{ratio:.2f}x"
-            latency = f"{number_cell(t.ttft_p50_ms)} | {number_cell(t.itl_p50_ms)}"
-            lines.append(f"| {t.target} | {t.tok_s} | {shown} | {latency} | {t.failed} |")
+            latency = [cell(t.ttft_p50_ms), cell(t.itl_p50_ms)]
+            table.rows.append(
+                [t.target, t.tok_s, shown, *latency, t.failed, cell(t.frontend_cpu_ms_per_token, 3)]
+            )
+        text = []
         if len(ratios) > 1:
             ratios.sort()
-            lines.append(
-                f"\nOne replica / in-process, median of {len(ratios)} pairs: "
+            text.append(
+                f"One replica / in-process, median of {len(ratios)} pairs: "
                 f"**{statistics.median(ratios):.2f}x** (from {ratios[0]:.2f} to {ratios[-1]:.2f})"
             )
-        lines.append("")
+        sections += [Section(table=table), Section(text=text)]
     if report.continuation:
-        lines += [
-            "| routing (2 replicas) | continuation TTFT p50 | fresh TTFT p50 | continuation / "
-            "fresh | continuations from cache | cached share of their prompt tokens | failed |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        columns = ["routing (2 replicas)", "continuation TTFT p50", "fresh TTFT p50"]
+        columns += ["continuation / fresh", "continuations from cache"]
+        table = Table([*columns, "cached share of their prompt tokens", "failed"])
         for c in report.continuation:
-            lines.append(
-                f"| {c.routing} | {c.continuation_ttft_ms} ms | {c.fresh_ttft_ms} ms | "
-                f"{c.ratio} | {c.from_cache}/{c.measured} | {c.cached_share:.1%} | {c.failed} |"
-            )
-    return "\n".join(lines) + "\n"
+            ttft = [f"{c.continuation_ttft_ms} ms", f"{c.fresh_ttft_ms} ms", c.ratio]
+            cached = [f"{c.from_cache}/{c.measured}", f"{c.cached_share:.1%}"]
+            table.rows.append([c.routing, *ttft, *cached, c.failed])
+        sections.append(Section(table=table))
+    return Report("llm-gateway bench replicas", report.command, report.machine, sections)
 
 
 async def run_replicas(
@@ -372,11 +353,8 @@ async def run_replicas(
     throughput: list[Throughput] = []
     if "throughput" in options.parts:
         for _ in range(options.repeats):
-            for name, extra, url in (
-                ("in-process", {}, in_process_url),
-                ("one-replica", {"ENGINE_REPLICAS": "1"}, ""),
-            ):
-                throughput.append(await _throughput(name, options, workload, extra, out, url))
+            for name, url in (("in-process", in_process_url), ("one-replica", "")):
+                throughput.append(await _throughput(name, options, workload, out, url))
     continuation = []
     if "continuation" in options.parts:
         for routing in ("affinity", "load"):
@@ -388,7 +366,7 @@ async def run_replicas(
         throughput=throughput,
         continuation=continuation,
     )
-    await asyncio.to_thread(write_report, report, markdown(report), out)
+    await asyncio.to_thread(write, report, _report(report), out)
     return report
 
 

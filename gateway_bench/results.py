@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import msgspec
+
+from gateway_bench.machine import Machine
+from gateway_bench.report import Goal
 
 TargetKind = Literal[
     "ceiling",
@@ -89,44 +91,6 @@ class ConnectionResult(msgspec.Struct, kw_only=True):
     first_error: str | None = None
 
 
-class Goal(msgspec.Struct):
-    name: str
-    requirement: str
-    measured: str
-    passed: bool | None  # None: not measured in this run (quick mode, target skipped, ...)
-
-
-class CpuDefaults(msgspec.Struct, kw_only=True):
-    """What gateway/engine/cpu_defaults.py chose for this machine: the gateway's engine settings,
-    also given to the ceiling and to vLLM's server (not to its "defaults" variant)."""
-
-    device: str  # vLLM's platform: "cpu", "cuda", ...
-    requested_dtype: str  # the bench's --dtype / DTYPE: "auto" by default
-    dtype: str  # what the engines get
-    dtype_reason: str
-    environment: dict[str, str]  # set for vLLM's CPU backend before it starts
-    step_tokens: int = 0  # MAX_NUM_BATCHED_TOKENS=auto here; 0: vLLM's own budget
-
-
-class Machine(msgspec.Struct, kw_only=True):
-    cpu: str
-    cpu_flags: dict[str, bool]  # the flags that decide the CPU defaults: present or not
-    logical_cores: int
-    memory_gib: float
-    system: str
-    python: str
-    packages: dict[str, str]
-    load_start: float
-    defaults: CpuDefaults
-    load_end: float | None = None
-
-    @property
-    def summary(self) -> str:
-        return (
-            f"CPU: {self.cpu}, {self.logical_cores} logical cores; load at start {self.load_start}."
-        )
-
-
 class EngineDescription(msgspec.Struct, kw_only=True):
     model: str
     max_model_len: int
@@ -158,16 +122,3 @@ class BenchReport(msgspec.Struct, kw_only=True):
     continuation: ContinuationResult | None
     connections: ConnectionResult | None
     goals: list[Goal]
-
-
-def write_report(report: msgspec.Struct, markdown: str, out: Path, name: str = "report") -> None:
-    """A scenario's report in `out`: NAME.json (the Struct) and NAME.md (`markdown`)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (out / f"{name}.md").write_text(markdown)
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table's lines."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]

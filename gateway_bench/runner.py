@@ -1,10 +1,12 @@
-"""The sweep's targets, and the concurrency sweep: for each step, C workers send the step's
-requests back to back (docs/BENCHMARKS.md, "The workload" and "The figures")."""
+"""The sweep's targets, and the one step runner of every scenario: a step's requests sent back
+to back by C workers (docs/BENCHMARKS.md, "The workload" and "The figures"), and variants
+measured in turn, their ratios' medians."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import statistics
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Protocol as Interface
@@ -14,10 +16,8 @@ from gateway_bench.cpu import CpuMeter, CpuUse
 from gateway_bench.metrics import Record, failed, summarize
 from gateway_bench.results import StepResult, TargetKind, TargetResult, TokenSource
 from gateway_bench.worker import Context, Worker
-from gateway_bench.workload import Request, Workload
+from gateway_bench.workload import Request
 from protocols.names import Protocol
-
-WARMUP_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -35,141 +35,89 @@ class Client:
     logprobs: bool = False
     compared_with: TargetKind = "vllm-server"  # the vLLM server target on the same route
 
+    def result(
+        self, steps: list[StepResult], notes: str = "", warmup_errors: int = 0
+    ) -> TargetResult:
+        return TargetResult(
+            name=self.name,
+            label=self.label,
+            kind=self.kind,
+            tokens=self.tokens,
+            notes=notes or self.notes,
+            steps=steps,
+            warmup_errors=warmup_errors,
+            logprobs=self.logprobs,
+            compared_with=self.compared_with,
+        )
 
-INPROCESS = Client(
-    "ceiling",
-    "vLLM in-process",
-    clients.inprocess,
-    "ceiling",
-    "counted",
-    notes="vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
-    "settings (dtype, environment); exact token counts",
+
+# The references: vLLM in-process (the ceiling) and vLLM's OpenAI server, each target's
+# name its kind.
+_REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] = (
+        ("ceiling", "vLLM in-process", clients.inprocess, "counted",
+         "vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
+         "settings (dtype, environment); exact token counts"),
+        ("ceiling-logprobs", "vLLM in-process, logprobs=0", clients.inprocess_logprobs, "counted",
+         "as the ceiling, with logprobs=0: the reference for protocols that send every "
+         "token's log-probability"),
+        ("vllm-server", "vLLM OpenAI server", clients.completions, "reported",
+         "streaming /v1/completions, ignore_eos; tokens from usage (stream_options); the "
+         "gateway's CPU settings (--dtype, environment)"),
+        ("vllm-server-logprobs", "vLLM OpenAI server, logprobs=0", clients.completions_logprobs,
+         "reported", "as vLLM's server, with logprobs: 0 (each token's log-probability)"),
+        ("vllm-server-defaults", "vLLM OpenAI server, its defaults", clients.completions,
+         "reported",
+         "as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment"),
+        ("vllm-server-chat", "vLLM OpenAI server, chat", clients.chat_completions, "reported",
+         "streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
+         "include_usage; the reference for the gateway's chat route"),
+)  # fmt: skip
+(
+    INPROCESS,
+    INPROCESS_LOGPROBS,
+    VLLM_SERVER,
+    VLLM_SERVER_LOGPROBS,
+    VLLM_SERVER_DEFAULTS,
+    VLLM_SERVER_CHAT,
+) = (
+    Client(kind, label, call, kind, tokens, notes=notes)
+    for kind, label, call, tokens, notes in _REFERENCES
 )
-INPROCESS_LOGPROBS = Client(
-    "ceiling-logprobs",
-    "vLLM in-process, logprobs=0",
-    clients.inprocess_logprobs,
-    "ceiling-logprobs",
-    "counted",
-    notes="as the ceiling, with logprobs=0: the reference for protocols that send every "
-    "token's log-probability",
-)
-VLLM_SERVER = Client(
-    "vllm-server",
-    "vLLM OpenAI server",
-    clients.completions,
-    "vllm-server",
-    "reported",
-    notes="streaming /v1/completions, ignore_eos; tokens from usage (stream_options); the "
-    "gateway's CPU settings (--dtype, environment)",
-)
-VLLM_SERVER_LOGPROBS = Client(
-    "vllm-server-logprobs",
-    "vLLM OpenAI server, logprobs=0",
-    clients.completions_logprobs,
-    "vllm-server-logprobs",
-    "reported",
-    notes="as vLLM's server, with logprobs: 0 (each token's log-probability)",
-)
-VLLM_SERVER_DEFAULTS = Client(
-    "vllm-server-defaults",
-    "vLLM OpenAI server, its defaults",
-    clients.completions,
-    "vllm-server-defaults",
-    "reported",
-    notes="as vLLM's server, started with vLLM's own defaults: no --dtype, no added environment",
-)
-VLLM_SERVER_CHAT = Client(
-    "vllm-server-chat",
-    "vLLM OpenAI server, chat",
-    clients.chat_completions,
-    "vllm-server-chat",
-    "reported",
-    notes="streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
-    "include_usage; the reference for the gateway's chat route",
-)
-GATEWAY_CLIENTS: tuple[Client, ...] = (
-    Client(
-        Protocol.WS,
-        "WS /ws",
-        clients.ws_batch,
-        "gateway",
-        "reported",
-        websocket="/ws",
-        notes="one prompt per payload, generation_config.ignore_eos; COMPLETE.new_tokens_count",
-    ),
-    Client(
-        Protocol.API_GENERATE_ONE,
-        "POST /api/generate-one",
-        clients.generate_one,
-        "gateway",
-        "requested",
-        notes="streamed text/plain; no token count on the wire: max_new_tokens (ignore_eos)",
-    ),
-    Client(
-        Protocol.CONTROL,
-        "WS /generate",
-        clients.control_ws,
-        "gateway",
-        "reported",
-        websocket="/generate",
-        notes="control protocol, parameters.ignore_eos; usage.completion_tokens",
-    ),
-    Client(
-        Protocol.V1_GENERATE,
-        "POST /v1/generate (SSE)",
-        clients.v1_generate,
-        "gateway",
-        "reported",
-        notes="stream: true, ignore_eos; usage.completion_tokens",
-    ),
-    Client(
-        Protocol.WS_EVENTS,
-        "WS /ws/events",
-        clients.ws_events_stream,
-        "gateway",
-        "requested",
-        websocket="/ws/events",
-        notes="parameters.ignore_eos; no token count on the wire: max_new_tokens",
-    ),
-    Client(
-        Protocol.LMI,
-        "POST /invocations (jsonlines)",
-        clients.invocations,
-        "gateway",
-        "counted",
-        notes="parameters.ignore_eos_token; one line per token, exact counts",
-        logprobs=True,
-    ),
-    Client(
-        Protocol.TGI,
-        "POST /generate_stream (TGI)",
-        clients.tgi_stream,
-        "gateway",
-        "counted",
-        notes="parameters.ignore_eos_token (a gateway extension); tokens counted from the stream",
-        logprobs=True,
-    ),
-    Client(
-        Protocol.OPENAI_CHAT,
-        "POST /v1/chat/completions",
-        clients.chat_completions,
-        "gateway",
-        "reported",
-        notes="the very request sent to vLLM's server (its chat row): stream, include_usage, "
-        "ignore_eos; usage.completion_tokens",
-        compared_with="vllm-server-chat",
-    ),
-    Client(
-        Protocol.OPENAI_COMPLETIONS,
-        "POST /v1/completions",
-        clients.completions,
-        "gateway",
-        "reported",
-        notes="the very request sent to vLLM's server: stream, include_usage, ignore_eos; "
-        "usage.completion_tokens",
-    ),
-)
+_SAME = "the very request sent to vLLM's server"
+_PROTOCOLS: tuple[tuple[Protocol, str, clients.Call, TokenSource, str, str], ...] = (
+    # protocol, label, client, token source, how it is measured, its WebSocket path
+    (Protocol.WS, "WS /ws", clients.ws_batch, "reported",
+     "one prompt per payload, generation_config.ignore_eos; COMPLETE.new_tokens_count", "/ws"),
+    (Protocol.API_GENERATE_ONE, "POST /api/generate-one", clients.generate_one, "requested",
+     "streamed text/plain; no token count on the wire: max_new_tokens (ignore_eos)", ""),
+    (Protocol.CONTROL, "WS /generate", clients.control_ws, "reported",
+     "control protocol, parameters.ignore_eos; usage.completion_tokens", "/generate"),
+    (Protocol.V1_GENERATE, "POST /v1/generate (SSE)", clients.v1_generate, "reported",
+     "stream: true, ignore_eos; usage.completion_tokens", ""),
+    (Protocol.WS_EVENTS, "WS /ws/events", clients.ws_events_stream, "requested",
+     "parameters.ignore_eos; no token count on the wire: max_new_tokens", "/ws/events"),
+    (Protocol.LMI, "POST /invocations (jsonlines)", clients.invocations, "counted",
+     "parameters.ignore_eos_token; one line per token, exact counts", ""),
+    (Protocol.TGI, "POST /generate_stream (TGI)", clients.tgi_stream, "counted",
+     "parameters.ignore_eos_token (a gateway extension); tokens counted from the stream", ""),
+    (Protocol.OPENAI_CHAT, "POST /v1/chat/completions", clients.chat_completions, "reported",
+     f"{_SAME} (its chat row): stream, include_usage, ignore_eos; usage.completion_tokens", ""),
+    (Protocol.OPENAI_COMPLETIONS, "POST /v1/completions", clients.completions, "reported",
+     f"{_SAME}: stream, include_usage, ignore_eos; usage.completion_tokens", ""),
+)  # fmt: skip
+
+
+def _gateway(
+    name: Protocol, label: str, call: clients.Call, tokens: TokenSource, notes: str, path: str
+) -> Client:
+    """The protocols that count tokens from the stream send each token's log-probability with
+    it; the chat route is compared with vLLM's chat route, the others with /v1/completions."""
+    compared: TargetKind = "vllm-server-chat" if name == Protocol.OPENAI_CHAT else "vllm-server"
+    logprobs = tokens == "counted"
+    return Client(name, label, call, "gateway", tokens, path or None, notes, logprobs, compared)
+
+
+GATEWAY_CLIENTS: tuple[Client, ...] = tuple(_gateway(*row) for row in _PROTOCOLS)
 
 
 class Progress(Interface):
@@ -184,6 +132,9 @@ class NoProgress:
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         return None
+
+
+NO_PROGRESS = NoProgress()
 
 
 def requests_per_step(concurrency: int, rounds: int, minimum: int) -> int:
@@ -206,16 +157,33 @@ async def _one(client: Client, worker: Worker, request: Request, limit_s: float)
         return failed(sent, f"{type(e).__name__}: {_error_text(e)}")
 
 
+@dataclass
+class Step:
+    """One step's records, wall time, and the CPU used meanwhile (cpu.py)."""
+
+    records: list[Record]
+    wall_s: float
+    cpu: CpuUse
+
+    def figures(self, concurrency: int, expected_tokens: int = 0) -> StepResult:
+        """The step's figures (metrics.summarize), with its frontend CPU per token."""
+        step = summarize(self.records, concurrency, self.wall_s, expected_tokens)
+        step.other_cpu_pct = self.cpu.other_pct
+        step.frontend_cpu_ms_per_token = self.cpu.per_token_ms(step.tokens)
+        return step
+
+
 async def run_step(
     client: Client,
     context: Context,
-    requests: Sequence[Request],
+    requests: Iterable[Request],
     concurrency: int,
-    progress: Progress,
-    limit_s: float,
-) -> tuple[list[Record], float, CpuUse]:
-    """Every request answered, by `concurrency` workers: the records, the wall time and the
-    CPU used meanwhile (cpu.py)."""
+    progress: Progress = NO_PROGRESS,
+    limit_s: float = 300.0,
+    profile: str = "",
+) -> Step:
+    """Every request answered, by `concurrency` workers. `profile`: the step's name, under
+    which a py-spy profile of the server is recorded when the context asks for profiles."""
     workers = [Worker(context) for _ in range(concurrency)]
     if client.websocket is not None:
         path = client.websocket
@@ -229,56 +197,40 @@ async def run_step(
             records.append(await _one(client, worker, request, limit_s))
             progress.update(1)
 
-    meter = CpuMeter(context.pids)
-    meter.start()
+    where = (
+        context.profiles / f"{profile}.speedscope.json" if profile and context.profiles else None
+    )
+    meter = await CpuMeter.start(context.pids, where)
     began = perf_counter()
     try:
         await asyncio.gather(*(work(w) for w in workers))
         wall = perf_counter() - began
     finally:
+        cpu = await meter.stop()  # also on a failure: its py-spy ended
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
-    return records, wall, meter.stop()
+    return Step(records, wall, cpu)
 
 
-async def sweep(
-    client: Client,
-    context: Context,
-    workload: Workload,
-    concurrencies: Sequence[int],
-    *,
-    rounds: int,
-    minimum: int,
-    progress: Progress,
-    limit_s: float,
-) -> TargetResult:
-    peak = max(concurrencies)
-    warmup = workload.requests(
-        client.name, "warmup", peak, min(WARMUP_TOKENS, workload.output_tokens)
-    )
-    progress.set_postfix_str(f"{client.label}: warm-up")
-    warm_records, _, _ = await run_step(client, context, warmup, peak, NoProgress(), limit_s)
-    steps: list[StepResult] = []
-    for concurrency in concurrencies:
-        count = requests_per_step(concurrency, rounds, minimum)
-        requests = workload.requests(client.name, f"c{concurrency}", count)
-        progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
-        records, wall, cpu = await run_step(
-            client, context, requests, concurrency, progress, limit_s
-        )
-        expected = sum(r.max_new_tokens for r in requests)
-        step = summarize(records, concurrency=concurrency, wall_s=wall, expected_tokens=expected)
-        step.other_cpu_pct = cpu.other_pct
-        if step.tokens:
-            step.frontend_cpu_ms_per_token = round(cpu.frontend_s * 1000 / step.tokens, 3)
-        steps.append(step)
-    return TargetResult(
-        name=client.name,
-        label=client.label,
-        kind=client.kind,
-        tokens=client.tokens,
-        notes=client.notes,
-        steps=steps,
-        warmup_errors=sum(1 for r in warm_records if r.error is not None),
-        logprobs=client.logprobs,
-        compared_with=client.compared_with,
-    )
+async def repeated(
+    variants: Sequence[str],
+    repeats: int,
+    measure: Callable[[str], Awaitable[StepResult]],
+    ratio_to: Callable[[str], str | None],
+) -> dict[str, tuple[list[StepResult], float | None]]:
+    """Every variant measured `repeats` times, in turn within each repeat (a shared machine's
+    load drifts between repeats): each variant's steps, and the median of its tok/s ratio to
+    `ratio_to(variant)` within each repeat (None: compared with none)."""
+    steps: dict[str, list[StepResult]] = {v: [] for v in variants}
+    ratios: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            steps[variant].append(await measure(variant))
+        for variant in variants:
+            other = ratio_to(variant)
+            if other is not None and steps[other][-1].tokens_per_s:
+                ratio = steps[variant][-1].tokens_per_s / steps[other][-1].tokens_per_s
+                ratios[variant].append(ratio)
+    return {
+        v: (steps[v], round(statistics.median(ratios[v]), 3) if ratios[v] else None)
+        for v in variants
+    }

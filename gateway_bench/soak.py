@@ -25,9 +25,10 @@ import msgspec
 from tqdm import tqdm
 
 from gateway_bench import machine, targets
+from gateway_bench.cpu import CpuMeter
 from gateway_bench.metrics import FINISHED, RATE_LIMITED, percentile
 from gateway_bench.options import Scenario
-from gateway_bench.results import write_report
+from gateway_bench.report import write as write_files
 from gateway_bench.soak_amplification import measure_amplification
 from gateway_bench.soak_report import (
     Figures,
@@ -35,7 +36,7 @@ from gateway_bench.soak_report import (
     count_clients,
     describe_scrape,
     evaluate,
-    markdown,
+    soak_report,
     ttft_by_phase,
 )
 from gateway_bench.soak_run import QUICK_SOAK, Soak, SoakOptions, plan
@@ -104,9 +105,11 @@ async def run_soak(
     tokenizer: Any,
     command: str = "",
     amplifier: str = "",
+    profile: Path | None = None,
 ) -> SoakReport:
     """The soak against a running gateway whose keys file holds `keys` (main, limited), and
-    `amplifier` with the options' amplifier limits (none: the amplification is not measured)."""
+    `amplifier` with the options' amplifier limits (none: the amplification is not measured);
+    `profile`: where a py-spy profile of the gateway (`pid`) during the plan goes."""
     began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     host = await asyncio.to_thread(machine.describe, options.dtype)
     span = (options.prompt_tokens[0], options.prompt_tokens[1])
@@ -133,29 +136,25 @@ async def run_soak(
         watchers = [asyncio.create_task(metrics.run(stop))]
         if rss is not None:
             watchers.append(asyncio.create_task(rss.run(stop)))
+        meter = await CpuMeter.start((pid,) if pid else (), profile)
         try:
             await soak.run(specs)
+            cpu = await meter.stop()
             last_end = perf_counter()
             measured_s = last_end - soak.began
             after = await settled(scraper, base_url, _SETTLE_LIMIT_S)
             settle_s = perf_counter() - last_end
             await asyncio.sleep(options.grace_s + options.scrape_interval_s)  # the tail, scraped
         finally:
+            await meter.stop()  # its profile ended, however the plan ended
             stop.set()
             await asyncio.gather(*watchers)
             bar.close()
         amplification = None
         if options.amplification_chats and amplifier:
-            amplification = await measure_amplification(
-                soak.client("main"),
-                Context(session, base_url, key=amplifier),
-                limits=options.amplifier_limits,
-                chats=options.amplification_chats,
-                chat_tokens=options.output_tokens[0],
-                ask_tokens=options.amplification_ask_tokens,
-                askers=options.limited_clients,
-                prompt=workload.requests("soak", "amplification", 1)[0].prompt,
-            )
+            prompt = workload.requests("soak", "amplification", 1)[0].prompt
+            asker = Context(session, base_url, key=amplifier)
+            amplification = await measure_amplification(soak.client("main"), asker, options, prompt)
     host.load_end = machine.load()
     clients = count_clients(soak.outcomes)
     margin = margins(metrics.scrapes, _presences(soak, options.grace_s))
@@ -180,6 +179,7 @@ async def run_soak(
         rss_first_mb=first_mb,
         rss_last_mb=last_mb,
         rss_samples=0 if rss is None else len(rss.samples),
+        frontend_cpu_ms_per_token=cpu.per_token_ms(sum(o.tokens for o in soak.outcomes)),
     )
     server = after.minus(before)
     return SoakReport(
@@ -200,7 +200,7 @@ async def run_soak(
 
 
 def write(report: SoakReport, out: Path) -> None:
-    write_report(report, markdown(report), out, "soak")
+    write_files(report, soak_report(report), out, "soak")
 
 
 async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
@@ -208,7 +208,10 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
     out = options.out_dir("soak-")
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     model = await asyncio.to_thread(targets.model_dir, options)
-    soak = partial(run_soak, options, tokenizer=await asyncio.to_thread(targets.tokenizer, model))
+    tokenizer = await asyncio.to_thread(targets.tokenizer, model)
+    profiles = options.profiles(out)
+    profile = None if profiles is None else profiles / "soak.speedscope.json"
+    soak = partial(run_soak, options, tokenizer=tokenizer, profile=profile)
     if options.gateway_url:
         keys = (options.main_key, options.limited_key)
         url, pid = options.gateway_url.rstrip("/"), options.gateway_pid
@@ -230,7 +233,7 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
                 amplifier=amplifier,
             )
     await asyncio.to_thread(write, report, out)
-    return markdown(report), out, all(goal.passed is not False for goal in report.goals)
+    return soak_report(report).markdown(), out, all(g.passed is not False for g in report.goals)
 
 
 def _check(options: SoakOptions) -> str | None:

@@ -8,17 +8,19 @@ import asyncio
 import multiprocessing
 import os
 import re
-import statistics
 from collections.abc import Awaitable, Callable
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
-from time import perf_counter
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from gateway_bench.worker import Context, sse_reads
+from gateway_bench.clients import completions
+from gateway_bench.metrics import median, start
+from gateway_bench.soak_run import SoakOptions
+from gateway_bench.worker import Context, Worker
+from gateway_bench.workload import Request
 
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
 
@@ -109,13 +111,7 @@ def _probe_process(
 
 
 async def measure_constraint_load(
-    main: Context,
-    limited: Context,
-    *,
-    askers: int,
-    chats: Callable[[], Awaitable[list[float | None]]],
-    p50: Callable[[list[float | None]], float | None],
-    prompt: str,
+    limited: Context, askers: int, chats: Callable[[], Awaitable[list[float | None]]], prompt: str
 ) -> ConstraintLoad:
     """`chats()` measures the main key's chats once the probes are coming; the probes run until
     the chats are done."""
@@ -138,7 +134,7 @@ async def measure_constraint_load(
         await loop.run_in_executor(None, process.join)
     tally = msgspec.json.decode(raw, type=_ProbeTally)
     return ConstraintLoad(
-        contended_ttft_p50_ms=p50(contended),
+        contended_ttft_p50_ms=_p50(contended),
         chats=len(contended),
         chat_failures=sum(v is None for v in contended),
         probes=tally.probes,
@@ -189,25 +185,13 @@ class _Tally:
 
 
 async def _chat_ttft(client: Context, prompt: str, tokens: int) -> float | None:
-    """The first streamed text's delay in ms; None when the chat did not stream text."""
-    body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
-    sent = perf_counter()
-    async with client.session.post(
-        client.base_url + "/v1/completions",
-        data=msgspec.json.encode(body),
-        headers=client.headers(),
-    ) as r:
-        if r.status != 200:
-            await r.read()
-            return None
-        async for payloads in sse_reads(r):
-            for data in payloads:
-                if data == b"[DONE]":
-                    return None
-                choices = msgspec.json.decode(data).get("choices") or [{}]
-                if choices[0].get("text"):
-                    return (perf_counter() - sent) * 1000
-    return None
+    """A streamed /v1/completions chat's first text, in ms; None when it did not answer."""
+    worker, record = Worker(client), start()
+    try:
+        await completions(worker, Request("amplification", prompt, tokens, 0), record)
+    finally:
+        await worker.close()
+    return None if record.failure() is not None else record.ttft_ms()
 
 
 def _ask(prompt: str, sequences: int, tokens: int, beams: bool) -> tuple[str, dict[str, Any]]:
@@ -262,22 +246,17 @@ async def _chats(client: Context, prompt: str, count: int, tokens: int) -> list[
 
 
 def _p50(values: list[float | None]) -> float | None:
-    seen = [v for v in values if v is not None]
-    return round(statistics.median(seen), 1) if seen else None
+    return median([v for v in values if v is not None])
 
 
 async def measure_amplification(
-    main: Context,
-    limited: Context,
-    *,
-    limits: str,
-    chats: int,
-    chat_tokens: int,
-    ask_tokens: int,
-    askers: int,
-    prompt: str,
+    main: Context, limited: Context, options: SoakOptions, prompt: str
 ) -> Amplification:
-    sequences = concurrent_limit(limits)
+    """The main key's chats alone, while the `limited` key asks for its most sequences, then
+    while it sends the probe's constraints."""
+    chats, chat_tokens = options.amplification_chats, options.output_tokens[0]
+    ask_tokens, askers = options.amplification_ask_tokens, options.limited_clients
+    sequences = concurrent_limit(options.amplifier_limits)
     idle = await _chats(main, prompt, chats, chat_tokens)
     stop, tally = asyncio.Event(), _Tally()
     asking = [
@@ -293,12 +272,7 @@ async def measure_amplification(
         stop.set()
         await asyncio.gather(*asking)
     constraints = await measure_constraint_load(
-        main,
-        limited,
-        askers=sequences,
-        chats=lambda: _chats(main, prompt, chats, chat_tokens),
-        p50=_p50,
-        prompt=prompt,
+        limited, sequences, lambda: _chats(main, prompt, chats, chat_tokens), prompt
     )
     return Amplification(
         sequences=sequences,

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from gateway_bench.machine import Machine
 from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, percentile
-from gateway_bench.results import Goal, Machine, table
+from gateway_bench.report import Goal, Report, Section
 from gateway_bench.soak_amplification import Amplification, ConstraintLoad
 from gateway_bench.soak_run import BASELINE, BY_NAME, CONTENDED, Outcome
 from gateway_bench.soak_watch import Counters, Scrape
@@ -55,6 +56,8 @@ class Figures(msgspec.Struct, kw_only=True):
     rss_first_mb: float | None
     rss_last_mb: float | None
     rss_samples: int
+    # The gateway process's own CPU while the plan ran (cpu.py), per token of its answers.
+    frontend_cpu_ms_per_token: float | None = None
 
 
 class SoakReport(msgspec.Struct, kw_only=True):
@@ -121,12 +124,12 @@ def ttft_by_phase(outcomes: Sequence[Outcome]) -> tuple[dict[str, float | None],
     counts: dict[str, int] = {}
     for phase in (BASELINE, CONTENDED):
         ttft = [
-            o.first - o.sent
+            t
             for o in outcomes
-            if o.phase == phase
+            if (t := o.ttft_s) is not None
+            and o.phase == phase
             and o.key == "main"
             and BY_NAME[o.protocol].streamed
-            and o.first is not None
             and not o.left
             and not o.invalid
         ]
@@ -290,13 +293,10 @@ def _rss_goal(f: Figures) -> Goal:
     )
 
 
-def markdown(report: SoakReport) -> str:
-    m, c, s = report.machine, report.clients, report.server
-    quick = " (quick mode)" if report.quick else ""
-    lines = [
-        f"# llm-gateway bench soak{quick}",
-        "",
-        f"- Command: `{report.command}`",
+def soak_report(report: SoakReport) -> Report:
+    m, c, s, f = report.machine, report.clients, report.server, report.figures
+    cpu = "-" if f.frontend_cpu_ms_per_token is None else f"{f.frontend_cpu_ms_per_token} ms"
+    intro = [
         f"- Started {report.started_at}, {report.duration_s:.0f} s in all, "
         f"{report.measured_s:.0f} s measured",
         f"- CPU: {m.cpu}, {m.logical_cores} logical cores; load average {m.load_start} at the "
@@ -307,12 +307,10 @@ def markdown(report: SoakReport) -> str:
         f"- Terminals at the clients: {_counts(c.terminals)}",
         f"- /metrics: {s.accepted} accepted, {s.terminal_total} terminal ({_kinds(s.terminal)}), "
         f"{s.engine_aborts} engine aborts; settled {report.settle_s:.2f} s after the last client",
-        "",
+        f"- Frontend CPU (the gateway process's own, cpu.py) per token answered: {cpu}",
     ]
-    met = {True: "yes", False: "**no**", None: "n/a"}
-    rows = [[g.name, g.requirement, g.measured, met[g.passed]] for g in report.goals]
-    lines += table(["goal", "requirement", "measured", "met"], rows)
-    return "\n".join(lines) + "\n"
+    title = "llm-gateway bench soak" + (" (quick mode)" if report.quick else "")
+    return Report(title, report.command, m, [Section(goals=report.goals)], intro)
 
 
 def _counts(counts: dict[str, int]) -> str:

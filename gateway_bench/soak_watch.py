@@ -15,6 +15,7 @@ import aiohttp
 import msgspec
 import psutil
 
+from gateway_bench import engine_counts
 from gateway_bench.engine_counts import metric_sums
 
 ENGINE_REQUESTS = "gateway_engine_requests"
@@ -51,17 +52,14 @@ class Counters(msgspec.Struct, frozen=True):
 
 
 def parse_counters(text: str) -> Counters:
-    sums = metric_sums(text)
+    return counters_of(metric_sums(text))
+
+
+def counters_of(sums: dict[str, float]) -> Counters:
     kinds = sorted(k for k in sums if k.startswith(_TERMINAL + ":"))
     terminal = {k.partition(":")[2]: int(sums[k]) for k in kinds}
     accepted, aborts = sums.get(_ACCEPTED, 0.0), sums.get(_ABORTS, 0.0)
     return Counters(int(accepted), terminal, int(aborts), int(sums.get(ENGINE_REQUESTS, 0.0)))
-
-
-async def counters(session: aiohttp.ClientSession, base_url: str) -> Counters:
-    async with session.get(base_url + "/metrics") as r:
-        r.raise_for_status()
-        return parse_counters(await r.text())
 
 
 async def settled(session: aiohttp.ClientSession, base_url: str, limit_s: float) -> Counters:
@@ -69,7 +67,7 @@ async def settled(session: aiohttp.ClientSession, base_url: str, limit_s: float)
     as they are after `limit_s`."""
     deadline = perf_counter() + limit_s
     while True:
-        now = await counters(session, base_url)
+        now = counters_of(await engine_counts.scrape(session, base_url))
         done = now.accepted == now.terminal_total and now.engine_requests == 0
         if done or perf_counter() > deadline:
             return now

@@ -16,12 +16,13 @@ import signal
 import socket
 import sys
 from asyncio.subprocess import Process
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import aiohttp
 import msgspec
@@ -30,6 +31,7 @@ from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine.cpu_defaults import resolve_max_num_batched_tokens
 from gateway_bench import machine
 from gateway_bench.options import Options
+from gateway_bench.worker import Context
 
 GIB = 1 << 30
 _STOP_GRACE_S = 30.0
@@ -43,6 +45,13 @@ class Endpoint:
     pid: int | None = None
     start_s: float | None = None
     model: str = ""
+
+    def context(
+        self, session: aiohttp.ClientSession, profiles: Path | None = None, model: str = ""
+    ) -> Context:
+        """What the workers measuring this server share; `model`: the name requests carry."""
+        pids = () if self.pid is None else (self.pid,)
+        return Context(session, self.url, model, pids=pids, profiles=profiles)
 
 
 def free_port() -> int:
@@ -84,30 +93,16 @@ def vllm_server_command(
 ) -> list[str]:
     """`dtype` None: vLLM's own defaults (the "defaults" target); otherwise the gateway's dtype
     and step budget for this machine (gateway/engine/cpu_defaults.py)."""
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--served-model-name",
-        name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(settings.max_model_len),
-        "--kv-cache-memory-bytes",
-        str(int(settings.kv_cache_gib * GIB)),
-        "--seed",
-        str(settings.seed),
+    caching = (
         "--enable-prefix-caching"
         if settings.enable_prefix_caching
-        else "--no-enable-prefix-caching",
-        "--uvicorn-log-level",
-        "warning",
-    ]
+        else "--no-enable-prefix-caching"
+    )
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-model-len", str(settings.max_model_len)]
+    command += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
+    command += ["--seed", str(settings.seed), caching, "--uvicorn-log-level", "warning"]
     if dtype is not None:
         command += ["--dtype", dtype]
         budget = resolve_max_num_batched_tokens(settings.max_num_batched_tokens, machine.device())
@@ -245,20 +240,51 @@ def tokenizer(model: str) -> Any:
     return AutoTokenizer.from_pretrained(model)
 
 
+class Launch(NamedTuple):
+    """A server to start: its command line, what it adds to the environment, its model's name."""
+
+    command: list[str]
+    env: dict[str, str]
+    served: str
+
+
+def vllm_launch(
+    options: Options, model: str, port: int, *, own_defaults: bool = False, args: Sequence[str] = ()
+) -> Launch:
+    """vLLM's server with the gateway's CPU defaults for this machine (`own_defaults`: vLLM's)."""
+    settings, defaults = options.engine_settings(), machine.cpu_defaults(options.dtype)
+    served = served_model_name(settings)
+    dtype = None if own_defaults else defaults.dtype
+    command = vllm_server_command(settings, model, served, port, dtype) + list(args)
+    return Launch(command, {} if own_defaults else dict(defaults.environment), served)
+
+
+def gateway_launch(
+    options: Options, port: int, env: Mapping[str, str] = MappingProxyType({}), dtype: str = ""
+) -> Launch:
+    """A gateway on the options' engine (`dtype`: the resolved one), `env` added."""
+    settings = options.engine_settings(dtype or None)
+    environment = {**gateway_environment(settings), **env}
+    return Launch(gateway_command(port), environment, served_model_name(settings))
+
+
 @asynccontextmanager
-async def started_gateway(
+async def started(
+    options: Options, out: Path, name: str, launch: Callable[[int], Launch]
+) -> AsyncIterator[Endpoint]:
+    """The server `launch(port)` describes, started for a run, its output in `out/NAME.log`."""
+    port = free_port()
+    command, env, served = launch(port)
+    log = out / f"{name}.log"
+    async with server(command, env, port, log, options.start_timeout, served) as endpoint:
+        yield endpoint
+
+
+def started_gateway(
     options: Options,
     out: Path,
     name: str = "gateway",
-    env: dict[str, str] | None = None,
-    dtype: str | None = None,
-) -> AsyncIterator[Endpoint]:
-    """A gateway on the options' engine (`dtype`: the resolved one; `env` added to its
-    environment), started for a run, its output in `out/<name>.log`; stopped after."""
-    settings = options.engine_settings(dtype)
-    environment = {**gateway_environment(settings), **(env or {})}
-    log, served = out / f"{name}.log", served_model_name(settings)
-    port = free_port()
-    command = gateway_command(port)
-    async with server(command, environment, port, log, options.start_timeout, served) as endpoint:
-        yield endpoint
+    env: Mapping[str, str] = MappingProxyType({}),
+    dtype: str = "",
+) -> AbstractAsyncContextManager[Endpoint]:
+    return started(options, out, name, lambda port: gateway_launch(options, port, env, dtype))

@@ -16,13 +16,16 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gateway.config.settings import served_model_name
+import msgspec
+
 from gateway_bench import machine, targets
+from gateway_bench.cpu import CpuMeter
 from gateway_bench.options import Options, Positive, Scenario
-from gateway_bench.results import table
+from gateway_bench.report import Report, Section, Table, write
 
 # vLLM's `vllm bench serve` entry point, without the console script (see the docstring).
 _VLLM_BENCH_SERVE = (
@@ -42,6 +45,7 @@ _FIGURES = (
     ("TTFT p99 ms", "p99_ttft_ms", "{:.0f}"),
     ("TPOT p50 ms", "median_tpot_ms", "{:.1f}"),
     ("ITL p50 ms", "median_itl_ms", "{:.1f}"),
+    ("frontend CPU ms/token", "frontend_cpu_ms_per_token", "{:.3f}"),
 )
 
 
@@ -82,47 +86,58 @@ def vllm_bench_serve(
     return figures
 
 
-async def run(o: ServeOptions) -> list[tuple[str, str, dict[str, Any]]]:
+async def run(o: ServeOptions, out: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each backend on each server; each run's saved figures, with the server process's own
+    CPU per output token (cpu.py) as `frontend_cpu_ms_per_token`."""
     model = await asyncio.to_thread(targets.model_dir, o)
-    settings = o.engine_settings()
-    name = served_model_name(settings)
-    defaults = machine.describe(settings.dtype).defaults
-    out = Path(o.out)
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     rows: list[tuple[str, str, dict[str, Any]]] = []
-    servers: tuple[tuple[str, Callable[[int], list[str]], dict[str, str]], ...] = (
-        (
-            "vLLM OpenAI server",
-            lambda port: targets.vllm_server_command(settings, model, name, port, defaults.dtype),
-            defaults.environment,
-        ),
-        ("gateway", targets.gateway_command, targets.gateway_environment(settings)),
+    servers: tuple[tuple[str, Callable[[int], targets.Launch]], ...] = (
+        ("vLLM OpenAI server", partial(targets.vllm_launch, o, model)),
+        ("gateway", partial(targets.gateway_launch, o)),
     )
-    for label, command, env in servers:
-        port, log = targets.free_port(), out / f"{label.split()[0].lower()}.log"
-        async with targets.server(command(port), env, port, log, o.start_timeout) as endpoint:
+    profiles = o.profiles(out)
+    for label, launch in servers:
+        name = label.split()[0].lower()
+        async with targets.started(o, out, name, launch) as endpoint:
             for backend, path in BACKENDS:
-                figures = await asyncio.to_thread(
-                    vllm_bench_serve, endpoint.url, backend, path, name, model, out, o
+                where = profiles and profiles / f"{name}-{backend}.speedscope.json"
+                meter = await CpuMeter.start((endpoint.pid,) if endpoint.pid else (), where)
+                try:
+                    figures = await asyncio.to_thread(
+                        vllm_bench_serve, endpoint.url, backend, path, endpoint.model, model, out, o
+                    )
+                finally:
+                    cpu = await meter.stop()
+                figures["frontend_cpu_ms_per_token"] = cpu.per_token_ms(
+                    int(figures.get("total_output_tokens") or 0)
                 )
                 rows.append((label, backend, figures))
     return rows
 
 
-def figures_table(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
-    header = ["target", "backend", *(label for label, _, _ in _FIGURES)]
-    cells = [
-        [label, backend, *("-" if f.get(k) is None else fmt.format(f[k]) for _, k, fmt in _FIGURES)]
-        for label, backend, f in rows
-    ]
-    return "\n".join(table(header, cells))
+def report(rows: list[tuple[str, str, dict[str, Any]]], o: ServeOptions, command: str) -> Report:
+    table = Table(["target", "backend", *(label for label, _, _ in _FIGURES)])
+    for label, backend, f in rows:
+        cells = ["-" if f.get(k) is None else fmt.format(f[k]) for _, k, fmt in _FIGURES]
+        table.rows.append([label, backend, *cells])
+    host = machine.describe(o.dtype)
+    return Report("llm-gateway bench vllm-bench-serve", command, host, [Section(table=table)])
+
+
+class Result(msgspec.Struct):
+    command: str
+    options: ServeOptions
+    runs: list[tuple[str, str, dict[str, Any]]]  # target, backend, vllm bench serve's figures
 
 
 async def _run(options: ServeOptions, command: str) -> tuple[str, Path, bool]:
     targets.raise_file_limit(4 * options.concurrency + 64)
-    rows = await run(options)
+    out = Path(options.out)
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    rows = await run(options, out)
     failed = sum(int(figures.get("failed") or 0) for _, _, figures in rows)
-    return figures_table(rows), Path(options.out), not failed
+    text = write(Result(command, options, rows), report(rows, options, command), out)
+    return text, out, not failed
 
 
 SCENARIO = Scenario(

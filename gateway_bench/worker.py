@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -41,6 +42,7 @@ class Context:
     llm: AsyncLLM | None = None  # the in-process target: vLLM's engine, used directly
     pids: tuple[int, ...] = ()  # the server under test, whose CPU time is not "other"
     key: str = ""  # an API key, sent as `Authorization: Bearer` (HTTP and WebSocket handshake)
+    profiles: Path | None = None  # --profile: each measured step's py-spy profile goes here
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         auth = {"Authorization": f"Bearer {self.key}"} if self.key else {}

@@ -26,6 +26,7 @@ class Request(msgspec.Struct, frozen=True):
     prompt: str
     max_new_tokens: int
     prompt_tokens: int
+    body: dict[str, Any] = msgspec.field(default_factory=dict)  # added to an OpenAI body
 
 
 def word_list(vocabulary: Sequence[str]) -> list[str]:

@@ -16,15 +16,17 @@ import msgspec
 import pytest
 
 from gateway_bench import goals
-from gateway_bench.benchmark import PROTOCOL_NAMES, QUICK, parse, run_benchmark
+from gateway_bench.benchmark import parse, run_benchmark
 from gateway_bench.metrics import Record, itl_samples, percentile, start
-from gateway_bench.report import CHART, JSON, MARKDOWN
+from gateway_bench.report import JSON, MARKDOWN
 from gateway_bench.results import BenchReport, StepResult, TargetResult
 from gateway_bench.soak import MARKDOWN as SOAK_MARKDOWN
 from gateway_bench.soak import keys_file, new_key, new_keys, run_soak, write
 from gateway_bench.soak import parse as parse_soak
 from gateway_bench.soak_run import PROTOCOLS, QUICK_SOAK
 from gateway_bench.soak_watch import Presence, Scrape, margins, parse_counters, unexplained
+from gateway_bench.sweep_options import PROTOCOL_NAMES, QUICK
+from gateway_bench.sweep_report import CHART
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
 from serving import LoopThread, RunningServer

@@ -51,3 +51,23 @@ def test_list_options_take_their_items_type() -> None:
 
     options = parse(["--concurrency", "4", "32"])
     assert options.concurrency == [4, 32]
+
+
+def test_each_ratio_is_taken_within_its_repeat_and_the_median_reported() -> None:
+    from gateway_bench.results import StepResult
+    from gateway_bench.runner import repeated
+
+    rates = iter([100.0, 80.0, 50.0, 45.0, 200.0, 150.0])  # (base, other) per repeat, in turn
+
+    async def measure(variant: str) -> StepResult:
+        tok_s = next(rates)
+        none = dict.fromkeys(["ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms"])
+        return StepResult(
+            concurrency=1, requests=1, errors=0, tokens=1, expected_tokens=1, wall_s=1.0,
+            tokens_per_s=tok_s, ttft_p50_ms=None, e2e_p99_ms=None, **none,
+        )  # fmt: skip
+
+    measured = asyncio.run(repeated(["base", "other"], 3, measure, {"other": "base"}.get))
+    assert [s.tokens_per_s for s in measured["other"][0]] == [80.0, 45.0, 150.0]
+    assert measured["other"][1] == 0.8  # the ratios 0.8, 0.9 and 0.75: their median
+    assert measured["base"][1] is None

@@ -139,13 +139,13 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
 
 
 def test_the_overload_regime_limits_what_each_started_engine_runs() -> None:
-    from gateway_bench.mixed import target_command
+    from gateway_bench.mixed import launch
 
     options = parse(["--quick", "--model", "/models/m"])
     limit = str(options.overload_running)
     for name in options.targets:
-        calm, calm_env, _ = target_command(name, "saturation", options, "/models/m", 8000)
-        busy, busy_env, _ = target_command(name, "overload", options, "/models/m", 8000)
+        calm, calm_env, _ = launch(name, "saturation", options, "/models/m", 8000)
+        busy, busy_env, _ = launch(name, "overload", options, "/models/m", 8000)
         if name == "vllm-server":
             assert "--max-num-seqs" not in calm and busy[-2:] == ["--max-num-seqs", limit]
             # the gateway's CPU step budget, as the gateways have it (MAX_NUM_BATCHED_TOKENS=auto)
@@ -289,8 +289,8 @@ def test_goals_missing_a_figure_are_not_measured() -> None:
 
 
 def test_the_report_has_a_table_per_regime_and_goals_at_saturation(tmp_path: Path) -> None:
+    from gateway_bench.machine import CpuDefaults, Machine
     from gateway_bench.mixed_report import MixedReport, markdown, write_report
-    from gateway_bench.results import CpuDefaults, Machine
 
     defaults = CpuDefaults(
         device="cpu", requested_dtype="auto", dtype="bfloat16", dtype_reason="-", environment={}
