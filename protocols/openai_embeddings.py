@@ -27,6 +27,8 @@ from protocols.embedding import (
 from protocols.generation import Priority
 
 MAX_INPUTS = 2048  # OpenAI's: inputs in one request
+MAX_DIMENSIONS = 65_536  # past any model's vector
+MAX_PROMPT_TOKENS = 1 << 20  # past any model's context
 
 EncodingFormat = Literal["float", "base64"]
 
@@ -35,10 +37,10 @@ class EmbeddingsBody(msgspec.Struct, kw_only=True):
     input: Any  # decode_inputs reads it, naming `input[i]` in its errors
     model: str | None = None
     encoding_format: EncodingFormat | None = None
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
     user: str | None = None
     # vLLM's extensions: -1 cuts at the model's length, n > 0 keeps n tokens
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=MAX_PROMPT_TOKENS)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     priority: Priority | None = None
 

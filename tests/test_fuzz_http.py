@@ -194,6 +194,7 @@ VALID: dict[str, dict[str, Any]] = {
     "ChatRequest": {"messages": HI, "max_tokens": 1},
     "CompletionRequest": {"prompt": "Hi", "max_tokens": 1},
     "TokenizeRequest": {"prompt": "Hi"},
+    "EmbeddingsBody": {"input": "Hi"},
     "DetokenizeRequest": {"tokens": [1]},
     "protocols.lmi._Payload": {"inputs": "Hi", "parameters": {"max_new_tokens": 1}},
     "protocols.tgi._Payload": {"inputs": "Hi", "parameters": {"max_new_tokens": 1}},

@@ -56,9 +56,9 @@ def test_chat_completion_chunks_and_completion_validate(server: RunningServer) -
 def test_an_unknown_v1_path_is_openais_json_error(server: RunningServer) -> None:
     sdk = openai.OpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.NotFoundError) as missing:
-        sdk.embeddings.create(model="m", input="x")
+        sdk.audio.speech.create(model="m", input="x", voice="alloy")
     assert missing.value.body is not None
-    assert "/v1/embeddings" in missing.value.message
+    assert "/v1/audio/speech" in missing.value.message
 
 
 def test_a_responses_answer_validates(server: RunningServer) -> None:

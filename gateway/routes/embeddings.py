@@ -53,6 +53,7 @@ async def _embedded(request: Request) -> Prepared:
         doc = decode_json_object(await request.body())
         model = model_for(gateway, _named(doc))
         if isinstance(model, Whole):
+            decode_embeddings(doc, dimensions_supported=True)  # a bad field is named first
             return model
         call = decode_embeddings(doc, dimensions_supported=await model.dimensions_supported())
         result = await model.embed(call.request)
