@@ -19,7 +19,7 @@ from msgspec import UNSET, UnsetType
 from protocols.errors import ErrorKind, GenerationError, named
 from protocols.events import Delta, Finished, GeneratedSequence
 from protocols.openai_requests import OpenAICall
-from protocols.tool_calls import ToolAnswers, ToolCall, ToolCallDelta
+from protocols.tool_calls import ToolAnswers, ToolCall, ToolCallDelta, read_step
 
 _ENCODER = msgspec.json.Encoder()
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
@@ -218,11 +218,9 @@ class AnthropicEncoder:
     def chunk(self, delta: Delta) -> bytes:
         """A generated step's events: blocks opened, added to and closed as its text and calls
         arrive."""
-        if self.tools is None:
-            return self._text(delta.text)
-        parsed = self.tools.delta(delta.index, delta.text, delta.token_ids, delta.finish_reason)
-        out = self._text(parsed.content or "")
-        for call in parsed.tool_calls or ():
+        text, calls = read_step(self.tools, delta)
+        out = self._text(text)
+        for call in calls:
             out += self._call(call)
         return out
 

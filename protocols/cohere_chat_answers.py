@@ -23,7 +23,7 @@ from msgspec import UNSET, UnsetType
 from protocols.errors import GenerationError, named
 from protocols.events import Delta, Finished, GeneratedSequence
 from protocols.openai_requests import OpenAICall
-from protocols.tool_calls import ToolAnswers, ToolCallDelta
+from protocols.tool_calls import ToolAnswers, ToolCallDelta, read_step
 
 FinishReason = Literal["COMPLETE", "STOP_SEQUENCE", "MAX_TOKENS", "TOOL_CALL", "ERROR"]
 _ENCODER = msgspec.json.Encoder()
@@ -230,11 +230,9 @@ class CohereChatEncoder:
     def chunk(self, delta: Delta) -> bytes:
         """A generated step's events: blocks opened, added to and closed as its text and calls
         arrive."""
-        if self.tools is None:
-            return self._text(delta.text)
-        parsed = self.tools.delta(delta.index, delta.text, delta.token_ids, delta.finish_reason)
-        out = self._text(parsed.content or "")
-        for call in parsed.tool_calls or ():
+        text, calls = read_step(self.tools, delta)
+        out = self._text(text)
+        for call in calls:
             out += self._call_piece(call)
         return out
 

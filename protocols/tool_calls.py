@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.errors import invalid
+from protocols.events import Delta
 
 # OpenAI's rule for a function's name.
 FunctionName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -179,3 +180,12 @@ class ToolAnswers(Protocol):
     def delta(
         self, index: int, text: str, token_ids: list[int], finish_reason: str | None
     ) -> ParsedDelta: ...
+
+
+def read_step(tools: ToolAnswers | None, delta: Delta) -> tuple[str, list[ToolCallDelta]]:
+    """A streamed step's text outside calls and its pieces of calls (all text without tools),
+    for the encoders that open a block per text run and per call."""
+    if tools is None:
+        return delta.text, []
+    parsed = tools.delta(delta.index, delta.text, delta.token_ids, delta.finish_reason)
+    return parsed.content or "", parsed.tool_calls or []

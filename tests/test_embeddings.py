@@ -98,6 +98,7 @@ def test_the_chat_model_and_unknown_models_are_refused(
         answer = web.post(embedding_server.http + "/v1/embeddings", json=body)
         assert answer.status_code == 400, (body, answer.text)
         assert answer.json()["error"]["type"] == "invalid_request_error"
+        assert answer.json()["error"]["param"] == "input", answer.text
 
 
 def test_chat_still_works_beside_the_embedding_model(embedding_server: RunningServer) -> None:

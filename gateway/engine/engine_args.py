@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 from vllm.engine.arg_utils import AsyncEngineArgs
 
 from gateway.config.adapters import lora_enabled
 from gateway.config.settings import EngineSettings
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
 from gateway.engine.cpu_defaults import (
+    cpu_flags,
+    engine_environment,
+    reported_flags,
     resolve_bulk_cap,
+    resolve_dtype,
     resolve_interactive_step_tokens,
     resolve_max_num_batched_tokens,
 )
 
+log = logging.getLogger(__name__)
 GIB = 1 << 30
 
 
@@ -53,3 +61,15 @@ def device_type() -> str:
     from vllm.platforms import current_platform
 
     return str(current_platform.device_type)
+
+
+def engine_dtype(requested: str, engine: str) -> tuple[str, str]:
+    """The dtype an engine about to be built runs in, and why (logged as `engine`'s); on the
+    CPU backend vLLM's thread settings go into the environment first (cpu_defaults.py)."""
+    device = device_type()
+    flags = cpu_flags()
+    dtype, reason = resolve_dtype(requested, device, flags)
+    if device == "cpu":
+        os.environ.update(engine_environment(os.environ))
+    log.info("%s dtype %s: %s (CPU flags: %s)", engine, dtype, reason, reported_flags(flags))
+    return dtype, reason

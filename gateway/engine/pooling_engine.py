@@ -3,7 +3,7 @@
 Its own engine beside the chat model's (gateway/engine/vllm_engine.py), built from a Hugging
 Face directory or the shipped all-MiniLM-L6-v2 (`default_embedding_model`). It pools token ids
 the engine path has already tokenized and cut (gateway/engine_path/embedding_model.py): one
-vector per input (`embed`) or one per token (`token_embed`). The batch settings are issue 45's
+vector per input. The batch settings are issue 45's
 measurements (docs/EMBEDDINGS.md); the dtype follows the CPU as the chat engine's does.
 """
 
@@ -13,7 +13,6 @@ import asyncio
 import importlib.util
 import itertools
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config.settings import DEFAULT_EMBEDDING_MODEL, Settings, embedding_model_name
 from gateway.engine import death_watch
-from gateway.engine.cpu_defaults import cpu_flags, engine_environment, reported_flags, resolve_dtype
-from gateway.engine.engine_args import GIB, device_type
+from gateway.engine.engine_args import GIB, engine_dtype
 from gateway.engine.engine_errors import engine_failure, translated
 
 log = logging.getLogger(__name__)
@@ -75,11 +73,7 @@ class PoolingEngine:
         self.max_model_len = int(config.max_model_len)
         self.dtype = str(config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
-        self.embedding_size = int(config.embedding_size)
         self.matryoshka = bool(config.is_matryoshka)
-        pooler = config.pooler_config
-        self.pooling = str(getattr(pooler, "seq_pooling_type", None) or "mean").lower()
-        self.model_id = str(config.model)
         self.special_prefix, self.special_suffix = _special_tokens(self.tokenizer)
         self._ids = itertools.count()
         self._closing = False
@@ -90,14 +84,7 @@ class PoolingEngine:
         model = settings.embedding_model
         if model == DEFAULT_EMBEDDING_MODEL:
             model = str(default_embedding_model())
-        device = device_type()
-        flags = cpu_flags()
-        dtype, reason = resolve_dtype(settings.embedding_dtype, device, flags)
-        if device == "cpu":
-            os.environ.update(engine_environment(os.environ))
-        log.info(
-            "embedding engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags)
-        )
+        dtype, reason = engine_dtype(settings.embedding_dtype, "embedding engine")
         args = pooling_args(msgspec.structs.replace(settings, embedding_dtype=dtype), model)
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         return cls(llm, reason)
@@ -106,16 +93,15 @@ class PoolingEngine:
         self,
         token_ids: Sequence[int],
         *,
-        token_level: bool = False,
         normalize: bool | None = None,
         dimensions: int | None = None,
         priority: int = 0,
     ) -> list[Any]:
-        """The input's vector (a list of floats), or with `token_level` a vector per token.
-        `normalize` None: the model's own pooling configuration."""
+        """The input's vector (a list of floats); `normalize` None: the model's own pooling
+        configuration."""
         request_id = f"pool-{next(self._ids)}"
         params = PoolingParams(
-            task="token_embed" if token_level else "embed",
+            task="embed",
             use_activation=normalize,
             dimensions=dimensions,
         )

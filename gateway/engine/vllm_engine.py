@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
@@ -35,8 +34,7 @@ from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine import death_watch, lora_loading
 from gateway.engine.beam_requests import searched
 from gateway.engine.constraint_check import CompileLimits, ConstraintChecker
-from gateway.engine.cpu_defaults import cpu_flags, engine_environment, reported_flags, resolve_dtype
-from gateway.engine.engine_args import device_type, engine_args
+from gateway.engine.engine_args import engine_args, engine_dtype
 from gateway.engine.engine_errors import engine_failure, translated
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
@@ -84,12 +82,7 @@ class VllmEngine:
         On the CPU backend the dtype and thread settings follow the CPU
         (gateway/engine/cpu_defaults.py).
         """
-        device = device_type()
-        flags = cpu_flags()
-        dtype, reason = resolve_dtype(settings.dtype, device, flags)
-        if device == "cpu":
-            os.environ.update(engine_environment(os.environ))
-        log.info("engine dtype %s: %s (CPU flags: %s)", dtype, reason, reported_flags(flags))
+        dtype, reason = engine_dtype(settings.dtype, "engine")
         args = engine_args(msgspec.structs.replace(settings, dtype=dtype), model)
         view = SchedulerView()
         stats = partial(SchedulerStatsLogger, view)

@@ -1,12 +1,11 @@
 """`EmbeddingModel`: what routes may know and ask of the embedding model served beside the chat
-model (docs/EMBEDDINGS.md): its name and task, whether it is ready, and the neutral requests of
-protocols/embedding.py answered with its engine's vectors.
+model (docs/EMBEDDINGS.md): its name and task, whether it is ready, and protocols/embedding.py's
+`EmbeddingRequest` answered with its engine's vectors.
 
 Inputs are tokenized and cut here, so every family's truncation means the same: an input
 longer than the model takes is cut at the side asked for (the special tokens kept) or refused
-naming its field; `max_tokens` keeps at most that many tokens. Scores are a bi-encoder's: the
-cosine of the two texts' embeddings, as vLLM's score does for an embedding model. A request
-with no priority is `priority` (EMBEDDING_PRIORITY: bulk), so chats stay fast.
+naming its field; `max_tokens` keeps at most that many tokens. A request with no priority is
+`priority` (EMBEDDING_PRIORITY: bulk), so chats stay fast.
 """
 
 from __future__ import annotations
@@ -17,16 +16,7 @@ from typing import Any, Literal
 
 from gateway.engine.holder import EngineHolder
 from gateway.engine.pooling_engine import PoolingEngine
-from protocols.embedding import (
-    EmbeddingInput,
-    EmbeddingRequest,
-    Embeddings,
-    ScoreRequest,
-    Scores,
-    Side,
-    TokenEmbeddings,
-    cosine,
-)
+from protocols.embedding import EmbeddingRequest, Embeddings, Side
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.openai_requests import check_token_ids
 
@@ -63,24 +53,6 @@ class EmbeddingModel:
         """Whether the model serves shortened vectors (Matryoshka): `dimensions` else refused."""
         return (await self._holder.wait()).matryoshka
 
-    async def describe(self) -> dict[str, Any]:
-        """What TEI's /info reports of the model."""
-        engine = await self._holder.wait()
-        return {
-            "model_id": engine.model_id,
-            "dtype": engine.dtype,
-            "pooling": engine.pooling,
-            "max_input_length": engine.max_model_len,
-            "embedding_size": engine.embedding_size,
-        }
-
-    async def tokenize(self, text: str, *, special_tokens: bool = True) -> list[int]:
-        engine = await self._holder.wait()
-        ids = await asyncio.to_thread(
-            engine.tokenizer.encode, text, add_special_tokens=special_tokens
-        )
-        return list(ids)
-
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
         """One vector per input, in order; `usage` the tokens embedded."""
         engine = await self._holder.wait()
@@ -96,50 +68,7 @@ class EmbeddingModel:
                 for ids in inputs
             )
         )
-        return Embeddings([list(v) for v in vectors], sum(len(ids) for ids in inputs))
-
-    async def embed_tokens(self, request: EmbeddingRequest) -> TokenEmbeddings:
-        """For each input, a vector per token (TEI's /embed_all, vLLM's `token_embed`)."""
-        engine = await self._holder.wait()
-        inputs = await self._token_ids(engine, request)
-        vectors = await asyncio.gather(
-            *(
-                engine.pool(
-                    ids,
-                    token_level=True,
-                    normalize=request.normalize,
-                    priority=self._priority(request.priority),
-                )
-                for ids in inputs
-            )
-        )
-        return TokenEmbeddings([list(v) for v in vectors], sum(len(ids) for ids in inputs))
-
-    async def score(self, request: ScoreRequest) -> Scores:
-        """Each pair's cosine of its two texts' embeddings, in the documents' order."""
-        queries = [
-            EmbeddingInput(_field(request.query_field, i, len(request.queries)), text=q)
-            for i, q in enumerate(request.queries)
-        ]
-        documents = [
-            EmbeddingInput(f"{request.documents_field}[{i}]", text=d)
-            for i, d in enumerate(request.documents)
-        ]
-        embedded = await self.embed(
-            EmbeddingRequest(
-                inputs=(*queries, *documents),
-                truncate=request.truncate,
-                side=request.side,
-                priority=request.priority,
-            )
-        )
-        query_vectors = embedded.vectors[: len(queries)]
-        document_vectors = embedded.vectors[len(queries) :]
-        if len(query_vectors) == 1:
-            scores = [cosine(query_vectors[0], d) for d in document_vectors]
-        else:
-            scores = [cosine(q, d) for q, d in zip(query_vectors, document_vectors, strict=True)]
-        return Scores(scores, embedded.prompt_tokens)
+        return Embeddings(list(vectors), sum(len(ids) for ids in inputs))
 
     def _priority(self, asked: int | None) -> int:
         return self.default_priority if asked is None else asked
@@ -165,8 +94,7 @@ class EmbeddingModel:
             else:
                 body = next(encoded)
                 if len(body) + special > limit:
-                    kept = _check_length(body, max(limit - special, 0), request, item.field)
-                    body = kept
+                    body = _check_length(body, max(limit - special, 0), request, item.field)
                 ids = [*prefix, *body, *suffix]
             inputs.append(ids)
         return inputs
@@ -193,7 +121,3 @@ def _cut(ids: list[int], limit: int, side: Side) -> list[int]:
     if limit <= 0:
         return []
     return ids[-limit:] if side == "left" else ids[:limit]
-
-
-def _field(field: str, i: int, count: int) -> str:
-    return field if count == 1 else f"{field}[{i}]"

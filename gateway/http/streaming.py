@@ -10,7 +10,7 @@ cancels the work and gets 499, which nobody sees.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import aclosing
 from typing import TypeVar
 
@@ -53,6 +53,11 @@ async def _until_ready(source: AsyncIterator[T], ready: Callable[[T], bool]) -> 
         if ready(item):
             break
     return head
+
+
+def ended(steps: Iterable[Step]) -> Finished | Failed:
+    """A one-prompt answer's terminal event, from all its steps."""
+    return next(e for step in steps for e in step if isinstance(e, Finished | Failed))
 
 
 def has_output(step: Step) -> bool:

@@ -8,33 +8,19 @@ as the SDK sends it (gateway/edge/auth.py reads both).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from functools import partial
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.http.chat import ModelNotServed, refused_with, resolve
+from gateway.http.chat import ModelNotServed, resolve
+from gateway.http.encoded_chat import encoded_answer
 from gateway.http.openapi import Events, Op
-from gateway.http.prepared import (
-    CLIENT_GONE,
-    JSON,
-    SSE,
-    SSE_HEADERS,
-    Chunk,
-    Prepared,
-    Whole,
-    streamed,
-    to_response,
-)
-from gateway.http.streaming import Step, chained, collect, has_output
+from gateway.http.prepared import JSON, SSE, Prepared, Whole, to_response
 from gateway.state import gateway_of
 from protocols import anthropic_answers, anthropic_requests
 from protocols.anthropic_answers import AnthropicEncoder, encode_token_count, error_of, not_found
 from protocols.anthropic_requests import decode_count_tokens, decode_messages
 from protocols.errors import GenerationError
-from protocols.events import Delta, Failed, Finished
 from protocols.names import Protocol
 from protocols.openai_requests import unknown_model
 
@@ -58,42 +44,7 @@ async def _answer(request: Request) -> Prepared:
         return Whole(404, not_found(str(e)), JSON)
     encoder = AnthropicEncoder(call, served, tools)
     steps = gateway.batches.run(call.requests, Protocol.ANTHROPIC_MESSAGES)
-    if not call.stream:
-        collected = await collect(request, steps)
-        if collected is None:
-            return CLIENT_GONE
-        end = next(e for step in collected for e in step if isinstance(e, Finished | Failed))
-        if isinstance(end, Failed):
-            return _error(end.error())
-        return Whole(200, encoder.document(end), JSON)
-    return await streamed(
-        request,
-        steps,
-        ready=has_output,
-        refuse=refused_with(_error),
-        chunks=partial(_events, encoder=encoder),
-        media_type=SSE,
-        headers=SSE_HEADERS,
-    )
-
-
-async def _events(
-    head: list[Step], rest: AsyncIterator[Step], encoder: AnthropicEncoder
-) -> AsyncGenerator[Chunk, None]:
-    yield Chunk(encoder.opening())
-    async for step in chained(head, rest):
-        for event in step:
-            match event:
-                case Delta():
-                    data = encoder.chunk(event)
-                    if data:
-                        yield Chunk(data)
-                case Finished():
-                    yield Chunk(encoder.closing(event))
-                    return
-                case Failed():
-                    yield Chunk(encoder.failure(event.error()), event.message)
-                    return
+    return await encoded_answer(request, steps, encoder, stream=call.stream, error=_error)
 
 
 async def count_tokens(request: Request) -> Response:

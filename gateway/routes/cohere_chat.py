@@ -7,32 +7,18 @@ are Cohere's (protocols/cohere_chat_answers.py, protocols/cohere.py's error shap
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from functools import partial
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.http.chat import ModelNotServed, refused_with, resolve
+from gateway.http.chat import ModelNotServed, resolve
+from gateway.http.encoded_chat import encoded_answer
 from gateway.http.openapi import Events, Op
-from gateway.http.prepared import (
-    CLIENT_GONE,
-    JSON,
-    SSE,
-    SSE_HEADERS,
-    Chunk,
-    Prepared,
-    Whole,
-    streamed,
-    to_response,
-)
-from gateway.http.streaming import Step, chained, collect, has_output
+from gateway.http.prepared import JSON, SSE, Prepared, Whole, to_response
 from gateway.state import gateway_of
 from protocols import cohere, cohere_chat, cohere_chat_answers
 from protocols.cohere_chat_answers import CohereChatEncoder
 from protocols.errors import GenerationError, invalid
-from protocols.events import Delta, Failed, Finished
 from protocols.names import Protocol
 
 
@@ -56,42 +42,7 @@ async def _answer(request: Request) -> Prepared:
         return _error(invalid(str(e), "model"), 404)
     encoder = CohereChatEncoder(call, tools)
     steps = gateway.batches.run(call.requests, Protocol.COHERE_CHAT)
-    if not call.stream:
-        collected = await collect(request, steps)
-        if collected is None:
-            return CLIENT_GONE
-        end = next(e for step in collected for e in step if isinstance(e, Finished | Failed))
-        if isinstance(end, Failed):
-            return _error(end.error())
-        return Whole(200, encoder.document(end), JSON)
-    return await streamed(
-        request,
-        steps,
-        ready=has_output,
-        refuse=refused_with(_error),
-        chunks=partial(_events, encoder=encoder),
-        media_type=SSE,
-        headers=SSE_HEADERS,
-    )
-
-
-async def _events(
-    head: list[Step], rest: AsyncIterator[Step], encoder: CohereChatEncoder
-) -> AsyncGenerator[Chunk, None]:
-    yield Chunk(encoder.opening())
-    async for step in chained(head, rest):
-        for event in step:
-            match event:
-                case Delta():
-                    data = encoder.chunk(event)
-                    if data:
-                        yield Chunk(data)
-                case Finished():
-                    yield Chunk(encoder.closing(event))
-                    return
-                case Failed():
-                    yield Chunk(encoder.failure(event.error()), event.message)
-                    return
+    return await encoded_answer(request, steps, encoder, stream=call.stream, error=_error)
 
 
 routes = [Route("/v2/chat", chat, methods=["POST"])]

@@ -31,10 +31,10 @@ from gateway.http.prepared import (
     to_response,
 )
 from gateway.http.responses_events import Answer, answer_events
-from gateway.http.streaming import collect, has_output
+from gateway.http.streaming import collect, ended, has_output
 from gateway.state import Gateway, gateway_of
 from protocols.errors import GenerationError, invalid
-from protocols.events import Failed, Finished
+from protocols.events import Failed
 from protocols.names import Protocol
 from protocols.openai_answers import ErrorBody
 from protocols.openai_answers import not_found as model_not_found
@@ -92,7 +92,7 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
         collected = await collect(request, steps)
         if collected is None:
             return CLIENT_GONE
-        end = next(e for step in collected for e in step if isinstance(e, Finished | Failed))
+        end = ended(collected)
         if isinstance(end, Failed):
             return error_answer(end.error())
         try:
