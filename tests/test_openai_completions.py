@@ -108,3 +108,15 @@ def test_token_ids_outside_the_vocabulary_are_refused(server: RunningServer) -> 
     assert refused([504, -1])["param"] == "prompt[1]"
     assert refused([504, "Paris"])["param"] == "prompt"  # ids and text mixed
     assert refused([])["param"] == "prompt"
+
+
+def test_a_seeded_prompt_longer_than_a_step_samples_and_repeats(server: RunningServer) -> None:
+    # Prefilled in chunks (a CPU step takes 512 tokens): each chunk's sampled token is discarded,
+    # and vLLM's rewind of the request's generator used to kill a CPU worker.
+    prompt = "The quick brown fox jumps over the lazy dog. " * 80
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": 7}
+    first, second = complete(server, **body), complete(server, **body)
+    assert first.status_code == second.status_code == 200, first.text
+    assert first.json()["usage"]["prompt_tokens"] > 512
+    assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
+    assert choices(server, prompt=PROMPT, max_tokens=2)[0]["text"]  # the engine still serves

@@ -163,3 +163,18 @@ def test_the_compile_worker_reads_constraints_as_the_xgrammar_backend_does() -> 
 
     assert choice_as_grammar(["yes", "no"]) == 'root ::= "yes" | "no"'
     assert grammar_is_likely_lark('start: "a"') and not grammar_is_likely_lark('root ::= "a"')
+
+
+def test_the_worker_extension_loads_and_patches_the_runner() -> None:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from gateway.engine.engine_args import SEEDED_SAMPLING_ON_CPU
+    from gateway.engine.vllm_seam import (
+        discarded_draws_kept_off_cpu_generators,
+        keep_discarded_draws_off_cpu_generators,
+    )
+
+    assert isinstance(resolve_obj_by_qualname(SEEDED_SAMPLING_ON_CPU), type)
+    assert discarded_draws_kept_off_cpu_generators()
+    keep_discarded_draws_off_cpu_generators()  # again: vLLM may import the module twice
+    assert discarded_draws_kept_off_cpu_generators()

@@ -22,6 +22,8 @@ from gateway.engine.cpu_defaults import (
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
+# By name: importing it patches vLLM's model runner, which only the worker process should load.
+SEEDED_SAMPLING_ON_CPU = "gateway.engine.seeded_cpu_worker.SeededSamplingOnCpu"
 
 
 def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
@@ -50,6 +52,8 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         additional_config=engine_config(settings.bulk_priority, bulk_cap, step_tokens),
         # The cap's scheduler extends vLLM's synchronous one (a CPU engine's only kind).
         async_scheduling=False if own_scheduler else None,
+        # Seeded requests longer than a step would kill a CPU worker without it.
+        worker_extension_cls=SEEDED_SAMPLING_ON_CPU,
         enable_lora=lora_enabled(settings),
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,

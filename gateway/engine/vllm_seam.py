@@ -200,6 +200,68 @@ class SchedulerStatsLogger(StatLoggerBase):
         pass
 
 
+# --- Seeded sampling across a chunked prefill on CPU (gateway/engine/seeded_cpu_worker.py) --
+# A prompt longer than a step is prefilled in chunks; each chunk samples a token that is then
+# discarded, and vLLM's model runner rewinds the request's generator with `set_offset`, which a
+# CPU generator refuses ("CPU Generator does not use offset"): the worker dies, and with it the
+# engine, on any seeded request longer than a step. No setting or hook reaches this. Here the
+# sampler draws a discarded row from a copy of its generator, so the request's own is untouched
+# (what the rewind achieves on CUDA), and the rewind is skipped for those rows.
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+
+
+def keep_discarded_draws_off_cpu_generators() -> None:
+    """Patch vLLM's model runner, in the worker process that loads it, as described above.
+    Rows on other devices keep vLLM's own rewind. Applying it twice is harmless."""
+    import numpy
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_gateway_cpu_draws", False):
+        return
+    sample, bookkeeping = GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync
+
+    def discarded_cpu_rows(runner: Any) -> list[int]:
+        rows = numpy.nonzero(runner.discard_request_mask.np[: runner.input_batch.num_reqs])[0]
+        generators = runner.input_batch.generators
+        return [
+            int(row)
+            for row in rows
+            if int(row) in generators and generators[int(row)].device.type == "cpu"
+        ]
+
+    def sample_from_copies(runner: Any, *args: Any, **kwargs: Any) -> Any:
+        generators = runner.input_batch.generators
+        own = {row: generators[row] for row in discarded_cpu_rows(runner)}
+        for row, generator in own.items():
+            copy = torch.Generator(device="cpu")
+            copy.set_state(generator.get_state())
+            generators[row] = copy
+        try:
+            return sample(runner, *args, **kwargs)
+        finally:
+            generators.update(own)
+
+    def bookkeeping_without_cpu_rewind(runner: Any, *args: Any, **kwargs: Any) -> Any:
+        generators = runner.input_batch.generators
+        untouched = {row: generators.pop(row) for row in discarded_cpu_rows(runner)}
+        try:
+            return bookkeeping(runner, *args, **kwargs)
+        finally:
+            generators.update(untouched)
+
+    GPUModelRunner._sample = sample_from_copies  # type: ignore[method-assign,assignment]
+    GPUModelRunner._bookkeeping_sync = bookkeeping_without_cpu_rewind  # type: ignore[method-assign,assignment]
+    GPUModelRunner._gateway_cpu_draws = True  # type: ignore[attr-defined]
+
+
+def discarded_draws_kept_off_cpu_generators() -> bool:
+    """Whether this process's model runner has the patch above."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return GPUModelRunner._sample.__name__ == "sample_from_copies"
+
+
 TOUCHPOINTS = (
     Touchpoint(
         "StepScheduler",
@@ -263,6 +325,18 @@ TOUCHPOINTS = (
             Use("vllm.v1.engine.core_client:MPClient", "resources"),
             Use("vllm.v1.engine.core_client:BackgroundResources", "engine_manager"),
             Use("vllm.v1.engine.utils:CoreEngineProcManager", "processes"),
+        ),
+    ),
+    Touchpoint(
+        "keep_discarded_draws_off_cpu_generators",
+        (
+            Use(RUNNER, "_sample", ("logits", "spec_decode_metadata")),
+            Use(RUNNER, "_bookkeeping_sync", None),
+            Use(RUNNER, "input_batch"),
+            Use(RUNNER, "discard_request_mask"),
+            Use("vllm.v1.worker.gpu_input_batch:InputBatch", "generators"),
+            Use("vllm.v1.worker.gpu_input_batch:InputBatch", "num_reqs"),
+            Use("vllm.v1.worker.gpu_model_runner:CpuGpuBuffer", "np"),
         ),
     ),
     Touchpoint(
