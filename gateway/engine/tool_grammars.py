@@ -89,16 +89,19 @@ def parser_auto_grammar(tag_model: str, request: ChatCompletionRequest) -> str:
     if tag is None:
         raise ValueError(f"no structural tag for {tag_model}")
     bounded = _bounded(tag.format, bool(request.parallel_tool_calls))
-    return str(xgrammar.Grammar.from_structural_tag(StructuralTag(format=bounded).model_dump_json()))
+    return _ebnf(bounded)
 
 
 def own_auto_grammar(request: ChatCompletionRequest) -> str:
     """`auto` with no tool parser: a plain answer, or `required`'s calls."""
     required = request.model_copy(update={"tool_choice": "required"})
     plain = SequenceFormat(elements=[RegexFormat(pattern=r"[^\[]"), AnyTextFormat()])
-    answer = OrFormat(
-        elements=[ConstStringFormat(value=""), plain, GrammarFormat(grammar=calls_grammar(required))]
-    )
+    calls = GrammarFormat(grammar=calls_grammar(required))
+    return _ebnf(OrFormat(elements=[ConstStringFormat(value=""), plain, calls]))
+
+
+def _ebnf(answer: Any) -> str:
+    """The structural tag whose format is `answer`, as EBNF."""
     return str(xgrammar.Grammar.from_structural_tag(StructuralTag(format=answer).model_dump_json()))
 
 
@@ -114,7 +117,9 @@ def _bounded(node: Any, parallel: bool) -> Any:
             tags = [
                 TagFormat(
                     begin=t.begin,
-                    content=SequenceFormat(elements=[t.content, ConstStringFormat(value=t.end), more]),
+                    content=SequenceFormat(
+                        elements=[t.content, ConstStringFormat(value=t.end), more]
+                    ),
                     end="",
                 )
                 for t in tags
