@@ -184,7 +184,7 @@ def test_errors_in_openais_shape_and_status(server: RunningServer) -> None:
     ]
     # tool_choice auto, the default with tools: served with no settings (tests/test_tool_auto.py)
     auto = api.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools, max_tokens=8)
-    assert all(c.function.name == "f" for c in auto.choices[0].message.tool_calls or [])
+    assert all(c.function.name == "f" for c in auto.choices[0].message.tool_calls or [])  # type: ignore[union-attr]
 
 
 def test_litellm_and_langchain_recognise_a_prompt_over_the_context(

@@ -1,8 +1,10 @@
-"""Tool calls with vLLM's own pieces: the JSON schema `required` and a named function hold
-generation to (vLLM's `get_json_schema_from_tools`, as its server builds it), and vLLM's
-parsers reading each choice's output (`vllm.parser`'s `DelegatingParser`, whole or step by
-step): for `required` and a named function its JSON reading of the constrained output, for
-`auto` the tool parser TOOL_CALL_PARSER names (hermes, llama3_json, mistral, ...).
+"""Tool calls with vLLM's own pieces: generation held to the choice's grammar
+(tool_grammars.py: vLLM's schema for `required` and a named function, vLLM's structural tag
+for `auto` with a parser, the gateway's own format without one), and vLLM's parsers reading
+each choice's output (`vllm.parser`'s `DelegatingParser`, whole or step by step): for
+`required`, a named function and the gateway's own format its JSON reading of the calls, for
+`auto` the tool parser TOOL_CALL_PARSER names (hermes, llama3_json, mistral, ...; the default
+model's: hermes).
 
 `ToolParsing` is the configuration, checked at start-up; `ToolCalling` one chat request's
 calls (protocols/tool_calls.py's `ToolAnswers`), one parser state per choice.
