@@ -28,10 +28,9 @@ from vllm.tool_parsers import ToolParser
 
 from gateway.config.settings import ConfigError, Settings, constraint_budget
 from gateway.engine.tool_grammars import (
+    auto_grammar,
     calls_grammar,
     compact_grammar,
-    own_auto_grammar,
-    parser_auto_grammar,
 )
 from protocols.constraint_budget import TOOLS_FIELD, ConstraintBudget, check_tools
 from protocols.errors import invalid
@@ -217,11 +216,9 @@ class ToolCalling:
         try:
             if self.use.forced:
                 return calls_grammar(request)
-            if self._own:
-                return own_auto_grammar(request)
-            if self._tag_model is None:
+            if self._tag_model is None and not self._own:
                 return None
-            return parser_auto_grammar(self._tag_model, request)
+            return auto_grammar(self._tag_model, json.dumps(self.use.tools), self.use.parallel)
         except VLLMValidationError as e:
             raise invalid(f"The tools' schemas cannot be combined: {e}", "tools") from e
         except (RuntimeError, ValueError, TypeError):

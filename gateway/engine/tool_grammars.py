@@ -75,6 +75,23 @@ def calls_grammar(request: ChatCompletionRequest) -> str:
     return compact_grammar(json.dumps(forced_schema(request)))
 
 
+@lru_cache(maxsize=256)
+def auto_grammar(tag_model: str | None, tools: str, parallel: bool) -> str:
+    """`auto`'s grammar for `tools` (their JSON text), with the structural tag `tag_model` or,
+    None, in the gateway's own format: built once for a set of tools (it takes milliseconds)."""
+    request = ChatCompletionRequest.model_validate(
+        {
+            "messages": [],
+            "tools": json.loads(tools),
+            "tool_choice": "auto",
+            "parallel_tool_calls": parallel,
+        }
+    )
+    if tag_model is None:
+        return own_auto_grammar(request)
+    return parser_auto_grammar(tag_model, request)
+
+
 def parser_auto_grammar(tag_model: str, request: ChatCompletionRequest) -> str:
     """`auto` held to the structural tag `tag_model` names (a parser's `structural_tag_model`):
     every call a declared tool's, its arguments valid (vLLM's PARAMETER strictness), the calls
