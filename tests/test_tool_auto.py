@@ -54,6 +54,42 @@ PROMPTS = [
 ]
 
 
+Conversation = list[dict[str, Any]]
+
+
+def hermes_shot(number: int, city: str) -> dict[str, Any]:
+    """An assistant turn that called, as the default model's template renders it."""
+    arguments = json.dumps({"city": city})
+    call = {"name": "get_weather", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": f"call-{number}", "type": "function", "function": call}],
+    }
+
+
+def json_shot(number: int, city: str) -> dict[str, Any]:
+    """An assistant turn that called, in the gateway's own format (a model without a parser)."""
+    calls = [{"name": "get_weather", "parameters": {"city": city}}]
+    return {"role": "assistant", "content": json.dumps(calls, separators=(",", ":"))}
+
+
+def conversations(shot: Callable[[int, str], dict[str, Any]]) -> list[Conversation]:
+    """Each prompt alone, and the default model continuing a pattern of calls it has seen."""
+    alone = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+    seen = [
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            shot(1, "Paris"),
+            {"role": "user", "content": "Weather in London?"},
+            shot(2, "London"),
+            {"role": "user", "content": f"Weather in {city}?"},
+        ]
+        for city in ("Rome", "Oslo", "Lima")
+    ]
+    return [*alone, *seen]
+
+
 def client(server: RunningServer) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
 
@@ -63,33 +99,31 @@ def assert_valid(name: str, arguments: str) -> None:
     jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
-def run_auto(server: RunningServer, **extra: Any) -> tuple[int, int]:
-    """Every prompt whole and streamed, with no tool_choice: (answers with calls, answers)."""
+def run_auto(server: RunningServer, asked: list[Conversation]) -> tuple[int, int]:
+    """Every conversation whole and streamed, with no tool_choice: (answers with calls,
+    answers)."""
 
-    async def whole(api: openai.AsyncOpenAI, prompt: str) -> list[tuple[str, str]]:
+    async def whole(api: openai.AsyncOpenAI, messages: Any) -> list[tuple[str, str]]:
         answer = await api.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "user", "content": prompt}],
+            messages=messages,
             tools=TOOLS,
             temperature=0,
             max_tokens=80,
-            **extra,
         )
         [choice] = answer.choices
         calls = choice.message.tool_calls or []
-        assert choice.finish_reason == ("tool_calls" if calls else choice.finish_reason)
         assert not calls or choice.finish_reason == "tool_calls"
         return [(c.function.name, c.function.arguments) for c in calls]
 
-    async def streamed(api: openai.AsyncOpenAI, prompt: str) -> list[tuple[str, str]]:
+    async def streamed(api: openai.AsyncOpenAI, messages: Any) -> list[tuple[str, str]]:
         stream = await api.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "user", "content": prompt}],
+            messages=messages,
             tools=TOOLS,
             temperature=0,
             max_tokens=80,
             stream=True,
-            **extra,
         )
         calls: dict[int, list[str]] = {}
         async for chunk in stream:
@@ -106,8 +140,8 @@ def run_auto(server: RunningServer, **extra: Any) -> tuple[int, int]:
 
     async def every() -> list[list[tuple[str, str]]]:
         async with client(server) as api:
-            asked = [one(api, p) for p in PROMPTS for one in (whole, streamed)]
-            return list(await asyncio.gather(*asked))
+            answers = [one(api, c) for c in asked for one in (whole, streamed)]
+            return list(await asyncio.gather(*answers))
 
     answers = asyncio.run(every())
     for calls in answers:
@@ -117,7 +151,7 @@ def run_auto(server: RunningServer, **extra: Any) -> tuple[int, int]:
 
 
 def test_auto_with_no_settings_answers_or_calls_a_declared_tool(server: RunningServer) -> None:
-    called, total = run_auto(server)
+    called, total = run_auto(server, conversations(hermes_shot))
     assert 0 < called < total, (called, total)  # the default model both calls and answers
 
 
@@ -125,8 +159,8 @@ def test_auto_in_the_gateways_own_format_without_a_parser(
     make_server: Callable[..., RunningServer],
 ) -> None:
     own = make_server(CHAT_TEMPLATE=str(TEMPLATE))  # a template of one's own: no parser known
-    called, total = run_auto(own)
-    assert called > 0, (called, total)
+    called, total = run_auto(own, conversations(json_shot))
+    assert 0 < called < total, (called, total)
     hub = InferenceClient(base_url=own.http)
     answer = hub.chat_completion(
         [{"role": "user", "content": "Weather in Rome?"}],
@@ -224,20 +258,31 @@ def test_anthropics_messages_get_a_tool_use_with_no_settings(server: RunningServ
     tools: list[Any] = [
         {"name": n, "description": "a tool", "input_schema": s} for n, s in SCHEMAS.items()
     ]
+
+    def used(number: int, city: str) -> dict[str, Any]:
+        use = {"type": "tool_use", "id": f"t{number}", "name": "get_weather"}
+        return {"role": "assistant", "content": [{**use, "input": {"city": city}}]}
+
+    seen = [
+        {"role": "user", "content": "Weather in Paris?"},
+        used(1, "Paris"),
+        {"role": "user", "content": "Weather in London?"},
+        used(2, "London"),
+    ]
     answers = [
         api.messages.create(
             model=MODEL,
             max_tokens=80,
             extra_body={"temperature": 0},
             tools=tools,
-            messages=[{"role": "user", "content": prompt}],
+            messages=[*seen, {"role": "user", "content": prompt}],
         )
-        for prompt in PROMPTS[:4]
+        for prompt in ("Weather in Rome?", "Weather in Oslo?", "Tell me a joke.")
     ]
     uses = [b for answer in answers for b in answer.content if b.type == "tool_use"]
     assert uses  # the default model calls on some of them
     for answer in answers:
-        used = [b for b in answer.content if b.type == "tool_use"]
-        assert answer.stop_reason == ("tool_use" if used else answer.stop_reason)
+        if any(b.type == "tool_use" for b in answer.content):
+            assert answer.stop_reason == "tool_use"
     for block in uses:
         assert_valid(block.name, json.dumps(block.input))
