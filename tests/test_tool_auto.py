@@ -77,7 +77,7 @@ def json_shot(number: int, city: str) -> dict[str, Any]:
 def conversations(shot: Callable[[int, str], dict[str, Any]]) -> list[Conversation]:
     """Each prompt alone, and the default model continuing a pattern of calls it has seen."""
     alone = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
-    seen = [
+    seen: list[Any] = [
         [
             {"role": "user", "content": "Weather in Paris?"},
             shot(1, "Paris"),
@@ -114,7 +114,7 @@ def run_auto(server: RunningServer, asked: list[Conversation]) -> tuple[int, int
         [choice] = answer.choices
         calls = choice.message.tool_calls or []
         assert not calls or choice.finish_reason == "tool_calls"
-        return [(c.function.name, c.function.arguments) for c in calls]
+        return [(c.function.name, c.function.arguments) for c in calls]  # type: ignore[union-attr]
 
     async def streamed(api: openai.AsyncOpenAI, messages: Any) -> list[tuple[str, str]]:
         stream = await api.chat.completions.create(
@@ -263,7 +263,7 @@ def test_anthropics_messages_get_a_tool_use_with_no_settings(server: RunningServ
         use = {"type": "tool_use", "id": f"t{number}", "name": "get_weather"}
         return {"role": "assistant", "content": [{**use, "input": {"city": city}}]}
 
-    seen = [
+    seen: list[Any] = [
         {"role": "user", "content": "Weather in Paris?"},
         used(1, "Paris"),
         {"role": "user", "content": "Weather in London?"},
