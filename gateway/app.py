@@ -20,7 +20,7 @@ from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.edge.limits import Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
 from gateway.edge.refusals import unrouted
-from gateway.engine.chat_template import configured_chat_template
+from gateway.engine.chat_template import served_chat_template
 from gateway.engine.cpu_defaults import resolve_bulk_cap
 from gateway.engine.engine_args import device_type
 from gateway.engine.holder import EngineHolder
@@ -156,7 +156,7 @@ def create_app(
                     await embedding_holder.stop()
 
     deadlines = Deadlines(settings.request_timeout_seconds)
-    chat_template = configured_chat_template(settings.chat_template)
+    chat_template = served_chat_template(settings)
     tool_parsing = ToolParsing.configured(settings)
     classes = PriorityClasses(
         {Protocol(name): n for name, n in settings.priority_classes.items()},

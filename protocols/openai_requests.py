@@ -109,6 +109,7 @@ class ChatRequest(_Common, kw_only=True):
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    tool_prompt: str | None = None  # TGI's Messages API: for a model without a tool parser
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -139,7 +140,9 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
 
 def decode_chat(raw: bytes, context: int) -> OpenAICall:
     body = decode_body(raw, ChatRequest)
-    tool_use = decode_tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
+    tool_use = decode_tool_use(
+        body.tools, body.tool_choice, body.parallel_tool_calls, body.tool_prompt
+    )
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     messages = tuple(chat_message(m, i) for i, m in enumerate(body.messages))

@@ -47,12 +47,14 @@ Tools = Annotated[list[Tool], Meta(min_length=1, max_length=128)]
 
 class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
     """What a chat request asks of tools: `tools` as the chat template receives them, `choice`
-    (`function`: the one named `function`), and whether several calls may come at once."""
+    (`function`: the one named `function`), whether several calls may come at once, and
+    `prompt`, TGI's `tool_prompt` (what tells a model without a tool parser how to call)."""
 
     tools: tuple[dict[str, Any], ...]
     choice: Literal["none", "auto", "required", "function"]
     function: str | None = None
     parallel: bool = True
+    prompt: str | None = None
 
     @property
     def forced(self) -> bool:
@@ -61,7 +63,10 @@ class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def decode_tool_use(
-    tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None
+    tools: list[Tool] | None,
+    choice: ToolChoice | None,
+    parallel: bool | None,
+    prompt: str | None = None,
 ) -> ToolUse | None:
     """The request's tools and choice (OpenAI's default: `auto` when tools are given), or None
     for a request without tools. A choice without tools, or naming a function `tools` does not
@@ -84,8 +89,10 @@ def decode_tool_use(
                 f"(it has {', '.join(map(repr, names))})",
                 "tool_choice.function.name",
             )
-        return ToolUse(tools=wire, choice="function", function=name, parallel=parallel)
-    return ToolUse(tools=wire, choice=choice or "auto", parallel=parallel)
+        return ToolUse(
+            tools=wire, choice="function", function=name, parallel=parallel, prompt=prompt
+        )
+    return ToolUse(tools=wire, choice=choice or "auto", parallel=parallel, prompt=prompt)
 
 
 class CalledFunction(msgspec.Struct):

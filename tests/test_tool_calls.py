@@ -426,8 +426,6 @@ def test_bad_tools_and_choices_are_400_naming_the_field(server: RunningServer) -
         server, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "fly"}}
     )
     assert unknown["param"] == "tool_choice.function.name" and "fly" in unknown["message"]
-    auto = refusal(server, tools=TOOLS, tool_choice="auto")
-    assert auto["param"] == "tool_choice" and "ENABLE_AUTO_TOOL_CHOICE" in auto["message"]
     odd = dict(WEATHER, properties={"city": {"type": "no-such-type"}})
     bad = [{"type": "function", "function": {"name": "get_weather", "parameters": odd}}]
     schema = refusal(server, tools=bad, tool_choice="required")
@@ -507,6 +505,11 @@ def test_lmi_chat_schema_streams_tool_calls_as_json_lines(server: RunningServer)
     jsonschema.validate(json.loads(arguments), WEATHER)
 
 
+def decode_chat_tools(choice: str) -> Any:
+    body = {"model": MODEL, "messages": ask("Hi"), "tools": TOOLS, "tool_choice": choice}
+    return decode_chat(json.dumps(body).encode(), 2048).tool_use
+
+
 def test_lmis_names_set_the_tool_settings_and_bad_ones_stop_start_up() -> None:
     from gateway.config.settings import ConfigError
     from gateway.engine.chat_template import configured_chat_template
@@ -521,8 +524,13 @@ def test_lmis_names_set_the_tool_settings_and_bad_ones_stop_start_up() -> None:
     assert lmi.enable_auto_tool_choice and lmi.tool_call_parser == "hermes"
     assert configured_chat_template(lmi.chat_template) == TEMPLATE.read_text()
     assert ToolParsing.configured(lmi).auto is not None
-    with pytest.raises(ConfigError, match="TOOL_CALL_PARSER"):
-        ToolParsing.configured(gateway_settings(ENABLE_AUTO_TOOL_CHOICE="true"))
+    # the default model's parser with no settings; none for a template of one's own
+    assert ToolParsing.configured(gateway_settings()).parser_name == "hermes"
+    assert ToolParsing.configured(gateway_settings(CHAT_TEMPLATE=str(TEMPLATE))).auto is None
+    off = ToolParsing.configured(gateway_settings(OPTION_ENABLE_AUTO_TOOL_CHOICE="false"))
+    with pytest.raises(GenerationError) as refused:  # before the engine is asked anything
+        off.calling(decode_chat_tools("auto"), engine=None)
+    assert refused.value.field == "tool_choice" and "ENABLE_AUTO_TOOL_CHOICE" in str(refused.value)
     with pytest.raises(ConfigError, match="TOOL_CALL_PARSER=nope"):
         ToolParsing.configured(
             gateway_settings(ENABLE_AUTO_TOOL_CHOICE="true", TOOL_CALL_PARSER="nope")

@@ -134,11 +134,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     option_output_formatter: Literal["", "json", "jsonlines", "sse"] = ""
     lmi_max_new_tokens: Positive = 30
     # Chat (docs/OPENAI.md, "Tool calls"): a chat template in place of the model's own (a file,
-    # or the template itself, as vLLM's --chat-template); `tool_choice: auto` parsed with
-    # vLLM's tool parser TOOL_CALL_PARSER (hermes, llama3_json, mistral, ...) once
-    # ENABLE_AUTO_TOOL_CHOICE is true. `required` and a named function need neither.
+    # or the template itself, as vLLM's --chat-template); `tool_choice: auto` (the default with
+    # `tools`) read with vLLM's tool parser TOOL_CALL_PARSER (hermes, llama3_json, mistral,
+    # ...; the default model's: hermes), else in the gateway's own format; false: `auto` is
+    # refused, as vLLM's server without --enable-auto-tool-choice.
     chat_template: str = ""
-    enable_auto_tool_choice: bool = False
+    enable_auto_tool_choice: bool = True
     tool_call_parser: str = ""
     # API keys (docs/SECURITY.md): none set, the gateway is open.
     api_keys: str = ""  # comma-separated; `key:name` names a key

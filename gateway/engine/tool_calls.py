@@ -1,8 +1,10 @@
-"""Tool calls with vLLM's own pieces: the JSON schema `required` and a named function hold
-generation to (vLLM's `get_json_schema_from_tools`, as its server builds it), and vLLM's
-parsers reading each choice's output (`vllm.parser`'s `DelegatingParser`, whole or step by
-step): for `required` and a named function its JSON reading of the constrained output, for
-`auto` the tool parser TOOL_CALL_PARSER names (hermes, llama3_json, mistral, ...).
+"""Tool calls with vLLM's own pieces: generation held to the choice's grammar
+(tool_grammars.py: vLLM's schema for `required` and a named function, vLLM's structural tag
+for `auto` with a parser, the gateway's own format without one), and vLLM's parsers reading
+each choice's output (`vllm.parser`'s `DelegatingParser`, whole or step by step): for
+`required`, a named function and the gateway's own format its JSON reading of the calls, for
+`auto` the tool parser TOOL_CALL_PARSER names (hermes, llama3_json, mistral, ...; the default
+model's: hermes).
 
 `ToolParsing` is the configuration, checked at start-up; `ToolCalling` one chat request's
 calls (protocols/tool_calls.py's `ToolAnswers`), one parser state per choice.
@@ -12,11 +14,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import msgspec
-import xgrammar
 from pydantic import ValidationError
 from vllm.entrypoints.generate.base.protocol import DeltaMessage, FunctionCall
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -25,9 +25,13 @@ from vllm.parser import Parser, ParserManager
 from vllm.parser.abstract_parser import DelegatingParser
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers import ToolParser
-from vllm.tool_parsers.utils import get_json_schema_from_tools
 
 from gateway.config.settings import ConfigError, Settings, constraint_budget
+from gateway.engine.tool_grammars import (
+    auto_grammar,
+    calls_grammar,
+    compact_grammar,
+)
 from protocols.constraint_budget import TOOLS_FIELD, ConstraintBudget, check_tools
 from protocols.errors import invalid
 from protocols.generation import GenerationRequest
@@ -42,6 +46,15 @@ from protocols.tool_calls import (
 )
 
 _DEFAULT_BUDGET = ConstraintBudget()
+# The parser the gateway reads the embedded default model's calls with: the template it ships
+# for it (gateway/engine/chat_template.py) writes them hermes-style.
+DEFAULT_MODEL_PARSER = "hermes"
+# What the gateway's own format tells a model with no tool parser (TGI's `tool_prompt` replaces
+# it), before the tools themselves.
+OWN_TOOL_PROMPT = (
+    "You may call these tools: to call them, answer with nothing but a JSON array of calls, "
+    '[{"name": <function-name>, "parameters": <arguments-object>}]; else answer in plain text.'
+)
 
 
 class _JsonCalls(DelegatingParser):
@@ -55,43 +68,51 @@ class _JsonCalls(DelegatingParser):
 @dataclass(frozen=True)
 class ToolParsing:
     """ENABLE_AUTO_TOOL_CHOICE and TOOL_CALL_PARSER: `auto` is the parser class for
-    `tool_choice: auto`, None when auto tool choice is off."""
+    `tool_choice: auto` (None: the gateway's own format), `enabled` whether `auto` is served."""
 
     auto: type[Parser] | None = None
     parser_name: str = ""
     budget: ConstraintBudget = _DEFAULT_BUDGET
+    enabled: bool = True
 
     @classmethod
     def configured(cls, settings: Settings) -> ToolParsing:
         name = settings.tool_call_parser
+        if not name and not settings.engine.model and not settings.chat_template:
+            name = DEFAULT_MODEL_PARSER  # the default model's template is the gateway's
         budget = constraint_budget(settings)
-        if not settings.enable_auto_tool_choice:
-            return cls(None, name, budget)
+        enabled = settings.enable_auto_tool_choice
         if not name:
-            raise ConfigError(
-                "ENABLE_AUTO_TOOL_CHOICE=true needs TOOL_CALL_PARSER (hermes, llama3_json, "
-                "mistral, ...): the parser that reads the model's calls"
-            )
+            return cls(None, name, budget, enabled)
         try:
             parser = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
         except TypeError as e:
             raise ConfigError(f"TOOL_CALL_PARSER={name}: {e}") from e
-        return cls(parser, name, budget)
+        return cls(parser, name, budget, enabled)
 
     def calling(self, use: ToolUse, engine: Any) -> ToolCalling:
         """One request's calls, on `engine`'s tokenizer; its refusals name the field. The
-        tools' schemas are held to the size limits on constraints first: `required` and a named
-        function compile them into a grammar here and in the engine."""
+        tools' schemas are held to the size limits on constraints first: every choice but
+        `none` compiles them into a grammar here and in the engine."""
         check_tools(use.tools, self.budget)
-        if use.choice == "auto" and self.auto is None:
+        if use.choice == "auto" and not self.enabled:
             raise invalid(
-                '"auto" tool choice needs ENABLE_AUTO_TOOL_CHOICE=true and TOOL_CALL_PARSER '
-                "(LMI: OPTION_ENABLE_AUTO_TOOL_CHOICE, OPTION_TOOL_CALL_PARSER) set on the "
-                'server; `tool_choice` "required", a named function or "none" need neither',
+                '"auto" tool choice is turned off on this server (ENABLE_AUTO_TOOL_CHOICE=false, '
+                'LMI: OPTION_ENABLE_AUTO_TOOL_CHOICE); `tool_choice` "required", a named '
+                'function or "none" are served',
                 "tool_choice",
             )
-        parser = _JsonCalls if use.forced else self.auto if use.choice == "auto" else None
-        return ToolCalling(use, engine, parser)
+        if use.forced:
+            return ToolCalling(use, engine, _JsonCalls, None)
+        if use.choice == "auto":
+            return ToolCalling(use, engine, self.auto, self._tag_model())
+        return ToolCalling(use, engine, None, None)
+
+    def _tag_model(self) -> str | None:
+        """The configured parser's structural tag (tool_grammars.py), None when it has none."""
+        tool_parser = getattr(self.auto, "tool_parser_cls", None)
+        model = getattr(tool_parser, "structural_tag_model", None)
+        return model if isinstance(model, str) else None
 
 
 def _vllm_request(use: ToolUse) -> ChatCompletionRequest:
@@ -114,14 +135,28 @@ def _vllm_request(use: ToolUse) -> ChatCompletionRequest:
 
 class ToolCalling:
     """One chat request's tool calls: its generation constrained (`constrained`), and each
-    choice read for calls, whole (`message`) or a streamed step at a time (`delta`)."""
+    choice read for calls, whole (`message`) or a streamed step at a time (`delta`).
 
-    def __init__(self, use: ToolUse, engine: Any, parser: type[Parser] | None) -> None:
+    `parser` reads the calls (None: for `auto`, the gateway's own format; for `none`,
+    nothing); `tag_model` is its structural tag, None when it has none."""
+
+    def __init__(
+        self, use: ToolUse, engine: Any, parser: type[Parser] | None, tag_model: str | None
+    ) -> None:
         self.use = use
         self._engine = engine
-        self._parser = parser
+        self._own = use.choice == "auto" and parser is None
+        # the gateway's own format writes `required`'s calls: read as vLLM reads those
+        self._parser = _JsonCalls if self._own else parser
+        self._tag_model = tag_model
         self._request = _vllm_request(use)
+        self._read_as = (
+            self._request.model_copy(update={"tool_choice": "required"})
+            if self._own
+            else self._request
+        )
         self._streams: dict[int, Parser] = {}
+        self._plain: set[int] = set()  # the gateway's own format: choices answering text
         self._called: set[int] = set()
         self._make()  # a parser the tokenizer cannot serve fails here, not mid-stream
 
@@ -136,23 +171,30 @@ class ToolCalling:
             ) from e
 
     def constrained(self, requests: list[GenerationRequest]) -> list[GenerationRequest]:
-        """`required` and a named function: generation held to the calls' JSON schema (over
-        any `response_format`, as vLLM does); `auto`: special tokens kept in the text where
-        the parser asks for them (a model's `<tool_call>` may be one)."""
-        if self.use.forced:
-            grammar = self._grammar()
-            return [
-                msgspec.structs.replace(
-                    r,
-                    options=msgspec.structs.replace(
-                        r.options, grammar=grammar, json_schema=None, regex=None, choice=None
-                    ),
-                    constraint_field=TOOLS_FIELD,
-                )
-                for r in requests
-            ]
+        """Generation held to the calls' grammar (tool_grammars.py): `required` and a named
+        function over any `response_format`, as vLLM does; `auto` unless the request holds its
+        answer to a constraint of its own. Special tokens are kept in the text where the
+        parser asks for them (a model's `<tool_call>` may be one); the gateway's own format
+        shows the model the tools and how to call them."""
         if self._parser is None:
             return requests
+        grammar = self._grammar()
+        if self._own:
+            requests = [_told(r, self.use) for r in requests]
+        held = [
+            msgspec.structs.replace(
+                r,
+                options=msgspec.structs.replace(
+                    r.options, grammar=grammar, json_schema=None, regex=None, choice=None
+                ),
+                constraint_field=TOOLS_FIELD,
+            )
+            if grammar is not None and (self.use.forced or not _constrained(r))
+            else r
+            for r in requests
+        ]
+        if self.use.forced or self._own:
+            return held
         parser = self._make()
         assert parser is not None
         adjusted = parser.adjust_request(self._request.model_copy(deep=True))
@@ -163,26 +205,22 @@ class ToolCalling:
             )
             if keep
             else r
-            for r in requests
+            for r in held
         ]
 
-    def _grammar(self) -> str:
-        """vLLM's schema for the choice (its server's), as the grammar xgrammar (vLLM's
-        backend) compiles from it with no free whitespace: the JSON written compact, as
-        vLLM's `disable_any_whitespace` writes it, since a small model may otherwise repeat
-        whitespace until max_tokens. A schema xgrammar cannot compile is refused naming the
-        tool."""
+    def _grammar(self) -> str | None:
+        """The choice's grammar (None: `auto` with a parser that has no structural tag, as
+        free as vLLM's server leaves it). A schema xgrammar cannot compile is refused naming
+        the tool."""
         request = self._request
         try:
-            schema = get_json_schema_from_tools(
-                request.tool_choice or "none",
-                list(request.tools or []),
-                request.parallel_tool_calls,
-            )
-        except (ValueError, VLLMValidationError) as e:
+            if self.use.forced:
+                return calls_grammar(request)
+            if self._tag_model is None and not self._own:
+                return None
+            return auto_grammar(self._tag_model, json.dumps(self.use.tools), self.use.parallel)
+        except VLLMValidationError as e:
             raise invalid(f"The tools' schemas cannot be combined: {e}", "tools") from e
-        try:
-            return _compact_grammar(json.dumps(schema))
         except (RuntimeError, ValueError, TypeError):
             raise self._culprit() from None
 
@@ -193,7 +231,7 @@ class ToolCalling:
             if self.use.choice == "function" and function["name"] != self.use.function:
                 continue
             try:
-                _compact_grammar(json.dumps(function.get("parameters") or {"type": "object"}))
+                compact_grammar(json.dumps(function.get("parameters") or {"type": "object"}))
             except (RuntimeError, ValueError, TypeError) as e:
                 return invalid(
                     f"The engine cannot hold output to this schema: {e}",
@@ -203,28 +241,40 @@ class ToolCalling:
 
     def message(self, index: int, text: str, finish_reason: str) -> ParsedMessage:
         parser = self._make()
-        if parser is None:
+        if parser is None or (self._own and not text.startswith("[")):
             return ParsedMessage(text, [], finish_reason)
-        auto = self.use.choice == "auto"
-        _, content, found = parser.parse(text, self._request, enable_auto_tools=auto)
-        calls = [_call(c) for c in found or []]
+        if finish_reason == "length":  # read as streamed: a cut call comes as far as it got
+            step = parser.parse_delta(text, [], self._read_as, prompt_token_ids=[], finished=False)
+            calls = _whole(step)
+            content = step.content if step is not None and step.content else None
+        else:
+            auto = self.use.choice == "auto" and not self._own
+            _, content, found = parser.parse(text, self._read_as, enable_auto_tools=auto)
+            calls = [_call(c) for c in found or []]
         if not self.use.parallel:
             calls = calls[:1]
-        if self.use.forced:
+        if self.use.forced or self._own:
             content = None
         return ParsedMessage(content, calls, self._reason(finish_reason, bool(calls)))
 
     def delta(
         self, index: int, text: str, token_ids: list[int], finish_reason: str | None
     ) -> ParsedDelta:
+        if index in self._plain:
+            return ParsedDelta(text or None, None, finish_reason)
         parser = self._streams.get(index)
         if parser is None:
+            if self._own and not text:  # the first character decides: a call, or text
+                return ParsedDelta(None, None, finish_reason)
+            if self._own and not text.startswith("["):
+                self._plain.add(index)
+                return ParsedDelta(text, None, finish_reason)
             parser = self._make()
             if parser is None:
                 return ParsedDelta(text, None, finish_reason)
             self._streams[index] = parser
         message = parser.parse_delta(
-            text, token_ids, self._request, prompt_token_ids=[], finished=finish_reason is not None
+            text, token_ids, self._read_as, prompt_token_ids=[], finished=finish_reason is not None
         )
         pieces = _pieces(message, self.use.parallel)
         if pieces:
@@ -245,13 +295,38 @@ class ToolCalling:
         return finish_reason
 
 
-@lru_cache(maxsize=256)
-def _compact_grammar(schema: str) -> str:
-    """xgrammar's grammar for `schema` as vLLM's xgrammar backend compiles it with
-    `disable_any_whitespace` (RuntimeError, ValueError or TypeError: a schema it cannot
-    compile)."""
-    grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":"))
-    return str(grammar)
+def _constrained(request: GenerationRequest) -> bool:
+    o = request.options
+    return any(c is not None for c in (o.grammar, o.json_schema, o.regex, o.choice))
+
+
+def _told(request: GenerationRequest, use: ToolUse) -> GenerationRequest:
+    """`request` with the tools and how to call them after its last message (as TGI appended
+    its `tool_prompt`), for a model the gateway reads in its own format."""
+    if not request.messages:
+        return request
+    tools = "\n".join(json.dumps(t["function"]) for t in use.tools)
+    note = f"\n---\n{use.prompt or OWN_TOOL_PROMPT}\n{tools}"
+    *before, last = request.messages
+    told = {**last, "content": f"{last.get('content') or ''}{note}"}
+    return msgspec.structs.replace(request, messages=(*before, told))
+
+
+def _whole(message: DeltaMessage | None) -> list[ToolCall]:
+    """The calls one streamed step carries, put together (a call's pieces share its index)."""
+    calls: dict[int, tuple[str, str, str]] = {}
+    for piece in message.tool_calls if message is not None else []:
+        function = piece.function
+        id_, name, arguments = calls.get(piece.index, ("", "", ""))
+        if function is not None:
+            name = name or function.name or ""
+            arguments += function.arguments or ""
+        calls[piece.index] = (id_ or piece.id or "", name, arguments)
+    return [
+        ToolCall(id=id_ or make_tool_call_id(), function=CalledFunction(name, arguments))
+        for id_, name, arguments in (calls[i] for i in sorted(calls))
+        if name
+    ]
 
 
 def _call(found: FunctionCall) -> ToolCall:

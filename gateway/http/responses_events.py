@@ -27,6 +27,7 @@ from protocols.responses_answers import (
     outcome_of,
 )
 from protocols.responses_requests import ResponsesCall
+from protocols.responses_tool_stream import ToolStream
 from protocols.tool_calls import ToolAnswers
 
 
@@ -47,6 +48,7 @@ class Answer:
         self.tools = tools
         self.id = new_id("resp")
         self.message_id = new_id("msg")
+        self.stream: ToolStream | None = None  # a streamed answer with tools, as it streams
         self.response = opened(self.id, model, call.echo)
         if call.background:
             self.response = msgspec.structs.replace(self.response, status="queued")
@@ -54,6 +56,8 @@ class Answer:
     async def finish(self, done: Finished) -> ResponseObject:
         """The finished response, stored (when asked) before anyone is told it is done."""
         outcome = outcome_of(done, self.message_id, self.tools)
+        if self.stream is not None:
+            outcome = self.stream.settled(outcome)
         self.response = finished(self.response, done, outcome)
         if self.call.store:
             await self.responses.save(
@@ -77,11 +81,13 @@ async def answer_events(
     head: list[Step], rest: AsyncIterator[Step], answer: Answer, events: EventStream | None = None
 ) -> AsyncGenerator[Chunk, None]:
     """The typed events (made by `events`, which says when the terminal one was): the text
-    streams as it comes; with tools the output is read for calls at its end, and its items come
-    then. A background response is first `queued`, and `in_progress` once the engine takes it;
-    one the drain ends is `incomplete`."""
+    streams as it comes; with tools the output is read for calls as it comes too, each call's
+    arguments streamed (protocols/responses_tool_stream.py). A background response is first
+    `queued`, and `in_progress` once the engine takes it; one the drain ends is `incomplete`."""
     events = events or EventStream()
     background = answer.call.background
+    if answer.tools is not None:
+        answer.stream = ToolStream(answer.tools, answer.message_id)
     if background:
         yield Chunk(events.queued(answer.response))
     else:
@@ -101,15 +107,19 @@ async def answer_events(
                     if answer.tools is None:
                         opening += events.text_opening(answer.message_id, 0)
                     yield Chunk(opening)
-                case Delta(text=text) if text and answer.tools is None:
+                case Delta(text=text) if text and answer.stream is None:
                     yield Chunk(events.text_delta(answer.message_id, 0, text))
+                case Delta() if answer.stream is not None:
+                    streamed = answer.stream.step(event, events)
+                    if streamed:
+                        yield Chunk(streamed)
                 case Finished():
                     try:
                         response = await answer.finish(event)
                     except GenerationError as e:
                         yield Chunk(events.failed(failed(answer.response, e)), e.message)
                         return
-                    yield Chunk(_items(events, response, answer.tools is None))
+                    yield Chunk(_items(events, response, answer))
                     yield Chunk(events.completed(response))
                     return
                 case Failed():
@@ -131,15 +141,19 @@ async def _failure(events: EventStream, answer: Answer, event: Failed) -> bytes:
     return events.completed(response)
 
 
-def _items(events: EventStream, response: ResponseObject, opened: bool) -> bytes:
-    """Each output item's end; the items not yet opened (a tool call's answer) open first."""
+def _items(events: EventStream, response: ResponseObject, answer: Answer) -> bytes:
+    """Each output item's end; the items not yet opened (calls read at the end) open first."""
     out = b""
+    stream = answer.stream
     for index, item in enumerate(response.output):
-        if not opened:
+        opened = stream.opened if stream is not None else {0}
+        if index not in opened:
             if item["type"] == "message":
                 out += events.text_opening(item["id"], index)
                 out += events.text_delta(item["id"], index, item["content"][0]["text"])
             else:
                 out += events.event("response.output_item.added", output_index=index, item=item)
+        elif stream is not None:
+            out += stream.arguments_done(index, item, events)
         out += events.item_done(index, item)
     return out
