@@ -129,7 +129,9 @@ def test_a_two_turn_tool_use_loop(server: RunningServer) -> None:
         tool_choice={"type": "any"},
     )
     assert first.stop_reason == "tool_use"
-    [call] = [b for b in first.content if b.type == "tool_use"]
+    # `any` allows parallel calls (no `disable_parallel_tool_use`): each is answered.
+    calls = [b for b in first.content if b.type == "tool_use"]
+    assert calls and all(call.name == "get_weather" for call in calls)
     at.Message.model_validate(first.model_dump(), strict=True)
     second = sdk.messages.create(
         model=MODEL,
@@ -141,6 +143,7 @@ def test_a_two_turn_tool_use_loop(server: RunningServer) -> None:
                 "role": "user",
                 "content": [
                     {"type": "tool_result", "tool_use_id": call.id, "content": "Sunny, 24 C"}
+                    for call in calls
                 ],
             },
         ],
