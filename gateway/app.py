@@ -25,15 +25,15 @@ from gateway.engine.cpu_defaults import resolve_bulk_cap
 from gateway.engine.engine_args import device_type
 from gateway.engine.holder import EngineHolder
 from gateway.engine.loader import EngineLoader, local_loader
-from gateway.engine.pooling_engine import PoolingEngine, PoolingLoader, pooling_loader
+from gateway.engine.pooling_engine import PoolingLoader, pooling_loader
 from gateway.engine.tool_calls import ToolParsing
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.background import Background
 from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
-from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
+from gateway.engine_path.model_registry import EMBEDDING_START_SECONDS, ModelRegistry
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.sequences import SequenceBounds
 from gateway.engine_path.served_model import ServedModel
@@ -43,8 +43,6 @@ from gateway.state import Gateway
 from gateway.stores.configured import open_event_log, open_store
 from gateway.stores.feedback import FeedbackStore, feedback_path
 from protocols.names import Protocol
-
-EMBEDDING_START_SECONDS = 20.0  # the status messages' estimate
 
 
 def default_loader(settings: Settings) -> EngineLoader:
@@ -117,7 +115,8 @@ def create_app(
         drain.on_draining(detached.stop_all)
         background = Background(open_event_log(settings, store))
         drain.on_drained(background.settled)  # their terminal events kept before the exit
-        embedding_holder: EngineHolder[PoolingEngine] | None = None
+        served = ServedModel(holder, settings.engine, tool_parsing, chat_template)
+        models = ModelRegistry(served, settings)
         if load_embedding is not None or settings.embedding_model:
             embedding_holder = EngineHolder(
                 load_embedding or pooling_loader(settings),
@@ -127,9 +126,10 @@ def create_app(
                 on_give_up=on_give_up,
             )
             embedding_holder.start()
+            models.add_at_startup(embedding_holder, embedding_model_name(settings))
         gateway = Gateway(
             settings,
-            ServedModel(holder, settings.engine, tool_parsing, chat_template),
+            served,
             service,
             batches,
             feedback,
@@ -137,11 +137,7 @@ def create_app(
             drain,
             detached,
             background,
-            EmbeddingModel(
-                embedding_holder, embedding_model_name(settings), settings.embedding_priority
-            )
-            if embedding_holder is not None
-            else None,
+            models,
         )
         app.state.gateway = gateway
         try:
@@ -150,10 +146,9 @@ def create_app(
             await detached.stop_all()  # an exit without the drain (SIGINT) stops them too
             await background.close()
             await store.close()
+            await models.stop(at_startup_too=owns_engine)
             if owns_engine:
                 await holder.stop()
-                if embedding_holder is not None:
-                    await embedding_holder.stop()
 
     deadlines = Deadlines(settings.request_timeout_seconds)
     chat_template = served_chat_template(settings)

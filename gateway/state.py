@@ -12,8 +12,8 @@ from gateway.config.settings import Settings
 from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine_path.background import Background
 from gateway.engine_path.batch import BatchRunner
-from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.engine_path.generation import GenerationService
+from gateway.engine_path.model_registry import ModelRegistry
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.served_model import ServedModel
 from gateway.stores.feedback import FeedbackStore
@@ -35,7 +35,7 @@ class Gateway:
     drain: Drain
     detached: Detached  # control-protocol generations waiting for their client to reattach
     background: Background  # the Responses API's background responses, and their events
-    embedding: EmbeddingModel | None = None  # the embedding model beside the chat model, if any
+    models: ModelRegistry  # every model served by name: the chat model, embedding models
 
 
 def gateway_of(connection: HTTPConnection) -> Gateway:

@@ -85,14 +85,14 @@ def only(query: Mapping[str, str], known: frozenset[str]) -> None:
 def load_options(query: Mapping[str, str]) -> None:
     """`preload` and `pin` as the gateway serves every adapter: loaded at once (preload
     true), never pinned (vLLM's LRU of MAX_LORAS applies to all alike)."""
-    if not _flag(query, "preload", default=True):
+    if not flag(query, "preload", default=True):
         message = "preload=false is not supported: adapters are loaded when registered"
         raise invalid(message, "preload")
-    if _flag(query, "pin", default=False):
+    if flag(query, "pin", default=False):
         raise invalid("pin=true is not supported: no adapter is pinned", "pin")
 
 
-def _flag(query: Mapping[str, str], key: str, *, default: bool) -> bool:
+def flag(query: Mapping[str, str], key: str, *, default: bool) -> bool:
     value = query.get(key)
     if value is None or value == "":
         return default

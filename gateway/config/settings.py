@@ -105,6 +105,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     embedding_kv_cache_gib: PositiveFloat = 0.25
     # The class of an embedding request that names none: bulk, so chats stay fast.
     embedding_priority: Annotated[int, Meta(ge=0, le=9)] = 2
+    # Embedding models loaded at run time (DJL's management API, ADMIN_API_KEYS): together at
+    # most this much memory by their estimate (0: no budget of their own), and never more
+    # than the machine has available less this reserve (docs/EMBEDDINGS.md).
+    model_load_memory_gib: Annotated[float, Meta(ge=0)] = 0.0
+    model_load_reserve_gib: Annotated[float, Meta(ge=0)] = 1.0
     port: Port = 8000
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     max_running_requests: Positive = 256
@@ -146,7 +151,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     api_keys_file: str = ""  # one key per line, `key:name`; re-read on SIGHUP
     auth_open_paths: str = "/health,/ping,/ui,/ui/*"  # need no key
     # Keys that may load and unload LoRA adapters at run time (docs/ADAPTERS.md): comma-
-    # separated, apart from API_KEYS; none set, adapters are loaded at start-up only.
+    # separated, apart from API_KEYS; none set, adapters and models are loaded at start-up only.
     admin_api_keys: str = ""
     metrics_public: bool = False  # true: /metrics needs no key either (a private scraper)
     # Per-key limits (per connection with keys off); 0: no limit. The keys file overrides them.

@@ -1,5 +1,6 @@
-"""The admin key check every adapter management route asks (docs/ADAPTERS.md): only a key of
-ADMIN_API_KEYS may load or unload adapters (none set: refused); API_KEYS' keys cannot."""
+"""The admin key check every adapter and model management route asks (docs/ADAPTERS.md,
+docs/EMBEDDINGS.md): only a key of ADMIN_API_KEYS may load or unload adapters or models (none
+set: refused); API_KEYS' keys cannot."""
 
 from __future__ import annotations
 
@@ -13,9 +14,17 @@ from gateway.state import gateway_of
 
 # Open to the API-key check (API_KEYS): these routes check ADMIN_API_KEYS themselves. LMI's
 # adapter management routes (gateway/routes/lmi_adapters.py) are `/adapters...` and
-# `/models/{model_name}/adapters...`; nothing else lives under `/models/`.
+# `/models/{model_name}/adapters...`, DJL's model management (routes/model_management.py)
+# `/models` and `/models/{model_name}`; nothing else lives under `/models`.
 ADMIN_PATHS = frozenset(
-    {"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters", "/adapters/*", "/models/*"}
+    {
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/adapters",
+        "/adapters/*",
+        "/models",
+        "/models/*",
+    }
 )
 
 
@@ -31,11 +40,13 @@ def admin_refusal(request: Request) -> Refusal | None:
     admins = [k.strip() for k in gateway_of(request).settings.admin_api_keys.split(",")]
     admins = [k for k in admins if k]
     if not admins:
-        message = "Adapters are loaded at start-up only: ADMIN_API_KEYS names no admin key"
+        message = (
+            "Adapters and models are loaded at start-up only: ADMIN_API_KEYS names no admin key"
+        )
         return Refusal(403, message, "permission_error")
     key = presented_key(request.scope)
     if key is None:
         return Refusal(401, "An admin key is required (ADMIN_API_KEYS)", "authentication_error")
     if not any(hmac.compare_digest(key.encode(), a.encode()) for a in admins):
-        return Refusal(403, "This key may not manage adapters", "permission_error")
+        return Refusal(403, "This key may not manage adapters or models", "permission_error")
     return None

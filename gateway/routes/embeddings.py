@@ -27,19 +27,23 @@ from protocols.openai_requests import ANY_MODEL
 
 
 def model_for(gateway: Gateway, asked: str | None) -> EmbeddingModel | Whole:
-    """The embedding model a request's `model` names (None: the served one), or OpenAI's
-    answer: 404 for a model not served, 400 naming `model` for the chat model."""
-    model = gateway.embedding
-    if model is not None and (asked is None or asked == model.name or asked in ANY_MODEL):
+    """The embedding model a request's `model` names (None: the first served), or OpenAI's
+    answer: 404 for a model not served, 400 naming `model` for one that generates."""
+    models = gateway.models
+    named = None if asked is None or asked in ANY_MODEL else asked
+    model = models.embedding(named)
+    if model is not None:
         return model
-    if asked == gateway.model.name:
+    served = models.embedding()
+    if asked is not None and models.task_of(asked) == "generate":
         why = f"The model `{asked}` generates text; it does not embed"
-        if model is not None:
-            why += f": ask `{model.name}`"
+        if served is not None:
+            why += f": ask `{served.name}`"
         return _error(invalid(why, "model"))
-    if model is None:
+    if served is None:
         return Whole(404, not_found("This server serves no embedding model"), JSON)
-    why = f"The model `{asked}` does not exist; this server embeds with `{model.name}`"
+    names = ", ".join(f"`{m.name}`" for m in models.embedding_models())
+    why = f"The model `{asked}` does not exist; this server embeds with {names}"
     return Whole(404, not_found(why), JSON)
 
 

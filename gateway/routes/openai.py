@@ -42,8 +42,7 @@ def _listed(request: Request) -> list[Model]:
         Model(id=name, max_model_len=context, created=now, root=str(path), parent=model.name)
         for name, path in model.adapter_paths().items()
     ]
-    embedding = gateway.embedding
-    if embedding is not None:
+    for embedding in gateway.models.embedding_models():
         length = embedding.context_length() or 0
         listed.append(
             Model(id=embedding.name, max_model_len=length, created=now, task=embedding.task)

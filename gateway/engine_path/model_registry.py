@@ -1,0 +1,182 @@
+"""`ModelRegistry`: the models one gateway serves, by name. The chat model (with its adapters)
+is fixed at start-up; embedding models come from EMBEDDING_MODEL at start-up and from DJL's
+management API at run time (gateway/routes/model_management.py), each on its own pooling engine.
+
+A load at run time is checked against memory first: the engine's estimate
+(gateway/engine/model_memory.py) must fit both what the machine has available (less
+`MODEL_LOAD_RESERVE_GIB`, kept for the running engines' growth) and MODEL_LOAD_MEMORY_GIB's
+budget for models loaded at run time, or it is refused with the figures, never started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from gateway.config.settings import DEFAULT_EMBEDDING_MODEL, Settings
+from gateway.engine.holder import EngineHolder
+from gateway.engine.model_memory import GIB, available_bytes, engine_bytes
+from gateway.engine.pooling_engine import PoolingEngine, default_embedding_model, pooling_loader
+from gateway.engine_path.embedding_model import EmbeddingModel
+from gateway.engine_path.served_model import ServedModel
+
+Task = Literal["generate", "embed"]
+EMBEDDING_START_SECONDS = 20.0  # the status messages' estimate
+
+
+class ModelRefused(Exception):
+    """A registration or removal refused: `status` is DJL's (400, 404, 409, 507)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One served model as the management API lists it."""
+
+    name: str
+    task: Task
+    source: str  # DJL's modelUrl: the directory, `default`, or the chat model's
+    status: str  # loading, ready or failed
+    loaded_at_startup: bool
+
+
+@dataclass(frozen=True)
+class _Embedder:
+    model: EmbeddingModel
+    holder: EngineHolder[PoolingEngine]
+    source: str
+    at_startup: bool
+    memory_bytes: int  # the estimate it was admitted with (0: loaded at start-up)
+
+
+class ModelRegistry:
+    def __init__(self, chat: ServedModel, settings: Settings) -> None:
+        self.chat = chat
+        self._settings = settings
+        self._embedders: dict[str, _Embedder] = {}
+        self._changing = asyncio.Lock()
+
+    def add_at_startup(self, holder: EngineHolder[PoolingEngine], name: str) -> None:
+        """The embedding model EMBEDDING_MODEL names (its holder already started)."""
+        model = EmbeddingModel(holder, name, self._settings.embedding_priority)
+        source = self._settings.embedding_model
+        self._embedders[name] = _Embedder(model, holder, source, True, 0)
+
+    def embedding(self, name: str | None = None) -> EmbeddingModel | None:
+        """The embedding model `name` names; None: the first served (start-up's first)."""
+        if name is None:
+            first = next(iter(self._embedders.values()), None)
+            return first.model if first is not None else None
+        found = self._embedders.get(name)
+        return found.model if found is not None else None
+
+    def embedding_models(self) -> list[EmbeddingModel]:
+        return [e.model for e in self._embedders.values()]
+
+    def task_of(self, name: str) -> Task | None:
+        """What the model `name` does (the chat model's adapters generate), None: not served."""
+        if name in self._embedders:
+            return "embed"
+        if name == self.chat.name or name in self.chat.adapter_paths():
+            return "generate"
+        return None
+
+    def entries(self) -> list[Entry]:
+        status, _ = self.chat.status()
+        chat_source = self._settings.engine.model or "default"
+        listed = [Entry(self.chat.name, "generate", chat_source, status, True)]
+        for name, embedder in self._embedders.items():
+            status, _ = embedder.model.status()
+            listed.append(Entry(name, "embed", embedder.source, status, embedder.at_startup))
+        return listed
+
+    async def register(self, name: str, source: str, *, synchronous: bool = True) -> Entry:
+        """Start an embedding model's engine for `source` (`default` or a model directory)
+        served as `name`; with `synchronous`, return once it is ready (or failed: removed and
+        refused). ModelRefused: a name in use, a source that is not a model directory, or a
+        load that does not fit the memory."""
+        async with self._changing:
+            if self.task_of(name) is not None:
+                raise ModelRefused(409, f'Model "{name}" is already registered')
+            directory = _model_directory(source)
+            need = engine_bytes(directory, self._settings.embedding_kv_cache_gib)
+            self._check_memory(name, need)
+            settings = msgspec.structs.replace(
+                self._settings, embedding_model=source, embedding_served_model_name=name
+            )
+            # No `on_give_up`: a model loaded at run time that keeps dying is reported failed
+            # (GET /models); it does not end the gateway as the start-up models' would.
+            holder = EngineHolder(
+                pooling_loader(settings),
+                EMBEDDING_START_SECONDS,
+                max_restarts=settings.engine_max_restarts,
+                restart_window_seconds=settings.engine_restart_window_seconds,
+            )
+            holder.start()
+            model = EmbeddingModel(holder, name, settings.embedding_priority)
+            self._embedders[name] = _Embedder(model, holder, source, False, need)
+        if synchronous:
+            try:
+                await holder.wait()
+            except Exception as e:  # the engine did not start: nothing of it is kept
+                await self.unregister(name)
+                raise ModelRefused(500, f'Model "{name}" failed to load: {e}') from e
+        return next(e for e in self.entries() if e.name == name)
+
+    async def unregister(self, name: str) -> None:
+        """Stop the embedding model `name`'s engine and forget it (requests it is answering
+        end with the engine's stop). ModelRefused: the chat model, or a name not served."""
+        async with self._changing:
+            if self.task_of(name) == "generate":
+                raise ModelRefused(
+                    400, f'Model "{name}" is the chat model: it is fixed at start-up'
+                )
+            embedder = self._embedders.pop(name, None)
+            if embedder is None:
+                raise ModelRefused(404, f'Model or workflow not found: "{name}"')
+        await embedder.holder.stop()
+
+    async def stop(self, *, at_startup_too: bool) -> None:
+        """Stop the engines of models loaded at run time, and with `at_startup_too` those of
+        start-up (a test's app shares those with others)."""
+        for embedder in list(self._embedders.values()):
+            if at_startup_too or not embedder.at_startup:
+                await embedder.holder.stop()
+
+    def _check_memory(self, name: str, need: int) -> None:
+        budget = self._settings.model_load_memory_gib
+        if budget > 0:
+            taken = sum(e.memory_bytes for e in self._embedders.values())
+            if taken + need > budget * GIB:
+                raise ModelRefused(
+                    507,
+                    f'Model "{name}" needs about {need / GIB:.2f} GiB; models loaded at run '
+                    f"time hold {taken / GIB:.2f} GiB of MODEL_LOAD_MEMORY_GIB's {budget:g} GiB",
+                )
+        free = available_bytes()
+        reserve = int(self._settings.model_load_reserve_gib * GIB)
+        if free is not None and need > free - reserve:
+            raise ModelRefused(
+                507,
+                f'Model "{name}" needs about {need / GIB:.2f} GiB; the machine has '
+                f"{free / GIB:.2f} GiB available, {reserve / GIB:.2f} GiB of it kept in reserve "
+                "(MODEL_LOAD_RESERVE_GIB)",
+            )
+
+
+def _model_directory(source: str) -> Path:
+    """The model directory `source` names (`default`: the shipped all-MiniLM-L6-v2)."""
+    if source == DEFAULT_EMBEDDING_MODEL:
+        return default_embedding_model()
+    directory = Path(source)
+    if not (directory / "config.json").is_file():
+        raise ModelRefused(400, f"`url` is not a model directory on this machine: {source}")
+    return directory

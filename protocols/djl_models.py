@@ -1,0 +1,95 @@
+"""DJL Serving's model management API, its wire shapes: register (POST `/models?url=&model_name=`),
+list (GET `/models?limit=&next_page_token=`), describe (GET `/models/{model_name}`), unregister
+(DELETE `/models/{model_name}`), as DJL's ManagementRequestHandler answers them. Parameters
+are query parameters; answers `{"status": ...}`; errors DJL's `ErrorResponse`
+(protocols/lmi_adapters.py).
+
+The gateway serves embedding models this way (the chat model is fixed at start-up): `task`, its
+own parameter, may only be `embed`; DJL's worker and batching parameters are accepted and have
+no effect (vLLM batches continuously; one engine per model)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from protocols.errors import invalid
+from protocols.lmi_adapters import flag, required
+
+# DJL's, then the gateway's own `task`.
+REGISTER_PARAMETERS = frozenset(
+    {
+        "url",
+        "model_name",
+        "model_version",
+        "engine",
+        "device",
+        "job_queue_size",
+        "batch_size",
+        "max_batch_delay",
+        "max_idle_time",
+        "min_worker",
+        "max_worker",
+        "synchronous",
+        "task",
+    }
+)
+# The gateway's statuses (loading, ready, failed) as DJL's list writes them.
+LIST_STATUS = {"loading": "PENDING", "ready": "READY", "failed": "FAILED"}
+DESCRIBE_STATUS = {"loading": "Unhealthy", "ready": "Healthy", "failed": "Unhealthy"}
+
+
+class Registration(msgspec.Struct, frozen=True):
+    name: str
+    url: str
+    synchronous: bool
+
+
+class ListedModel(msgspec.Struct):
+    modelName: str
+    modelUrl: str
+    status: str
+    task: str  # the gateway's: generate or embed
+
+
+class ModelList(msgspec.Struct, omit_defaults=True):
+    models: list[ListedModel]
+    nextPageToken: str | None = None
+
+
+class DescribedModel(msgspec.Struct):
+    modelName: str
+    modelUrl: str
+    status: str
+    loadedAtStartup: bool
+    task: str
+
+
+class Workflow(msgspec.Struct):
+    workflowName: str
+    models: list[DescribedModel]
+
+
+def registration(query: Mapping[str, str]) -> Registration:
+    """The register call's parameters (`model_name` defaults to the url's last part, as DJL
+    infers it); a parameter this API does not know, or a task other than `embed`, refused."""
+    for key in query:
+        if key not in REGISTER_PARAMETERS:
+            accepted = ", ".join(sorted(REGISTER_PARAMETERS))
+            raise invalid(f"The parameter {key} is not supported (accepted: {accepted})", key)
+    url = required(query, "url")
+    task = query.get("task") or "embed"
+    if task != "embed":
+        message = f"task={task} is not supported: only embedding models load at run time"
+        raise invalid(message, "task")
+    name = query.get("model_name") or url.rstrip("/").rsplit("/", 1)[-1]
+    return Registration(name, url, flag(query, "synchronous", default=True))
+
+
+def status_line(name: str, *, scheduled: bool) -> str:
+    return f'Model "{name}" registration scheduled.' if scheduled else f'Model "{name}" registered.'
+
+
+def unregistered(name: str) -> str:
+    return f'Model or workflow "{name}" unregistered'

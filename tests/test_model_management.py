@@ -1,0 +1,137 @@
+"""DJL Serving's model management API over the model registry, on the real engines: an
+embedding model registered at run time serves `/v1/embeddings` by its name until it is
+unregistered, then is refused; every refusal is DJL's error shape with its status, a load that
+does not fit the memory among them (refused before any engine starts)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from clients import wait_ready, web
+from gateway.engine.pooling_engine import PoolingEngine
+from gateway.engine.vllm_engine import VllmEngine
+from serving import LoopThread, RunningServer, free_port, gateway_settings, shared_loader
+
+ADMIN = "admin-key"
+NAME = "all-MiniLM-L6-v2"
+CHAT = "SmolLM2-135M-Instruct"
+
+
+def _server(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine, **env: str
+) -> RunningServer:
+    from gateway.app import create_app
+
+    async def load_embedding() -> PoolingEngine:
+        return embedding_engine
+
+    settings = gateway_settings(
+        EMBEDDING_MODEL="default", EMBEDDING_DTYPE="float32", ADMIN_API_KEYS=ADMIN, **env
+    )
+    app = create_app(
+        settings, shared_loader(engine), owns_engine=False, load_embedding=load_embedding
+    )
+    running = RunningServer(loop_thread, app, settings, free_port())
+    wait_ready(running.http)
+    return running
+
+
+@pytest.fixture(scope="module")
+def managed(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
+) -> Iterator[RunningServer]:
+    """A budget of 0.1 GiB for models loaded at run time: any load is refused for memory."""
+    running = _server(loop_thread, engine, embedding_engine, MODEL_LOAD_MEMORY_GIB="0.1")
+    yield running
+    running.stop()
+
+
+def _call(
+    server: RunningServer, method: str, path: str, key: str | None = ADMIN, **query: Any
+) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return web.request(method, server.http + path, params=query, headers=headers)
+
+
+def _refused(answer: httpx.Response, status: int, words: str) -> None:
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert body["code"] == status and body["type"] and words in body["message"], body
+
+
+def test_the_list_and_description_name_every_model_and_its_task(managed: RunningServer) -> None:
+    listed = _call(managed, "GET", "/models").json()["models"]
+    assert [(m["modelName"], m["task"], m["status"]) for m in listed] == [
+        (CHAT, "generate", "READY"),
+        (NAME, "embed", "READY"),
+    ]
+    assert listed[1]["modelUrl"] == "default"
+    [workflow] = _call(managed, "GET", f"/models/{NAME}").json()
+    assert workflow["workflowName"] == NAME
+    [described] = workflow["models"]
+    assert described["status"] == "Healthy" and described["loadedAtStartup"] is True
+    page = _call(managed, "GET", "/models", limit="1").json()
+    assert [m["modelName"] for m in page["models"]] == [CHAT] and page["nextPageToken"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "status", "words"),
+    [
+        ("POST", "/models", {}, 400, "url"),
+        ("POST", "/models", {"url": "/nowhere"}, 400, "not a model directory"),
+        ("POST", "/models", {"url": "default", "task": "generate"}, 400, "only embedding"),
+        ("POST", "/models", {"url": "default", "colour": "red"}, 400, "colour"),
+        ("POST", "/models", {"url": "default", "model_name": NAME}, 409, "already registered"),
+        ("POST", "/models", {"url": "default", "model_name": CHAT}, 409, "already registered"),
+        ("POST", "/models", {"url": "default", "model_name": "mini"}, 507, "MODEL_LOAD_MEMORY"),
+        ("DELETE", f"/models/{CHAT}", {}, 400, "chat model"),
+        ("DELETE", "/models/nothing", {}, 404, "nothing"),
+        ("GET", "/models/nothing", {}, 404, "nothing"),
+    ],
+)
+def test_each_refusal_is_djls_error_naming_the_cause(
+    managed: RunningServer, method: str, path: str, query: dict[str, str], status: int, words: str
+) -> None:
+    _refused(_call(managed, method, path, **query), status, words)
+
+
+def test_only_an_admin_key_manages_models(managed: RunningServer) -> None:
+    _refused(_call(managed, "GET", "/models", key=None), 401, "admin key")
+    _refused(_call(managed, "POST", "/models", key="not-admin", url="default"), 403, "may not")
+    assert [m["modelName"] for m in _call(managed, "GET", "/models").json()["models"]] == [
+        CHAT,
+        NAME,
+    ]
+
+
+@pytest.mark.own_engine
+def test_a_model_registered_at_run_time_serves_until_it_is_unregistered(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
+) -> None:
+    server = _server(loop_thread, engine, embedding_engine)
+    try:
+        registered = _call(server, "POST", "/models", url="default", model_name="mini-two")
+        assert registered.json() == {"status": 'Model "mini-two" registered.'}
+        listed = _call(server, "GET", "/models").json()["models"]
+        assert ("mini-two", "embed", "READY") in [
+            (m["modelName"], m["task"], m["status"]) for m in listed
+        ]
+        oai = openai.OpenAI(api_key="k", base_url=server.http + "/v1", max_retries=0)
+        text = "The cat sat on the mat."
+        two = np.array(oai.embeddings.create(model="mini-two", input=text).data[0].embedding)
+        one = np.array(oai.embeddings.create(model=NAME, input=text).data[0].embedding)
+        assert float(one @ two) >= 0.999  # the same weights, another engine
+        assert "mini-two" in [m.id for m in oai.models.list()]
+        gone = _call(server, "DELETE", "/models/mini-two")
+        assert gone.json() == {"status": 'Model or workflow "mini-two" unregistered'}
+        with pytest.raises(openai.NotFoundError):
+            oai.embeddings.create(model="mini-two", input=text)
+        assert oai.embeddings.create(model=NAME, input=text).data  # the start-up model serves
+    finally:
+        server.stop()
