@@ -11,7 +11,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from gateway.config.priorities import PriorityClasses
-from gateway.config.settings import Settings, constraint_budget, embedding_model_name
+from gateway.config.settings import (
+    ConfigError,
+    Settings,
+    constraint_budget,
+    embedding_model_name,
+    models_to_load,
+)
 from gateway.drain import Drain, DrainMiddleware
 from gateway.edge.api_keys import KeyRing
 from gateway.edge.auth import ApiKeyMiddleware, open_paths_of
@@ -33,7 +39,11 @@ from gateway.engine_path.batch import BatchRunner
 from gateway.engine_path.deadlines import Deadlines
 from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
-from gateway.engine_path.model_registry import EMBEDDING_START_SECONDS, ModelRegistry
+from gateway.engine_path.model_registry import (
+    EMBEDDING_START_SECONDS,
+    ModelRefused,
+    ModelRegistry,
+)
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.sequences import SequenceBounds
 from gateway.engine_path.served_model import ServedModel
@@ -127,6 +137,11 @@ def create_app(
             )
             embedding_holder.start()
             models.add_at_startup(embedding_holder, embedding_model_name(settings))
+        for name, url in models_to_load(settings):
+            try:
+                await models.register(name, url, synchronous=False, at_startup=True)
+            except ModelRefused as e:
+                raise ConfigError(f"LOAD_MODELS: {e.message}") from e
         gateway = Gateway(
             settings,
             served,

@@ -30,6 +30,7 @@ def setting(settings: Settings, name: str) -> Any:
         ("OPTION_MODEL_ID", "/models/llama", "MODEL", "/models/llama"),
         ("MODEL_ID", "/models/llama", "MODEL", "/models/llama"),
         ("OPTION_SERVED_MODEL_NAME", "chat", "SERVED_MODEL_NAME", "chat"),
+        ("SERVING_LOAD_MODELS", "mini=default", "LOAD_MODELS", "mini=default"),
         ("OPTION_MAX_MODEL_LEN", "1024", "MAX_MODEL_LEN", 1024),
         ("MAX_TOTAL_TOKENS", "1024", "MAX_MODEL_LEN", 1024),
         ("TENSOR_PARALLEL_DEGREE", "2", "TENSOR_PARALLEL_SIZE", 2),

@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 
-from clients import wait_ready, web
+from clients import wait_for, wait_ready, web
 from gateway.engine.pooling_engine import PoolingEngine
 from gateway.engine.vllm_engine import VllmEngine
 from serving import LoopThread, RunningServer, free_port, gateway_settings, shared_loader
@@ -110,28 +110,51 @@ def test_only_an_admin_key_manages_models(managed: RunningServer) -> None:
     ]
 
 
+def test_load_models_reads_djls_list() -> None:
+    from gateway.config.settings import ConfigError, models_to_load
+
+    settings = gateway_settings(LOAD_MODELS="a=default, /m/e5 ,b::PyTorch:cpu=/m/bge,")
+    assert models_to_load(settings) == [("a", "default"), ("e5", "/m/e5"), ("b", "/m/bge")]
+    with pytest.raises(ConfigError, match="names no model url"):
+        models_to_load(gateway_settings(LOAD_MODELS="a="))
+
+
 @pytest.mark.own_engine
-def test_a_model_registered_at_run_time_serves_until_it_is_unregistered(
+def test_models_from_start_up_and_run_time_serve_until_unregistered(
     loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
 ) -> None:
-    server = _server(loop_thread, engine, embedding_engine)
+    """LOAD_MODELS' model loads beside EMBEDDING_MODEL's; unregistered, it is refused; one
+    registered at run time then serves in its place."""
+    server = _server(loop_thread, engine, embedding_engine, LOAD_MODELS="mini-two=default")
     try:
-        registered = _call(server, "POST", "/models", url="default", model_name="mini-two")
-        assert registered.json() == {"status": 'Model "mini-two" registered.'}
-        listed = _call(server, "GET", "/models").json()["models"]
-        assert ("mini-two", "embed", "READY") in [
-            (m["modelName"], m["task"], m["status"]) for m in listed
-        ]
+        wait_for(lambda: _status(server, "mini-two") != "PENDING")
+        assert _status(server, "mini-two") == "READY"
+        [workflow] = _call(server, "GET", "/models/mini-two").json()
+        assert workflow["models"][0]["loadedAtStartup"] is True
         oai = openai.OpenAI(api_key="k", base_url=server.http + "/v1", max_retries=0)
         text = "The cat sat on the mat."
-        two = np.array(oai.embeddings.create(model="mini-two", input=text).data[0].embedding)
         one = np.array(oai.embeddings.create(model=NAME, input=text).data[0].embedding)
+        two = np.array(oai.embeddings.create(model="mini-two", input=text).data[0].embedding)
         assert float(one @ two) >= 0.999  # the same weights, another engine
         assert "mini-two" in [m.id for m in oai.models.list()]
         gone = _call(server, "DELETE", "/models/mini-two")
         assert gone.json() == {"status": 'Model or workflow "mini-two" unregistered'}
         with pytest.raises(openai.NotFoundError):
             oai.embeddings.create(model="mini-two", input=text)
+
+        registered = _call(server, "POST", "/models", url="default", model_name="mini-three")
+        assert registered.json() == {"status": 'Model "mini-three" registered.'}
+        assert _status(server, "mini-three") == "READY"
+        three = oai.embeddings.create(model="mini-three", input=text).data[0].embedding
+        assert float(one @ np.array(three)) >= 0.999
+        assert _call(server, "DELETE", "/models/mini-three").status_code == 200
+        with pytest.raises(openai.NotFoundError):
+            oai.embeddings.create(model="mini-three", input=text)
         assert oai.embeddings.create(model=NAME, input=text).data  # the start-up model serves
     finally:
         server.stop()
+
+
+def _status(server: RunningServer, name: str) -> str | None:
+    listed = _call(server, "GET", "/models").json()["models"]
+    return next((m["status"] for m in listed if m["modelName"] == name), None)

@@ -89,6 +89,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("OPTION_CHAT_TEMPLATE", "CHAT_TEMPLATE"),
     Alias("OPTION_ENABLE_AUTO_TOOL_CHOICE", "ENABLE_AUTO_TOOL_CHOICE"),
     Alias("OPTION_TOOL_CALL_PARSER", "TOOL_CALL_PARSER"),
+    Alias("SERVING_LOAD_MODELS", "LOAD_MODELS"),  # DJL Serving's models to load at start-up
     # TGI's launcher
     Alias("MODEL_ID", "MODEL"),
     Alias("MAX_TOTAL_TOKENS", "MAX_MODEL_LEN"),

@@ -82,6 +82,22 @@ def embedding_model_name(settings: Settings) -> str:
     return settings.embedding_model
 
 
+def models_to_load(settings: Settings) -> list[tuple[str, str]]:
+    """LOAD_MODELS as (name, url) pairs, in order; DJL's `name::engine:device=url` keeps the
+    name (the engine and device are vLLM's and the gateway's to choose)."""
+    pairs = []
+    for entry in settings.load_models.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, _, url = entry.rpartition("=")
+        name = name.split("::", 1)[0].strip() or url.rstrip("/").rsplit("/", 1)[-1]
+        if not url.strip():
+            raise ConfigError(f"LOAD_MODELS: `{entry}` names no model url")
+        pairs.append((name, url.strip()))
+    return pairs
+
+
 def served_model_name(engine: EngineSettings) -> str:
     """The name clients see and may ask for: SERVED_MODEL_NAME, else the model's own name."""
     if engine.served_model_name:
@@ -105,6 +121,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     embedding_kv_cache_gib: PositiveFloat = 0.25
     # The class of an embedding request that names none: bulk, so chats stay fast.
     embedding_priority: Annotated[int, Meta(ge=0, le=9)] = 2
+    # More embedding models from start-up, each on its own engine: `name=url` (or a bare url,
+    # named by its last part) separated by commas, `url` as EMBEDDING_MODEL's; DJL's
+    # SERVING_LOAD_MODELS too. The management API can unload and load them.
+    load_models: str = ""
     # Embedding models loaded at run time (DJL's management API, ADMIN_API_KEYS): together at
     # most this much memory by their estimate (0: no budget of their own), and never more
     # than the machine has available less this reserve (docs/EMBEDDINGS.md).

@@ -65,7 +65,8 @@ class ModelRegistry:
         self._changing = asyncio.Lock()
 
     def add_at_startup(self, holder: EngineHolder[PoolingEngine], name: str) -> None:
-        """The embedding model EMBEDDING_MODEL names (its holder already started)."""
+        """The embedding model EMBEDDING_MODEL names (its holder already started; LOAD_MODELS'
+        come through `register`)."""
         model = EmbeddingModel(holder, name, self._settings.embedding_priority)
         source = self._settings.embedding_model
         self._embedders[name] = _Embedder(model, holder, source, True, 0)
@@ -98,7 +99,9 @@ class ModelRegistry:
             listed.append(Entry(name, "embed", embedder.source, status, embedder.at_startup))
         return listed
 
-    async def register(self, name: str, source: str, *, synchronous: bool = True) -> Entry:
+    async def register(
+        self, name: str, source: str, *, synchronous: bool = True, at_startup: bool = False
+    ) -> Entry:
         """Start an embedding model's engine for `source` (`default` or a model directory)
         served as `name`; with `synchronous`, return once it is ready (or failed: removed and
         refused). ModelRefused: a name in use, a source that is not a model directory, or a
@@ -122,7 +125,7 @@ class ModelRegistry:
             )
             holder.start()
             model = EmbeddingModel(holder, name, settings.embedding_priority)
-            self._embedders[name] = _Embedder(model, holder, source, False, need)
+            self._embedders[name] = _Embedder(model, holder, source, at_startup, need)
         if synchronous:
             try:
                 await holder.wait()
@@ -163,6 +166,8 @@ class ModelRegistry:
                 )
         free = available_bytes()
         reserve = int(self._settings.model_load_reserve_gib * GIB)
+        if free is not None:  # engines still loading have not taken their memory yet
+            free -= sum(e.memory_bytes for e in self._embedders.values() if not e.model.ready)
         if free is not None and need > free - reserve:
             raise ModelRefused(
                 507,
