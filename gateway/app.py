@@ -138,7 +138,11 @@ def create_app(
             detached,
             background,
             EmbeddingModel(
-                embedding_holder, embedding_model_name(settings), settings.embedding_priority
+                embedding_holder,
+                embedding_model_name(settings),
+                settings.embedding_priority,
+                admission,
+                service.limiter,
             )
             if embedding_holder is not None
             else None,
