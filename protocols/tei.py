@@ -342,6 +342,29 @@ def task_of(doc: dict[str, Any]) -> Task:
     return "embed"
 
 
+# What a generation's body on `/` (TGI's) or `/invocations` (LMI's) holds and TEI's never do:
+# huggingface_hub's text_generation always sends `parameters` and `stream`.
+_GENERATION_FIELDS = ("parameters", "stream", "messages")
+
+
+def is_tei_body(doc: dict[str, Any]) -> bool:
+    """Whether a body on `/` or `/invocations`, paths a generation shares, is TEI's: `query`
+    with `texts` (rerank), an object in `inputs` (similarity), or none of a generation's
+    fields (embed: what huggingface_hub's feature_extraction sends; a body without `inputs`
+    is then refused as TEI refuses it, naming `inputs`)."""
+    if "query" in doc and "texts" in doc:
+        return True
+    if isinstance(doc.get("inputs"), dict):
+        return True
+    return not any(f in doc for f in _GENERATION_FIELDS)
+
+
+def is_tei_tokenize(doc: dict[str, Any]) -> bool:
+    """POST `/tokenize` is TEI's and vLLM's: TEI's body has `inputs`, vLLM's `prompt` or
+    `messages`."""
+    return "inputs" in doc and "prompt" not in doc and "messages" not in doc
+
+
 def is_tei_rerank(doc: dict[str, Any]) -> bool:
     """POST `/rerank` is TEI's and vLLM's: TEI's body has `texts`, vLLM's (Jina's) `documents`."""
     return "texts" in doc and "documents" not in doc

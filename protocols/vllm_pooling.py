@@ -206,7 +206,8 @@ class Usage(msgspec.Struct):
 class PoolingData(msgspec.Struct):
     index: int
     object: str
-    data: list[float] | list[list[float]] | str
+    # a vector, a vector per token, or base64: msgspec takes no union of two array types
+    data: Any
 
 
 class PoolingAnswer(msgspec.Struct):

@@ -74,6 +74,9 @@ class PoolingEngine:
         self.dtype = str(config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
         self.matryoshka = bool(config.is_matryoshka)
+        pooler = config.pooler_config
+        self.pooling = str(getattr(pooler, "seq_pooling_type", None) or "mean").lower()
+        self.model_id = str(config.model)
         self.special_prefix, self.special_suffix = _special_tokens(self.tokenizer)
         self._ids = itertools.count()
         self._closing = False

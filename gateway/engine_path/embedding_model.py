@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from msgspec.structs import replace
 
@@ -41,6 +41,24 @@ from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.openai_requests import check_token_ids
 
 Task = Literal["embed"]
+
+
+class ModelFacts(NamedTuple):
+    model_id: str  # the directory or hub id it was loaded from
+    dtype: str  # float32, bfloat16...
+    pooling: str  # mean, cls...
+    max_input_length: int
+
+
+class Piece(NamedTuple):
+    """One token of a text: its id, its text, whether the tokenizer added it, and the
+    characters it covers (None for an added special token)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 class EmbeddingModel:
@@ -79,6 +97,17 @@ class EmbeddingModel:
     async def dimensions_supported(self) -> bool:
         """Whether the model serves shortened vectors (Matryoshka): `dimensions` else refused."""
         return (await self._holder.wait()).matryoshka
+
+    async def describe(self) -> ModelFacts:
+        """What TEI's /info reports of the model."""
+        engine = await self._holder.wait()
+        return ModelFacts(engine.model_id, engine.dtype, engine.pooling, engine.max_model_len)
+
+    async def tokens(self, text: str, *, special_tokens: bool = True) -> list[Piece]:
+        """`text`'s tokens with the characters each covers (TEI's /tokenize): an added special
+        token covers none."""
+        engine = await self._holder.wait()
+        return await asyncio.to_thread(_pieces, engine.tokenizer, text, special_tokens)
 
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
         """One vector per input, in order; `usage` the tokens embedded."""
@@ -191,6 +220,20 @@ class EmbeddingModel:
                 ids = [*prefix, *body, *suffix]
             inputs.append(ids)
         return inputs
+
+
+def _pieces(tokenizer: Any, text: str, special_tokens: bool) -> list[Piece]:
+    encoded = tokenizer(text, add_special_tokens=special_tokens, return_offsets_mapping=True)
+    ids: list[int] = list(encoded["input_ids"])
+    special = set(tokenizer.all_special_ids)
+    names = tokenizer.convert_ids_to_tokens(ids)
+    pieces = []
+    for token, name, (start, stop) in zip(ids, names, encoded["offset_mapping"], strict=True):
+        if token in special and start == stop:
+            pieces.append(Piece(token, name, True, None, None))
+        else:
+            pieces.append(Piece(token, text[start:stop], False, start, stop))
+    return pieces
 
 
 def _encode_all(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
