@@ -209,28 +209,20 @@ class EmbeddingModel(msgspec.Struct):
     pooling: str  # "mean", "cls", "last_token", "splade"
 
 
-class ClassifierModel(msgspec.Struct):
-    id2label: dict[str, str]
-    label2id: dict[str, int]
-
-
 class EmbeddingType(msgspec.Struct):
     embedding: EmbeddingModel
 
 
-class RerankerType(msgspec.Struct):
-    reranker: ClassifierModel
-
-
 class Info(msgspec.Struct, kw_only=True):
     """GET `/info`, TEI's `Info` (router/src/lib.rs); `model_type` is `{"embedding":
-    {"pooling": ...}}` or `{"reranker": {...}}`."""
+    {"pooling": ...}}` (TEI's `{"reranker": ...}` is a cross-encoder's, which this does not
+    serve: its scores are a bi-encoder's)."""
 
     model_id: str
     model_sha: str | None = None
     model_dtype: str  # as TEI writes it: float32, float16, bfloat16
     served_model_name: str
-    model_type: EmbeddingType | RerankerType
+    model_type: EmbeddingType
     max_concurrent_requests: int
     max_input_length: int
     max_batch_tokens: int

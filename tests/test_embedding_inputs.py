@@ -162,3 +162,21 @@ def test_the_chat_model_is_refused_naming_model(
         assert "does not embed" in error["error"]["message"]
     else:
         assert "does not embed" in error["message"] and "`model`" in error["message"]
+
+
+def test_the_shared_paths_keep_the_chat_models_protocols(embedding_server: RunningServer) -> None:
+    """`/`, `/invocations`, `/tokenize` and `/info` answer the chat model's protocols for
+    their bodies (a generation sends `parameters`), TEI's for TEI's."""
+    http = embedding_server.http
+    generation = {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}
+    tgi = web.post(http + "/", json=generation)
+    assert tgi.status_code == 200 and "generated_text" in tgi.json()[0], tgi.text
+    lmi = web.post(http + "/invocations", json=generation)
+    assert lmi.status_code == 200 and "generated_text" in lmi.json(), lmi.text
+    assert len(web.post(http + "/", json={"inputs": "Hi"}).json()[0]) == 384  # TEI's embed
+    vllm = web.post(http + "/tokenize", json={"prompt": "Hi"})
+    assert vllm.status_code == 200 and vllm.json()["count"] >= 1, vllm.text
+    info = web.get(http + "/info").json()
+    assert info["model_id"] != SERVED and "max_total_tokens" in info  # TGI's, the chat model's
+    tei_info = web.get(http + "/info", params={"model": SERVED}).json()
+    assert tei_info["served_model_name"] == SERVED and tei_info["max_input_length"] == 256

@@ -11,20 +11,21 @@ served (`model` named).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, assert_never
+from typing import Any, TypeVar
 
 from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.http.embedding_models import ModelRefused, embedding_model_for, named_model
 from gateway.http.prepared import JSON, Whole
 from gateway.state import Gateway
 from protocols import tei, vllm_pooling
-from protocols.embedding import ScoreRequest
+from protocols.embedding import Body, EmbeddingRequest, ScoreRequest
 from protocols.errors import GenerationError, invalid
 from protocols.json_body import decode_json_object
 from protocols.openai_answers import error_of as openai_error_of
 from protocols.openai_answers import not_found
 
 ErrorOf = Callable[[GenerationError], tuple[int, bytes]]
+T = TypeVar("T")
 
 
 def refusal(refused: ModelRefused, error_of: ErrorOf) -> Whole:
@@ -45,15 +46,19 @@ async def answered(
     gateway: Gateway,
     asked: str | None,
     error_of: ErrorOf,
-    work: Callable[[EmbeddingModel], Awaitable[bytes]],
+    decode: Callable[[bool], T],
+    run: Callable[[EmbeddingModel, T], Awaitable[bytes]],
 ) -> Whole:
-    """`work`'s answer from the embedding model `asked` names (None: the served one), or the
-    family's refusal."""
+    """`run`'s answer from the embedding model `asked` names (None: the served one) to the
+    request `decode` reads (given whether the model takes `dimensions`), or the family's
+    refusal: a bad field is named before a model not served."""
     model = embedding_model_for(gateway, asked)
-    if isinstance(model, ModelRefused):
-        return refusal(model, error_of)
     try:
-        return Whole(200, await work(model), JSON)
+        if isinstance(model, ModelRefused):
+            decode(True)
+            return refusal(model, error_of)
+        call = decode(await model.dimensions_supported())
+        return Whole(200, await run(model, call), JSON)
     except GenerationError as e:
         return failure(e, error_of)
 
@@ -88,29 +93,32 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
 async def tei_invocation(gateway: Gateway, doc: dict[str, Any]) -> Whole:
     """TEI's body on `/` or `/invocations`: the task its shape asks for."""
 
-    async def work(model: EmbeddingModel) -> bytes:
-        supported = await model.dimensions_supported()
-        task, request = tei.decode_invocation(doc, dimensions_supported=supported)
+    def decode(supported: bool) -> tuple[tei.Task, EmbeddingRequest | ScoreRequest]:
+        return tei.decode_invocation(doc, dimensions_supported=supported)
+
+    async def run(
+        model: EmbeddingModel, call: tuple[tei.Task, EmbeddingRequest | ScoreRequest]
+    ) -> bytes:
+        task, request = call
         if isinstance(request, ScoreRequest):
             return tei.encode_rerank(request, await model.score(request))
-        match task:
-            case "similarity":
-                return tei.encode_similarity(await model.embed(request))
-            case "embed" | "rerank":
-                return tei.encode_embed(await model.embed(request))
-            case _:
-                assert_never(task)
+        if task == "similarity":
+            return tei.encode_similarity(await model.embed(request))
+        return tei.encode_embed(await model.embed(request))
 
-    return await answered(gateway, None, tei.error_of, work)
+    return await answered(gateway, None, tei.error_of, decode, run)
 
 
 async def tei_tokenize(gateway: Gateway, doc: dict[str, Any]) -> Whole:
     """TEI's POST `/tokenize`: each text's tokens, with the characters each covers."""
 
-    async def work(model: EmbeddingModel) -> bytes:
+    def decode(_: bool) -> tei.TeiTokenize:
         asked = tei.decode_tokenize(doc)
         if asked.prompt_name is not None:
             raise invalid("This model has no prompts: leave out `prompt_name`", "prompt_name")
+        return asked
+
+    async def run(model: EmbeddingModel, asked: tei.TeiTokenize) -> bytes:
         tokens = [
             [
                 tei.SimpleToken(p.id, p.text, p.special, p.start, p.stop)
@@ -120,14 +128,14 @@ async def tei_tokenize(gateway: Gateway, doc: dict[str, Any]) -> Whole:
         ]
         return tei.encode_tokenize(tokens)
 
-    return await answered(gateway, None, tei.error_of, work)
+    return await answered(gateway, None, tei.error_of, decode, run)
 
 
 async def tei_info(gateway: Gateway, version: str) -> Whole:
     """TEI's GET `/info` of the embedding model."""
     settings = gateway.settings
 
-    async def work(model: EmbeddingModel) -> bytes:
+    async def run(model: EmbeddingModel, _: None) -> bytes:
         facts = await model.describe()
         info = tei.Info(
             model_id=facts.model_id,
@@ -142,7 +150,7 @@ async def tei_info(gateway: Gateway, version: str) -> Whole:
         )
         return tei.encode_info(info)
 
-    return await answered(gateway, None, tei.error_of, work)
+    return await answered(gateway, None, tei.error_of, lambda _: None, run)
 
 
 # --- vLLM's rerank -------------------------------------------------------------------------------
@@ -151,8 +159,13 @@ async def tei_info(gateway: Gateway, version: str) -> Whole:
 async def vllm_rerank(gateway: Gateway, doc: dict[str, Any]) -> Whole:
     """vLLM's (Jina's) rerank body: `query` against `documents`, best first."""
 
-    async def work(model: EmbeddingModel) -> bytes:
-        request = vllm_pooling.decode_rerank(doc)
+    async def run(model: EmbeddingModel, request: ScoreRequest) -> bytes:
         return vllm_pooling.encode_rerank(request, await model.score(request), model.name)
 
-    return await answered(gateway, named_model(doc), openai_error_of, work)
+    decode = ignoring_dimensions(vllm_pooling.decode_rerank, doc)
+    return await answered(gateway, named_model(doc), openai_error_of, decode, run)
+
+
+def ignoring_dimensions(decode: Callable[[Body], T], doc: Body) -> Callable[[bool], T]:
+    """A decoder of a body with no `dimensions` (a score's, a tokenize's), as `answered` takes."""
+    return lambda _: decode(doc)

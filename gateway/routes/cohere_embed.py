@@ -9,12 +9,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.engine_path.embedding_model import EmbeddingModel
-from gateway.http.embedding_answers import answered, failure
+from gateway.http.embedding_answers import answered, failure, ignoring_dimensions
 from gateway.http.embedding_models import named_model
 from gateway.http.openapi import Op
 from gateway.http.prepared import JSON, to_response
 from gateway.state import gateway_of
 from protocols import cohere, vllm_pooling
+from protocols.embedding import ScoreRequest
 from protocols.errors import GenerationError
 from protocols.json_body import decode_json_object
 
@@ -25,11 +26,13 @@ async def embed(request: Request) -> Response:
     except GenerationError as e:
         return to_response(failure(e, cohere.error_of))
 
-    async def work(model: EmbeddingModel) -> bytes:
-        call = cohere.decode_embed(doc, dimensions_supported=await model.dimensions_supported())
+    def decode(supported: bool) -> cohere.CohereEmbedCall:
+        return cohere.decode_embed(doc, dimensions_supported=supported)
+
+    async def run(model: EmbeddingModel, call: cohere.CohereEmbedCall) -> bytes:
         return cohere.encode_embed(call, await model.embed(call.request))
 
-    answer = await answered(gateway_of(request), named_model(doc), cohere.error_of, work)
+    answer = await answered(gateway_of(request), named_model(doc), cohere.error_of, decode, run)
     return to_response(answer)
 
 
@@ -39,11 +42,11 @@ async def rerank(request: Request) -> Response:
     except GenerationError as e:
         return to_response(failure(e, cohere.error_of))
 
-    async def work(model: EmbeddingModel) -> bytes:
-        asked = cohere.decode_rerank(doc)
+    async def run(model: EmbeddingModel, asked: ScoreRequest) -> bytes:
         return cohere.encode_rerank(asked, await model.score(asked), model.name)
 
-    answer = await answered(gateway_of(request), named_model(doc), cohere.error_of, work)
+    decode = ignoring_dimensions(cohere.decode_rerank, doc)
+    answer = await answered(gateway_of(request), named_model(doc), cohere.error_of, decode, run)
     return to_response(answer)
 
 

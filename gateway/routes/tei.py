@@ -6,76 +6,64 @@ The shapes are protocols/tei.py; errors are TEI's `{"error", "error_type"}`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.engine_path.embedding_model import EmbeddingModel
-from gateway.http.embedding_answers import answered, failure, vllm_rerank
+from gateway.http.embedding_answers import answered, failure, ignoring_dimensions, vllm_rerank
 from gateway.http.openapi import Op
 from gateway.http.prepared import JSON, to_response
 from gateway.state import gateway_of
 from protocols import tei, vllm_pooling
+from protocols.embedding import EmbeddingRequest, ScoreRequest
 from protocols.errors import GenerationError
 from protocols.json_body import decode_json_object
 from protocols.openai_answers import ErrorBody
 
 
-async def _answer(
-    request: Request, work: Callable[[EmbeddingModel, bytes], Awaitable[bytes]]
-) -> Response:
+async def embed(request: Request) -> Response:
     raw = await request.body()
 
-    async def run(model: EmbeddingModel) -> bytes:
-        return await work(model, raw)
+    def decode(supported: bool) -> EmbeddingRequest:
+        return tei.decode_embed(raw, dimensions_supported=supported)
 
-    return to_response(await answered(gateway_of(request), None, tei.error_of, run))
+    async def run(model: EmbeddingModel, asked: EmbeddingRequest) -> bytes:
+        return tei.encode_embed(await model.embed(asked))
 
-
-async def _embedded(model: EmbeddingModel, raw: bytes) -> bytes:
-    supported = await model.dimensions_supported()
-    return tei.encode_embed(
-        await model.embed(tei.decode_embed(raw, dimensions_supported=supported))
-    )
-
-
-async def _token_embedded(model: EmbeddingModel, raw: bytes) -> bytes:
-    return tei.encode_embed_all(await model.embed_tokens(tei.decode_embed_all(raw)))
-
-
-async def _similar(model: EmbeddingModel, raw: bytes) -> bytes:
-    return tei.encode_similarity(await model.embed(tei.decode_similarity(raw)))
-
-
-async def _reranked(model: EmbeddingModel, raw: bytes) -> bytes:
-    request = tei.decode_rerank(raw)
-    return tei.encode_rerank(request, await model.score(request))
-
-
-async def embed(request: Request) -> Response:
-    return await _answer(request, _embedded)
+    return to_response(await answered(gateway_of(request), None, tei.error_of, decode, run))
 
 
 async def embed_all(request: Request) -> Response:
-    return await _answer(request, _token_embedded)
+    async def run(model: EmbeddingModel, asked: EmbeddingRequest) -> bytes:
+        return tei.encode_embed_all(await model.embed_tokens(asked))
+
+    decode = ignoring_dimensions(tei.decode_embed_all, await request.body())
+    return to_response(await answered(gateway_of(request), None, tei.error_of, decode, run))
 
 
 async def similarity(request: Request) -> Response:
-    return await _answer(request, _similar)
+    async def run(model: EmbeddingModel, asked: EmbeddingRequest) -> bytes:
+        return tei.encode_similarity(await model.embed(asked))
+
+    decode = ignoring_dimensions(tei.decode_similarity, await request.body())
+    return to_response(await answered(gateway_of(request), None, tei.error_of, decode, run))
 
 
 async def rerank(request: Request) -> Response:
     """TEI's body (`texts`) answers in TEI's shape, vLLM's (`documents`) in vLLM's."""
-    raw = await request.body()
     try:
-        doc = decode_json_object(raw)
+        doc = decode_json_object(await request.body())
     except GenerationError as e:
         return to_response(failure(e, tei.error_of))
     if not tei.is_tei_rerank(doc):
         return to_response(await vllm_rerank(gateway_of(request), doc))
-    return await _answer(request, _reranked)
+
+    async def run(model: EmbeddingModel, asked: ScoreRequest) -> bytes:
+        return tei.encode_rerank(asked, await model.score(asked))
+
+    decode = ignoring_dimensions(tei.decode_rerank, doc)
+    return to_response(await answered(gateway_of(request), None, tei.error_of, decode, run))
 
 
 routes = [
@@ -89,7 +77,7 @@ operations = [
     Op(
         "post",
         "/embed",
-        "TEI: embed",
+        "TEI: a vector per input",
         tei.EmbedBody,
         {JSON: list[list[float]]},
         tei.ErrorResponse,

@@ -31,6 +31,7 @@ from gateway.http.prepared import (
 )
 from gateway.http.streaming import chained, collect
 from gateway.state import gateway_of
+from protocols import tei
 from protocols.errors import GenerationError
 from protocols.events import Delta, Event, Failed, Finished, TokenInfo
 from protocols.generation import GenerationRequest
@@ -213,5 +214,14 @@ operations = [
     Op(
         "post", "/generate_stream", "TGI stream", _Payload, {SSE: EVENTS}, ErrorResponse, (401, 413)
     ),
-    Op("get", "/info", "TGI model info", None, {JSON: Info}, ErrorResponse, (401,)),
+    Op(
+        "get",
+        "/info",
+        "TGI's info of the chat model; TEI's of the embedding model `model` names",
+        None,
+        {JSON: (Info, tei.Info)},
+        (ErrorResponse, tei.ErrorResponse),
+        (401, 404, 503),
+        (("model", {"type": "string"}),),
+    ),
 ]

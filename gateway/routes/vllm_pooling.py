@@ -11,12 +11,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.engine_path.embedding_model import EmbeddingModel
-from gateway.http.embedding_answers import answered, failure, vllm_rerank
+from gateway.http.embedding_answers import answered, failure, ignoring_dimensions, vllm_rerank
 from gateway.http.embedding_models import named_model
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import JSON, to_response
 from gateway.state import gateway_of
 from protocols import vllm_pooling
+from protocols.embedding import ScoreRequest
 from protocols.errors import GenerationError
 from protocols.json_body import decode_json_object
 from protocols.openai_answers import ErrorBody, error_of
@@ -28,16 +29,17 @@ async def pooling(request: Request) -> Response:
     except GenerationError as e:
         return to_response(failure(e, error_of))
 
-    async def work(model: EmbeddingModel) -> bytes:
-        call = vllm_pooling.decode_pooling(
-            doc, dimensions_supported=await model.dimensions_supported()
-        )
+    def decode(supported: bool) -> vllm_pooling.PoolingCall:
+        return vllm_pooling.decode_pooling(doc, dimensions_supported=supported)
+
+    async def run(model: EmbeddingModel, call: vllm_pooling.PoolingCall) -> bytes:
         if call.request.token_level:
             result = await model.embed_tokens(call.request)
             return vllm_pooling.encode_pooling(call, result, model.name)
         return vllm_pooling.encode_pooling(call, await model.embed(call.request), model.name)
 
-    return to_response(await answered(gateway_of(request), named_model(doc), error_of, work))
+    answer = await answered(gateway_of(request), named_model(doc), error_of, decode, run)
+    return to_response(answer)
 
 
 async def score(request: Request) -> Response:
@@ -46,11 +48,12 @@ async def score(request: Request) -> Response:
     except GenerationError as e:
         return to_response(failure(e, error_of))
 
-    async def work(model: EmbeddingModel) -> bytes:
-        asked = vllm_pooling.decode_score(doc)
+    async def run(model: EmbeddingModel, asked: ScoreRequest) -> bytes:
         return vllm_pooling.encode_score(asked, await model.score(asked), model.name)
 
-    return to_response(await answered(gateway_of(request), named_model(doc), error_of, work))
+    decode = ignoring_dimensions(vllm_pooling.decode_score, doc)
+    answer = await answered(gateway_of(request), named_model(doc), error_of, decode, run)
+    return to_response(answer)
 
 
 async def rerank(request: Request) -> Response:
