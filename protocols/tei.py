@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.embedding import (
+    MAX_DIMENSIONS,
     Body,
     EmbeddingInput,
     EmbeddingRequest,
@@ -51,7 +52,7 @@ class _Truncation(msgspec.Struct, kw_only=True):
 class EmbedBody(_Truncation, kw_only=True):
     inputs: Any  # a string, token ids, or a list of strings and token-id lists
     normalize: bool = True
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
 
 
 class EmbedAllBody(_Truncation, kw_only=True):
