@@ -20,6 +20,8 @@ from msgspec import UNSET, Meta, UnsetType
 
 from protocols import vllm_pooling
 from protocols.embedding import (
+    MAX_DIMENSIONS,
+    MAX_TOKENS,
     Body,
     EmbeddingInput,
     EmbeddingRequest,
@@ -58,8 +60,8 @@ class EmbedBody(msgspec.Struct, kw_only=True):
     texts: Any = UNSET
     images: Any = UNSET
     inputs: list[EmbedInput] | UnsetType = UNSET
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    output_dimension: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS)] | None = None
+    output_dimension: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
     embedding_types: Annotated[list[EmbeddingType], Meta(min_length=1)] | None = None
     truncate: Literal["NONE", "START", "END"] | None = None  # None: END, Cohere's default
     priority: Priority | None = None

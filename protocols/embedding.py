@@ -20,6 +20,11 @@ from protocols.json_body import MALFORMED, malformed
 
 T = TypeVar("T")
 
+# Every family's numbers bounded: past any model's vector, context, or documents in a request.
+MAX_DIMENSIONS = 65_536
+MAX_TOKENS = 1 << 20
+MAX_TOP_N = 1 << 20
+
 # Which end of a too-long input is cut: "right" keeps its first tokens, "left" its last.
 Side = Literal["left", "right"]
 

@@ -16,6 +16,8 @@ import msgspec
 from msgspec import Meta
 
 from protocols.embedding import (
+    MAX_DIMENSIONS,
+    MAX_TOKENS,
     Body,
     EmbeddingRequest,
     Embeddings,
@@ -27,8 +29,6 @@ from protocols.embedding import (
 from protocols.generation import Priority
 
 MAX_INPUTS = 2048  # OpenAI's: inputs in one request
-MAX_DIMENSIONS = 65_536  # past any model's vector
-MAX_PROMPT_TOKENS = 1 << 20  # past any model's context
 
 EncodingFormat = Literal["float", "base64"]
 
@@ -40,7 +40,7 @@ class EmbeddingsBody(msgspec.Struct, kw_only=True):
     dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
     user: str | None = None
     # vLLM's extensions: -1 cuts at the model's length, n > 0 keeps n tokens
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=MAX_PROMPT_TOKENS)] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=MAX_TOKENS)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     priority: Priority | None = None
 

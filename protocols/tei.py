@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.embedding import (
+    MAX_DIMENSIONS,
     Body,
     EmbeddingInput,
     EmbeddingRequest,
@@ -51,7 +52,7 @@ class _Truncation(msgspec.Struct, kw_only=True):
 class EmbedBody(_Truncation, kw_only=True):
     inputs: Any  # a string, token ids, or a list of strings and token-id lists
     normalize: bool = True
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
 
 
 class EmbedAllBody(_Truncation, kw_only=True):
@@ -209,28 +210,20 @@ class EmbeddingModel(msgspec.Struct):
     pooling: str  # "mean", "cls", "last_token", "splade"
 
 
-class ClassifierModel(msgspec.Struct):
-    id2label: dict[str, str]
-    label2id: dict[str, int]
-
-
 class EmbeddingType(msgspec.Struct):
     embedding: EmbeddingModel
 
 
-class RerankerType(msgspec.Struct):
-    reranker: ClassifierModel
-
-
 class Info(msgspec.Struct, kw_only=True):
     """GET `/info`, TEI's `Info` (router/src/lib.rs); `model_type` is `{"embedding":
-    {"pooling": ...}}` or `{"reranker": {...}}`."""
+    {"pooling": ...}}` (TEI's `{"reranker": ...}` is a cross-encoder's, which this does not
+    serve: its scores are a bi-encoder's)."""
 
     model_id: str
     model_sha: str | None = None
     model_dtype: str  # as TEI writes it: float32, float16, bfloat16
     served_model_name: str
-    model_type: EmbeddingType | RerankerType
+    model_type: EmbeddingType
     max_concurrent_requests: int
     max_input_length: int
     max_batch_tokens: int
@@ -340,6 +333,29 @@ def task_of(doc: dict[str, Any]) -> Task:
     if "inputs" not in doc:
         raise invalid("Send `inputs` to embed, or `query` and `texts` to rerank", "inputs")
     return "embed"
+
+
+# What a generation's body on `/` (TGI's) or `/invocations` (LMI's) holds and TEI's never do:
+# huggingface_hub's text_generation always sends `parameters` and `stream`.
+_GENERATION_FIELDS = ("parameters", "stream", "messages")
+
+
+def is_tei_body(doc: dict[str, Any]) -> bool:
+    """Whether a body on `/` or `/invocations`, paths a generation shares, is TEI's: `query`
+    with `texts` (rerank), an object in `inputs` (similarity), or none of a generation's
+    fields (embed: what huggingface_hub's feature_extraction sends; a body without `inputs`
+    is then refused as TEI refuses it, naming `inputs`)."""
+    if "query" in doc and "texts" in doc:
+        return True
+    if isinstance(doc.get("inputs"), dict):
+        return True
+    return not any(f in doc for f in _GENERATION_FIELDS)
+
+
+def is_tei_tokenize(doc: dict[str, Any]) -> bool:
+    """POST `/tokenize` is TEI's and vLLM's: TEI's body has `inputs`, vLLM's `prompt` or
+    `messages`."""
+    return "inputs" in doc and "prompt" not in doc and "messages" not in doc
 
 
 def is_tei_rerank(doc: dict[str, Any]) -> bool:

@@ -15,6 +15,9 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from protocols.embedding import (
+    MAX_DIMENSIONS,
+    MAX_TOKENS,
+    MAX_TOP_N,
     Body,
     EmbeddingRequest,
     Embeddings,
@@ -43,7 +46,7 @@ class _Common(msgspec.Struct, kw_only=True):
 
     model: str | None = None
     user: str | None = None
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=MAX_TOKENS)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     priority: Priority | None = None
 
@@ -53,7 +56,7 @@ class PoolingBody(_Common, kw_only=True):
     messages: Any = None
     task: Literal["embed", "token_embed", "classify", "token_classify", "plugin"] | None = None
     encoding_format: EncodingFormat = "float"
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
     use_activation: bool | None = None  # embed: normalize
     normalize: Any = None  # removed by vLLM: refused naming it, as vLLM does
 
@@ -75,15 +78,17 @@ class ScoreBody(_Common, kw_only=True):
     items: Any = UNSET
     data_1: Any = UNSET
     data_2: Any = UNSET
-    max_tokens_per_doc: Annotated[int, Meta(ge=0)] = 0
+    max_tokens_per_doc: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] = 0
 
 
 class RerankBody(_Common, kw_only=True):
     query: Any
     documents: Any
-    top_n: Annotated[int, Meta(ge=0)] | None = 0  # 0 (vLLM's) or null (Cohere's): every one
+    top_n: Annotated[int, Meta(ge=0, le=MAX_TOP_N)] | None = (
+        0  # 0 (vLLM's) or null (Cohere's): every one
+    )
     return_documents: bool = True  # Jina's; vLLM always returns them
-    max_tokens_per_doc: Annotated[int, Meta(ge=0)] | None = 0
+    max_tokens_per_doc: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] | None = 0
 
 
 def decode_pooling(
@@ -206,7 +211,8 @@ class Usage(msgspec.Struct):
 class PoolingData(msgspec.Struct):
     index: int
     object: str
-    data: list[float] | list[list[float]] | str
+    # a vector, a vector per token, or base64: msgspec takes no union of two array types
+    data: Any
 
 
 class PoolingAnswer(msgspec.Struct):

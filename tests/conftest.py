@@ -86,10 +86,10 @@ def server(loop_thread: LoopThread, engine: VllmEngine) -> Iterator[RunningServe
     running.stop()
 
 
-def embedding_settings() -> Settings:
+def embedding_settings(**env: str) -> Settings:
     """The test settings with the shipped embedding model, in float32: its vectors then equal
     sentence-transformers' own."""
-    return gateway_settings(EMBEDDING_MODEL="default", EMBEDDING_DTYPE="float32")
+    return gateway_settings(EMBEDDING_MODEL="default", EMBEDDING_DTYPE="float32", **env)
 
 
 @pytest.fixture(scope="session")
@@ -102,24 +102,48 @@ def embedding_engine(loop_thread: LoopThread) -> Iterator[PoolingEngine]:
     loop_thread.call(built.shutdown)
 
 
-@pytest.fixture(scope="session")
-def embedding_server(
-    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
-) -> Iterator[RunningServer]:
-    """A server with the chat model and the embedding model, on the session's two engines."""
+def _embedding_server(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine, **env: str
+) -> RunningServer:
     from gateway.app import create_app
 
     async def load_embedding() -> PoolingEngine:
         return embedding_engine
 
-    settings = embedding_settings()
+    settings = embedding_settings(**env)
     app = create_app(
         settings, shared_loader(engine), owns_engine=False, load_embedding=load_embedding
     )
     running = RunningServer(loop_thread, app, settings, free_port())
     wait_ready(running.http)
+    return running
+
+
+@pytest.fixture(scope="session")
+def embedding_server(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
+) -> Iterator[RunningServer]:
+    """A server with the chat model and the embedding model, on the session's two engines."""
+    running = _embedding_server(loop_thread, engine, embedding_engine)
     yield running
     running.stop()
+
+
+@pytest.fixture
+def make_embedding_server(
+    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
+) -> Iterator[Callable[..., RunningServer]]:
+    """Another server on the session's two engines, with its own settings (keys, limits...)."""
+    started: list[RunningServer] = []
+
+    def make(**env: str) -> RunningServer:
+        running = _embedding_server(loop_thread, engine, embedding_engine, **env)
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
 """The embedding and score wire contracts (protocols/embedding.py, openai_embeddings.py, tei.py,
-cohere.py, vllm_pooling.py), pure: no engine. The real clients (`openai`, `cohere`,
-`huggingface_hub`) call a loopback server on the codecs alone (tests/embedding_wire.py), so
-the bodies they send are decoded and the answers they parse encoded by the code under test;
-their own response types, and vLLM's protocol classes, judge the shapes."""
+cohere.py, vllm_pooling.py) as the gateway serves them, on the real embedding model: the real
+clients (`openai`, `cohere`, `huggingface_hub`) call the gateway's routes, so the bodies they
+send are decoded and the answers they parse encoded by the code under test; their own response
+types, and vLLM's protocol classes, judge the shapes; the vectors are all-MiniLM-L6-v2's
+(unit length, a cat closer to a feline than to stocks, equal texts equal vectors). The
+codecs' pure parts are tested without a server at the end."""
 
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ from huggingface_hub import InferenceClient
 from openai.types import CreateEmbeddingResponse
 
 from clients import web
-from embedding_wire import DIM, SERVED, raw_vector, wire_server
 from protocols import cohere as cohere_wire
 from protocols import openai_embeddings, tei, vllm_pooling
 from protocols.embedding import (
@@ -34,27 +35,44 @@ from protocols.embedding import (
     ranked,
 )
 from protocols.errors import ErrorKind, GenerationError
+from serving import RunningServer
 
 VALIDATION = "Validation"
 SENTENCES = "inputs.sentences"
 IMAGE_PART = "inputs[0].content[0].type"
+IMAGE = {"type": "image_url"}
 DIRECTION = "$.truncation_direction"
 TEXTS = ["The cat sat on the mat.", "A feline rested on a rug.", "Stock markets fell sharply."]
+SERVED = "all-MiniLM-L6-v2"
+DIM = 384
+TOO_LONG = "word " * 300  # past the model's 256 tokens
+ATOL = 1e-5  # the same text's vector, alone or in another batch
 
 
-def unit(v: list[float]) -> np.ndarray[Any, Any]:
+def unit(v: Any) -> np.ndarray[Any, Any]:
     a = np.array(v, dtype=np.float64)
     return a / np.linalg.norm(a)
 
 
 @pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    with wire_server() as url:
-        yield url
+def base(embedding_server: RunningServer) -> Iterator[str]:
+    yield embedding_server.http
 
 
 def post(base: str, path: str, body: Any) -> Any:
     return web.post(base + path, json=body)
+
+
+def reference(base: str, *texts: str) -> list[np.ndarray[Any, Any]]:
+    """The model's normalized vectors for `texts`, from OpenAI's route as floats."""
+    answer = post(base, "/v1/embeddings", {"input": list(texts), "encoding_format": "float"})
+    assert answer.status_code == 200, answer.text
+    return [np.array(d["embedding"], dtype=np.float64) for d in answer.json()["data"]]
+
+
+def token_count(base: str, text: str) -> int:
+    """The tokens the model sees for `text`, its special tokens included (TEI's /tokenize)."""
+    return len(post(base, "/tokenize", {"inputs": text}).json()[0])
 
 
 # --- OpenAI: the `openai` SDK ------------------------------------------------------------------
@@ -65,34 +83,39 @@ def oai(base: str) -> openai.OpenAI:
     return openai.OpenAI(api_key="k", base_url=base + "/v1", max_retries=0)
 
 
-def test_the_openai_sdk_reads_base64_vectors_by_default(oai: openai.OpenAI) -> None:
+def test_the_openai_sdk_reads_base64_vectors_by_default(base: str, oai: openai.OpenAI) -> None:
     """The SDK asks for base64 unless told otherwise, and decodes little-endian float32."""
-    answer = oai.embeddings.create(model="m", input=TEXTS)
+    answer = oai.embeddings.create(model=SERVED, input=TEXTS)
     assert [d.index for d in answer.data] == [0, 1, 2]
-    for d, text in zip(answer.data, TEXTS, strict=True):
-        assert np.allclose(d.embedding, unit(raw_vector(text)), atol=1e-6)
-    assert answer.model == "m" and answer.object == "list"
+    vectors = [np.array(d.embedding, dtype=np.float64) for d in answer.data]
+    for got, want in zip(vectors, reference(base, *TEXTS), strict=True):
+        assert got.shape == (DIM,) and np.linalg.norm(got) == pytest.approx(1.0, abs=1e-5)
+        assert np.allclose(got, want, atol=ATOL)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]  # a cat: a feline, not stocks
+    assert answer.model == SERVED and answer.object == "list"
     assert (
         answer.usage.prompt_tokens
         == answer.usage.total_tokens
-        == sum(len(t.split()) + 2 for t in TEXTS)
+        == sum(token_count(base, t) for t in TEXTS)
     )
 
 
 def test_the_openai_sdk_reads_float_vectors(base: str, oai: openai.OpenAI) -> None:
-    answer = oai.embeddings.create(model="m", input=TEXTS[0], encoding_format="float")
+    answer = oai.embeddings.create(model=SERVED, input=TEXTS[0], encoding_format="float")
     [d] = answer.data
-    assert d.embedding == pytest.approx(list(unit(raw_vector(TEXTS[0]))))
+    assert np.allclose(d.embedding, reference(base, TEXTS[0])[0], atol=ATOL)
     raw = post(base, "/v1/embeddings", {"input": TEXTS[0], "encoding_format": "float"}).json()
     CreateEmbeddingResponse.model_validate(raw, strict=True)
     assert raw["model"] == SERVED  # no model asked: the one served
 
 
-def test_token_ids_are_inputs(oai: openai.OpenAI) -> None:
-    one = oai.embeddings.create(model="m", input=[101, 7592, 102])
+def test_token_ids_are_inputs(base: str, oai: openai.OpenAI) -> None:
+    one = oai.embeddings.create(model=SERVED, input=[101, 7592, 102])  # [CLS] hello [SEP]
     assert len(one.data) == 1 and one.usage.prompt_tokens == 3
-    many = oai.embeddings.create(model="m", input=[[101, 102], [101, 7592, 2088, 102]])
+    assert np.allclose(one.data[0].embedding, reference(base, "hello")[0], atol=ATOL)
+    many = oai.embeddings.create(model=SERVED, input=[[101, 102], [101, 7592, 2088, 102]])
     assert [d.index for d in many.data] == [0, 1] and many.usage.prompt_tokens == 6
+    assert np.allclose(many.data[1].embedding, reference(base, "hello world")[0], atol=ATOL)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +135,7 @@ def test_token_ids_are_inputs(oai: openai.OpenAI) -> None:
         ({"input": "a", "encoding_format": "bytes"}, "encoding_format"),
         ({"input": "a", "dimensions": 8}, "dimensions"),
         ({"input": "a", "dimensions": 0}, "dimensions"),
-        ({"input": "word " * 100}, "input"),
+        ({"input": TOO_LONG}, "input"),
     ],
 )
 def test_openai_refusals_name_their_field(
@@ -149,17 +172,20 @@ def test_feature_extraction_posts_to_the_base_url(base: str) -> None:
     client = InferenceClient(base_url=base)
     one = client.feature_extraction(TEXTS[0])
     assert one.shape == (1, DIM) and one.dtype == np.float32
-    assert np.allclose(one[0], unit(raw_vector(TEXTS[0])), atol=1e-6)
+    assert np.allclose(one[0], reference(base, TEXTS[0])[0], atol=ATOL)
     raw = client.feature_extraction(TEXTS, normalize=False, truncate=True)
     assert raw.shape == (3, DIM)
-    assert np.allclose(raw[2], raw_vector(TEXTS[2]), atol=1e-6)
+    assert abs(np.linalg.norm(raw[2]) - 1.0) > 0.01  # not normalized, as asked
+    assert np.allclose(unit(raw[2]), reference(base, TEXTS[2])[0], atol=ATOL)
 
 
 def test_sentence_similarity_posts_to_the_base_url(base: str) -> None:
     client = InferenceClient(base_url=base)
     values = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
-    expected = [cosine(raw_vector(TEXTS[0]), raw_vector(t)) for t in TEXTS[1:]]
-    assert values == pytest.approx(expected)
+    source, *others = reference(base, *TEXTS)
+    expected = [cosine(list(source), list(v)) for v in others]
+    assert values == pytest.approx(expected, abs=ATOL)
+    assert values[0] > values[1]  # a cat: a feline, not stocks
 
 
 def test_tei_routes_answer_teis_shapes(base: str) -> None:
@@ -177,17 +203,20 @@ def test_tei_routes_answer_teis_shapes(base: str) -> None:
     bare = post(base, "/rerank", {"query": "q", "texts": ["a", "b"]}).json()
     assert all(set(r) == {"index", "score"} for r in bare)
     split = post(base, "/tokenize", {"inputs": "hello big world"}).json()
-    assert split == [
-        [
-            {"id": 100, "text": "hello", "special": False, "start": 0, "stop": 5},
-            {"id": 101, "text": "big", "special": False, "start": 6, "stop": 9},
-            {"id": 102, "text": "world", "special": False, "start": 10, "stop": 15},
-        ]
+    words = [
+        {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5},
+        {"id": 2502, "text": "big", "special": False, "start": 6, "stop": 9},
+        {"id": 2088, "text": "world", "special": False, "start": 10, "stop": 15},
     ]
+    cls = {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    sep = {"id": 102, "text": "[SEP]", "special": True, "start": None, "stop": None}
+    assert split == [[cls, *words, sep]]
+    bare_words = {"inputs": "hello big world", "add_special_tokens": False}
+    assert post(base, "/tokenize", bare_words).json() == [words]
 
 
 def test_tei_info_has_teis_fields(base: str) -> None:
-    info = web.get(base + "/info").json()
+    info = web.get(base + "/info", params={"model": SERVED}).json()
     required = {
         "model_id", "model_dtype", "served_model_name", "model_type", "max_concurrent_requests",
         "max_input_length", "max_batch_tokens", "max_client_batch_size", "auto_truncate",
@@ -210,7 +239,7 @@ def similarity(sentences: list[str]) -> dict[str, Any]:
         ("/embed", {"inputs": ["a", 3]}, 422, "Validation", "inputs[1]"),
         ("/embed", {"inputs": "a", "truncation_direction": "up"}, 422, VALIDATION, DIRECTION),
         ("/embed", {"inputs": "a", "dimensions": 4}, 422, "Validation", "dimensions"),
-        ("/embed", {"inputs": "word " * 100}, 422, "Validation", "inputs"),
+        ("/embed", {"inputs": TOO_LONG}, 422, "Validation", "inputs"),
         ("/embed", {}, 422, "Validation", "inputs"),
         ("/rerank", {"query": "q", "texts": []}, 400, "Empty", "texts"),
         ("/rerank", {"query": 1, "texts": ["a"]}, 422, "Validation", "query"),
@@ -232,7 +261,8 @@ def test_tei_refusals_in_teis_shape(
 
 def test_invocations_pick_the_task_from_the_body(base: str) -> None:
     embedded = post(base, "/invocations", {"inputs": ["a", "b"], "normalize": False}).json()
-    assert embedded[1] == pytest.approx(raw_vector("b"))
+    assert abs(np.linalg.norm(embedded[1]) - 1.0) > 0.01  # not normalized, as asked
+    assert np.allclose(unit(embedded[1]), reference(base, "b")[0], atol=ATOL)
     ranks = post(base, "/invocations", {"query": "a", "texts": ["b", "a"]}).json()
     assert ranks[0]["index"] == 1
     similar = {"inputs": {"source_sentence": "a", "sentences": ["a", "b"]}}
@@ -262,13 +292,15 @@ def co(base: str) -> cohere.ClientV2:
 
 def test_the_cohere_sdk_embeds_in_every_type(base: str, co: cohere.ClientV2) -> None:
     types = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
-    answer = co.embed(model="m", input_type="search_document", texts=TEXTS, embedding_types=types)
+    answer = co.embed(
+        model=SERVED, input_type="search_document", texts=TEXTS, embedding_types=types
+    )
     e = answer.embeddings
     assert e.float_ is not None and e.int8 is not None and e.uint8 is not None
     assert e.binary is not None and e.ubinary is not None and e.base64 is not None
-    for i, text in enumerate(TEXTS):
-        v = unit(raw_vector(text))
-        assert np.allclose(e.float_[i], v)
+    for i, want in enumerate(reference(base, *TEXTS)):
+        assert np.allclose(e.float_[i], want, atol=ATOL)
+        v = np.array(e.float_[i])
         assert np.frombuffer(base64.b64decode(e.base64[i]), "<f4") == pytest.approx(v)
         assert e.int8[i] == [round(x * 127) for x in v]
         assert all(0 <= x <= 255 for x in e.uint8[i]) and len(e.uint8[i]) == DIM
@@ -276,30 +308,31 @@ def test_the_cohere_sdk_embeds_in_every_type(base: str, co: cohere.ClientV2) -> 
         assert e.binary[i] == [b - 128 for b in e.ubinary[i]]
     assert answer.texts == TEXTS
     assert answer.meta is not None and answer.meta.billed_units is not None
-    raw = post(base, "/v2/embed", {"model": "m", "texts": ["a"]}).json()
+    raw = post(base, "/v2/embed", {"model": SERVED, "texts": ["a"]}).json()
     EmbedByTypeResponse.model_validate(raw, strict=True)
     assert set(raw["embeddings"]) == {"float"}  # no embedding_types: float
 
 
-def test_cohere_inputs_of_text_content(co: cohere.ClientV2) -> None:
+def test_cohere_inputs_of_text_content(base: str, co: cohere.ClientV2) -> None:
     parts: list[cohere.EmbedContent] = [
         cohere.TextEmbedContent(text="a"),
         cohere.TextEmbedContent(text="b"),
     ]
     answer = co.embed(
-        model="m", input_type="search_query", inputs=[cohere.EmbedInput(content=parts)]
+        model=SERVED, input_type="search_query", inputs=[cohere.EmbedInput(content=parts)]
     )
     [vector] = answer.embeddings.float_ or []
-    assert vector == pytest.approx(list(unit(raw_vector("a\nb"))))
+    assert np.allclose(vector, reference(base, "a\nb")[0], atol=ATOL)
 
 
 def test_the_cohere_sdk_reranks(base: str, co: cohere.ClientV2) -> None:
     documents = [TEXTS[1], TEXTS[2], TEXTS[0]]
-    answer = co.rerank(model="m", query=TEXTS[0], documents=documents, top_n=2)
+    answer = co.rerank(model=SERVED, query=TEXTS[0], documents=documents, top_n=2)
     assert answer.results[0].index == 2 and len(answer.results) == 2
     scores = [r.relevance_score for r in answer.results]
     assert scores == sorted(scores, reverse=True)
-    raw = post(base, "/v2/rerank", {"model": "m", "query": "q", "documents": ["a", "b"]}).json()
+    body = {"model": SERVED, "query": "q", "documents": ["a", "b"]}
+    raw = post(base, "/v2/rerank", body).json()
     V2RerankResponse.model_validate(raw, strict=True)
     assert len(raw["results"]) == 2  # no top_n: every document
 
@@ -307,19 +340,19 @@ def test_the_cohere_sdk_reranks(base: str, co: cohere.ClientV2) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
-        ("/v2/embed", {"model": "m", "texts": []}, "texts"),
-        ("/v2/embed", {"model": "m", "texts": ["a"] * 97}, "texts"),
-        ("/v2/embed", {"model": "m", "texts": ["a", ""]}, "texts[1]"),
-        ("/v2/embed", {"model": "m", "images": ["data:image/png;base64,AA=="]}, "images"),
-        ("/v2/embed", {"model": "m"}, "texts"),
-        ("/v2/embed", {"model": "m", "texts": ["a"], "output_dimension": 8}, "output_dimension"),
+        ("/v2/embed", {"model": SERVED, "texts": []}, "texts"),
+        ("/v2/embed", {"model": SERVED, "texts": ["a"] * 97}, "texts"),
+        ("/v2/embed", {"model": SERVED, "texts": ["a", ""]}, "texts[1]"),
+        ("/v2/embed", {"model": SERVED, "images": ["data:image/png;base64,AA=="]}, "images"),
+        ("/v2/embed", {"model": SERVED}, "texts"),
+        ("/v2/embed", {"model": SERVED, "texts": ["a"], "output_dimension": 8}, "output_dimension"),
         ("/v2/embed", {"texts": ["a"], "embedding_types": ["i4"]}, "$.embedding_types[0]"),
-        ("/v2/embed", {"model": "m", "texts": ["a"], "truncate": "MIDDLE"}, "$.truncate"),
-        ("/v2/embed", {"model": "m", "texts": ["word " * 100], "truncate": "NONE"}, "texts[0]"),
-        ("/v2/embed", {"model": "m", "inputs": [{"content": [{"type": "image_url"}]}]}, IMAGE_PART),
-        ("/v2/rerank", {"model": "m", "query": "q", "documents": []}, "documents"),
-        ("/v2/rerank", {"model": "m", "query": "", "documents": ["a"]}, "query"),
-        ("/v2/rerank", {"model": "m", "query": "q", "documents": ["a"], "top_n": -1}, "$.top_n"),
+        ("/v2/embed", {"model": SERVED, "texts": ["a"], "truncate": "MIDDLE"}, "$.truncate"),
+        ("/v2/embed", {"model": SERVED, "texts": [TOO_LONG], "truncate": "NONE"}, "texts[0]"),
+        ("/v2/embed", {"model": SERVED, "inputs": [{"content": [IMAGE]}]}, IMAGE_PART),
+        ("/v2/rerank", {"model": SERVED, "query": "q", "documents": []}, "documents"),
+        ("/v2/rerank", {"model": SERVED, "query": "", "documents": ["a"]}, "query"),
+        ("/v2/rerank", {"model": SERVED, "query": "q", "documents": ["a"], "top_n": -1}, "$.top_n"),
     ],
 )  # fmt: skip
 def test_cohere_refusals_in_coheres_shape(
@@ -333,15 +366,15 @@ def test_cohere_refusals_in_coheres_shape(
 
 def test_the_cohere_sdk_raises_its_error_on_a_refusal(co: cohere.ClientV2) -> None:
     with pytest.raises(cohere.BadRequestError) as refused:
-        co.embed(model="m", input_type="search_document", texts=[])
+        co.embed(model=SERVED, input_type="search_document", texts=[])
     assert "`texts`" in refused.value.body["message"]
     with pytest.raises(cohere.BadRequestError):
-        co.rerank(model="m", query="q", documents=[])
+        co.rerank(model=SERVED, query="q", documents=[])
 
 
 def test_long_texts_are_cut_where_cohere_is_asked_to(base: str) -> None:
     for truncate in ("START", "END"):
-        body = {"model": "m", "texts": ["word " * 100], "truncate": truncate}
+        body = {"model": SERVED, "texts": [TOO_LONG], "truncate": truncate}
         assert post(base, "/v2/embed", body).status_code == 200
     request = cohere_wire.decode_embed(
         b'{"texts": ["a"], "truncate": "START", "max_tokens": 9}', dimensions_supported=False
@@ -361,13 +394,14 @@ def test_pooling_answers_vllms_shape(base: str) -> None:
     pooling = pytest.importorskip("vllm.entrypoints.pooling.pooling.protocol")
     pooled = post(base, "/pooling", {"input": TEXTS[:2]}).json()
     pooling.PoolingResponse.model_validate(pooled)
-    assert pooled["data"][1]["data"] == pytest.approx(list(unit(raw_vector(TEXTS[1]))))
+    assert np.allclose(pooled["data"][1]["data"], reference(base, TEXTS[1])[0], atol=ATOL)
     tokens = post(base, "/pooling", {"input": "a b", "task": "token_embed"}).json()
     pooling.PoolingResponse.model_validate(tokens)
-    assert len(tokens["data"][0]["data"]) == 4
+    assert len(tokens["data"][0]["data"]) == 4  # [CLS] a b [SEP]
+    assert len(tokens["data"][0]["data"][0]) == DIM
     packed = post(base, "/pooling", {"input": "a", "encoding_format": "base64"}).json()
     flat = np.frombuffer(base64.b64decode(packed["data"][0]["data"]), "<f4")
-    assert flat == pytest.approx(unit(raw_vector("a")))
+    assert np.allclose(flat, reference(base, "a")[0], atol=ATOL)
 
 
 def test_score_and_rerank_answer_vllms_shapes(base: str, vllm_protocol: Any) -> None:
@@ -378,7 +412,7 @@ def test_score_and_rerank_answer_vllms_shapes(base: str, vllm_protocol: Any) -> 
         assert scored["data"][0]["score"] == pytest.approx(1.0)
     pairs = post(base, "/score", {"queries": ["a", "b"], "documents": ["b", "b"]}).json()
     assert pairs["data"][1]["score"] == pytest.approx(1.0)
-    body = {"model": "m", "query": "a", "documents": ["b", "a", "c"], "top_n": 2}
+    body = {"model": SERVED, "query": "a", "documents": ["b", "a", "c"], "top_n": 2}
     vllm_protocol.RerankRequest.model_validate(body)  # the same body vLLM takes
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         ranks = post(base, path, body).json()

@@ -4,6 +4,7 @@ computes for the same model directory."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -114,3 +115,56 @@ def test_the_models_list_has_the_embedding_model_and_its_task(oai: openai.OpenAI
     listed = {m.id: m for m in oai.models.list()}
     assert getattr(listed[NAME], "task", None) == "embed"
     assert getattr(listed[NAME], "max_model_len", None) == 256
+
+
+def test_a_keys_token_limit_counts_the_tokens_it_embedded(
+    make_embedding_server: Callable[..., RunningServer],
+) -> None:
+    """Embeddings go through the per-key limits: the tokens embedded count towards the key's
+    tokens a minute, and the request past it is refused in OpenAI's shape, with Retry-After;
+    another key's requests go on."""
+    server = make_embedding_server(API_KEYS="one,two", LIMIT_TOKENS_PER_MINUTE="20")
+    one = openai.OpenAI(api_key="one", base_url=server.http + "/v1", max_retries=0)
+    first = one.embeddings.create(model=NAME, input="word " * 30)
+    assert first.usage.prompt_tokens > 20
+    with pytest.raises(openai.RateLimitError) as refused:
+        one.embeddings.create(model=NAME, input="hi")
+    assert refused.value.status_code == 429
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    assert refused.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+    two = openai.OpenAI(api_key="two", base_url=server.http + "/v1", max_retries=0)
+    assert len(two.embeddings.create(model=NAME, input="hi").data) == 1
+
+
+def test_a_keys_requests_a_minute_count_embeddings(
+    make_embedding_server: Callable[..., RunningServer],
+) -> None:
+    server = make_embedding_server(API_KEYS="one", LIMIT_REQUESTS_PER_MINUTE="2")
+    one = openai.OpenAI(api_key="one", base_url=server.http + "/v1", max_retries=0)
+    for _ in range(2):
+        one.embeddings.create(model=NAME, input="hi")
+    with pytest.raises(openai.RateLimitError):
+        one.embeddings.create(model=NAME, input="hi")
+
+
+def test_embeddings_go_through_admission(embedding_server: RunningServer) -> None:
+    """Each request holds an admission slot while it embeds (bulk unless it asks otherwise),
+    and gives it back."""
+    admission = embedding_server.gateway.service.admission
+    answer = web.post(
+        embedding_server.http + "/v1/embeddings", json={"input": ["a", "b"], "priority": 0}
+    )
+    assert answer.status_code == 200, answer.text
+    assert admission.running == 0 and admission.waiting == 0
+
+
+def test_a_chat_naming_the_embedding_model_is_refused_naming_model(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+    body: Any = refused.value.body
+    assert body["param"] == "model" and "embeds; it does not generate" in body["message"]
+    with pytest.raises(openai.BadRequestError) as completion:
+        oai.completions.create(model=NAME, prompt="Hi", max_tokens=2)
+    assert completion.value.body["param"] == "model"  # type: ignore[index]

@@ -209,6 +209,14 @@ VALID: dict[str, dict[str, Any]] = {
     "MessagesRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI, "max_tokens": 1},
     "CountTokensRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI},
     "CohereChatRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI, "max_tokens": 1},
+    "protocols.tei.EmbedBody": {"inputs": "Hi"},
+    "EmbedAllBody": {"inputs": "Hi"},
+    "SimilarityBody": {"inputs": {"source_sentence": "Hi", "sentences": ["Hi"]}},
+    "protocols.tei.RerankBody": {"query": "Hi", "texts": ["Hi"]},
+    "protocols.vllm_pooling.RerankBody": {"query": "Hi", "documents": ["Hi"]},
+    "PoolingBody": {"input": "Hi"},
+    "ScoreBody": {"text_1": "Hi", "text_2": "Hi"},
+    "protocols.cohere.EmbedBody": {"texts": ["Hi"]},
 }
 
 

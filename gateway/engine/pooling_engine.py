@@ -3,7 +3,7 @@
 Its own engine beside the chat model's (gateway/engine/vllm_engine.py), built from a Hugging
 Face directory or the shipped all-MiniLM-L6-v2 (`default_embedding_model`). It pools token ids
 the engine path has already tokenized and cut (gateway/engine_path/embedding_model.py): one
-vector per input. The batch settings are issue 45's
+vector per input (`embed`) or one per token (`token_embed`). The batch settings are issue 45's
 measurements (docs/EMBEDDINGS.md); the dtype follows the CPU as the chat engine's does.
 """
 
@@ -74,6 +74,9 @@ class PoolingEngine:
         self.dtype = str(config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
         self.matryoshka = bool(config.is_matryoshka)
+        pooler = config.pooler_config
+        self.pooling = str(getattr(pooler, "seq_pooling_type", None) or "mean").lower()
+        self.model_id = str(config.model)
         self.special_prefix, self.special_suffix = _special_tokens(self.tokenizer)
         self._ids = itertools.count()
         self._closing = False
@@ -93,15 +96,16 @@ class PoolingEngine:
         self,
         token_ids: Sequence[int],
         *,
+        token_level: bool = False,
         normalize: bool | None = None,
         dimensions: int | None = None,
         priority: int = 0,
     ) -> list[Any]:
-        """The input's vector (a list of floats); `normalize` None: the model's own pooling
-        configuration."""
+        """The input's vector (a list of floats), or with `token_level` a vector per token.
+        `normalize` None: the model's own pooling configuration."""
         request_id = f"pool-{next(self._ids)}"
         params = PoolingParams(
-            task="embed",
+            task="token_embed" if token_level else "embed",
             use_activation=normalize,
             dimensions=dimensions,
         )

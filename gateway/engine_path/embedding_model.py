@@ -4,23 +4,61 @@ model (docs/EMBEDDINGS.md): its name and task, whether it is ready, and protocol
 
 Inputs are tokenized and cut here, so every family's truncation means the same: an input
 longer than the model takes is cut at the side asked for (the special tokens kept) or refused
-naming its field; `max_tokens` keeps at most that many tokens. A request with no priority is
-`priority` (EMBEDDING_PRIORITY: bulk), so chats stay fast.
+naming its field; `max_tokens` keeps at most that many tokens. Scores are a bi-encoder's: the
+cosine of the two texts' embeddings, as vLLM's score does for an embedding model.
+
+Every request goes through the chat model's admission (its bound on waiting work; one slot a
+request) at its priority, `priority` (EMBEDDING_PRIORITY: bulk) when it names none, so chats
+stay fast; and through the caller's limits: a request counts as a prompt, and the tokens it
+embedded count towards the caller's tokens a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal, NamedTuple
 
+from msgspec.structs import replace
+
+from gateway.edge.caller import current_caller
+from gateway.edge.limits import Limiter, RateLimited
 from gateway.engine.holder import EngineHolder
 from gateway.engine.pooling_engine import PoolingEngine
-from protocols.embedding import EmbeddingRequest, Embeddings, Side
+from gateway.engine_path.admission import Admission
+from protocols.embedding import (
+    EmbeddingInput,
+    EmbeddingRequest,
+    Embeddings,
+    ScoreRequest,
+    Scores,
+    Side,
+    TokenEmbeddings,
+    cosine,
+)
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.openai_requests import check_token_ids
 
 Task = Literal["embed"]
+
+
+class ModelFacts(NamedTuple):
+    model_id: str  # the directory or hub id it was loaded from
+    dtype: str  # float32, bfloat16...
+    pooling: str  # mean, cls...
+    max_input_length: int
+
+
+class Piece(NamedTuple):
+    """One token of a text: its id, its text, whether the tokenizer added it, and the
+    characters it covers (None for an added special token)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 class EmbeddingModel:
@@ -30,11 +68,18 @@ class EmbeddingModel:
     task: Task = "embed"
 
     def __init__(
-        self, holder: EngineHolder[PoolingEngine], name: str, default_priority: int
+        self,
+        holder: EngineHolder[PoolingEngine],
+        name: str,
+        default_priority: int,
+        admission: Admission,
+        limiter: Limiter,
     ) -> None:
         self._holder = holder
         self.name = name
         self.default_priority = default_priority
+        self._admission = admission
+        self._limiter = limiter  # the chat path's: one key's limits count both
 
     @property
     def ready(self) -> bool:
@@ -53,22 +98,99 @@ class EmbeddingModel:
         """Whether the model serves shortened vectors (Matryoshka): `dimensions` else refused."""
         return (await self._holder.wait()).matryoshka
 
+    async def describe(self) -> ModelFacts:
+        """What TEI's /info reports of the model."""
+        engine = await self._holder.wait()
+        return ModelFacts(engine.model_id, engine.dtype, engine.pooling, engine.max_model_len)
+
+    async def tokens(self, text: str, *, special_tokens: bool = True) -> list[Piece]:
+        """`text`'s tokens with the characters each covers (TEI's /tokenize): an added special
+        token covers none."""
+        engine = await self._holder.wait()
+        return await asyncio.to_thread(_pieces, engine.tokenizer, text, special_tokens)
+
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
         """One vector per input, in order; `usage` the tokens embedded."""
-        engine = await self._holder.wait()
-        inputs = await self._token_ids(engine, request)
-        vectors = await asyncio.gather(
-            *(
-                engine.pool(
-                    ids,
-                    normalize=request.normalize,
-                    dimensions=request.dimensions,
-                    priority=self._priority(request.priority),
-                )
-                for ids in inputs
-            )
+        vectors, tokens = await self._pooled(request)
+        return Embeddings(vectors, tokens)
+
+    async def embed_tokens(self, request: EmbeddingRequest) -> TokenEmbeddings:
+        """For each input, a vector per token (TEI's /embed_all, vLLM's `token_embed`)."""
+        vectors, tokens = await self._pooled(request)
+        return TokenEmbeddings(vectors, tokens)
+
+    async def score(self, request: ScoreRequest) -> Scores:
+        """Each pair's cosine of its two texts' embeddings, in the documents' order."""
+        queries = [
+            EmbeddingInput(_field(request.query_field, i, len(request.queries)), text=q)
+            for i, q in enumerate(request.queries)
+        ]
+        documents = [
+            EmbeddingInput(f"{request.documents_field}[{i}]", text=d)
+            for i, d in enumerate(request.documents)
+        ]
+        common = EmbeddingRequest(
+            inputs=tuple(queries), truncate=request.truncate, side=request.side
         )
-        return Embeddings(list(vectors), sum(len(ids) for ids in inputs))
+        vectors, tokens = await self._pooled(
+            common,
+            # `max_tokens_per_doc` cuts the documents only, as vLLM's does
+            replace(common, inputs=tuple(documents), max_tokens=request.max_tokens_per_doc),
+            priority=request.priority,
+        )
+        query_vectors, document_vectors = vectors[: len(queries)], vectors[len(queries) :]
+        if len(query_vectors) == 1:
+            scores = [cosine(query_vectors[0], d) for d in document_vectors]
+        else:
+            scores = [cosine(q, d) for q, d in zip(query_vectors, document_vectors, strict=True)]
+        return Scores(scores, tokens)
+
+    async def _pooled(
+        self, *requests: EmbeddingRequest, priority: int | None = None
+    ) -> tuple[list[Any], int]:
+        """Every request's inputs' pooled outputs, in order, and the tokens embedded: as one
+        request within the caller's limits and through admission (at the first request's
+        priority, or `priority`)."""
+        priority = self._priority(priority if priority is not None else requests[0].priority)
+        async with self._limited() as count:
+            engine = await self._holder.wait()
+            work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
+            async with self._admission.slot(priority, current_caller().id):
+                vectors = await asyncio.gather(
+                    *(
+                        engine.pool(
+                            ids,
+                            token_level=r.token_level,
+                            normalize=r.normalize,
+                            dimensions=r.dimensions,
+                            priority=priority,
+                        )
+                        for r, ids in work
+                    )
+                )
+            tokens = sum(len(ids) for _, ids in work)
+            count(tokens)
+        return list(vectors), tokens
+
+    @asynccontextmanager
+    async def _limited(self) -> AsyncIterator[Any]:
+        """The caller's limits around one request: refused (RATE_LIMITED, with its retry time)
+        when over; the tokens the block reports count towards the caller's minute."""
+        caller = current_caller()
+        try:
+            self._limiter.acquire(caller.id, caller.limits)
+        except RateLimited as e:
+            caller.retry_after = e.retry_after
+            raise
+        embedded = [0]
+
+        def count(tokens: int) -> None:
+            embedded[0] = tokens
+
+        try:
+            yield count
+        finally:
+            self._limiter.release(caller.id, caller.limits, embedded[0])
 
     def _priority(self, asked: int | None) -> int:
         return self.default_priority if asked is None else asked
@@ -100,6 +222,20 @@ class EmbeddingModel:
         return inputs
 
 
+def _pieces(tokenizer: Any, text: str, special_tokens: bool) -> list[Piece]:
+    encoded = tokenizer(text, add_special_tokens=special_tokens, return_offsets_mapping=True)
+    ids: list[int] = list(encoded["input_ids"])
+    special = set(tokenizer.all_special_ids)
+    names = tokenizer.convert_ids_to_tokens(ids)
+    pieces = []
+    for token, name, (start, stop) in zip(ids, names, encoded["offset_mapping"], strict=True):
+        if token in special and start == stop:
+            pieces.append(Piece(token, name, True, None, None))
+        else:
+            pieces.append(Piece(token, text[start:stop], False, start, stop))
+    return pieces
+
+
 def _encode_all(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Each text's tokens without the special tokens, which are added after any cut."""
     return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
@@ -121,3 +257,7 @@ def _cut(ids: list[int], limit: int, side: Side) -> list[int]:
     if limit <= 0:
         return []
     return ids[-limit:] if side == "left" else ids[:limit]
+
+
+def _field(field: str, i: int, count: int) -> str:
+    return field if count == 1 else f"{field}[{i}]"

@@ -18,9 +18,11 @@ from typing import Literal
 import msgspec
 
 from gateway.config.settings import DEFAULT_EMBEDDING_MODEL, Settings
+from gateway.edge.limits import Limiter
 from gateway.engine.holder import EngineHolder
 from gateway.engine.model_memory import GIB, available_bytes, engine_bytes
 from gateway.engine.pooling_engine import PoolingEngine, default_embedding_model, pooling_loader
+from gateway.engine_path.admission import Admission
 from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.engine_path.served_model import ServedModel
 
@@ -58,18 +60,26 @@ class _Embedder:
 
 
 class ModelRegistry:
-    def __init__(self, chat: ServedModel, settings: Settings) -> None:
+    def __init__(
+        self, chat: ServedModel, settings: Settings, admission: Admission, limiter: Limiter
+    ) -> None:
         self.chat = chat
         self._settings = settings
+        self._admission = admission  # the chat path's, and its limits: embeddings share them
+        self._limiter = limiter
         self._embedders: dict[str, _Embedder] = {}
         self._changing = asyncio.Lock()
 
     def add_at_startup(self, holder: EngineHolder[PoolingEngine], name: str) -> None:
         """The embedding model EMBEDDING_MODEL names (its holder already started; LOAD_MODELS'
         come through `register`)."""
-        model = EmbeddingModel(holder, name, self._settings.embedding_priority)
+        model = self._model(holder, name)
         source = self._settings.embedding_model
         self._embedders[name] = _Embedder(model, holder, source, True, 0)
+
+    def _model(self, holder: EngineHolder[PoolingEngine], name: str) -> EmbeddingModel:
+        priority = self._settings.embedding_priority
+        return EmbeddingModel(holder, name, priority, self._admission, self._limiter)
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
         """The embedding model `name` names; None: the first served (start-up's first)."""
@@ -124,7 +134,7 @@ class ModelRegistry:
                 restart_window_seconds=settings.engine_restart_window_seconds,
             )
             holder.start()
-            model = EmbeddingModel(holder, name, settings.embedding_priority)
+            model = self._model(holder, name)
             self._embedders[name] = _Embedder(model, holder, source, at_startup, need)
         if synchronous:
             try:

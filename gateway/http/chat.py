@@ -13,6 +13,7 @@ from msgspec.structs import replace
 from starlette.requests import Request
 
 from gateway.engine_path.served_model import ServedModel
+from gateway.http.embedding_models import generation_refused
 from gateway.http.prepared import (
     CLIENT_GONE,
     JSON,
@@ -93,9 +94,11 @@ async def prepare(
     gateway = gateway_of(request)
     decode = decode_chat if chat else decode_completion
     try:
-        call, tools, served = await resolve(
-            gateway.model, decode(raw, gateway.model.context_length()), component
-        )
+        decoded = decode(raw, gateway.model.context_length())
+        wrong_task = generation_refused(gateway, decoded.model)
+        if wrong_task is not None:
+            return error_answer(wrong_task)
+        call, tools, served = await resolve(gateway.model, decoded, component)
     except GenerationError as e:
         return error_answer(e)
     except ModelNotServed as e:

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config.version import version
+from gateway.http.embedding_answers import tei_body_of, tei_info, tei_invocation
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import (
     CLIENT_GONE,
@@ -30,6 +31,7 @@ from gateway.http.prepared import (
 )
 from gateway.http.streaming import chained, collect
 from gateway.state import gateway_of
+from protocols import tei
 from protocols.errors import GenerationError
 from protocols.events import Delta, Event, Failed, Finished, TokenInfo
 from protocols.generation import GenerationRequest
@@ -139,7 +141,11 @@ async def _events(
 
 
 async def compat_generate(request: Request) -> Response:
-    """POST `/`: `stream` in the payload picks the form; the JSON answer is a one-item list."""
+    """POST `/`: `stream` in the payload picks the form; the JSON answer is a one-item list.
+    With an embedding model served, TEI's body (`is_tei_body`) is answered as TEI does."""
+    tei_body = tei_body_of(gateway_of(request), await request.body())
+    if tei_body is not None:
+        return to_response(await tei_invocation(gateway_of(request), tei_body))
     prepared = await _serve(request, stream_flag=None, listed=True, full_text_default=True)
     return to_response(prepared)
 
@@ -155,7 +161,11 @@ async def generate_stream(request: Request) -> Response:
 
 
 async def info(request: Request) -> Response:
+    """TGI's info of the chat model; TEI's of the embedding model with `?model=` its name."""
     gateway = gateway_of(request)
+    asked = request.query_params.get("model")
+    if asked and gateway.models.task_of(asked) == "embed":
+        return to_response(await tei_info(gateway, version(), asked))
     settings, model = gateway.settings, gateway.model
     model_id = settings.engine.served_model_name or settings.engine.model or DEFAULT_MODEL_ID
     total = model.context_length()
@@ -204,5 +214,14 @@ operations = [
     Op(
         "post", "/generate_stream", "TGI stream", _Payload, {SSE: EVENTS}, ErrorResponse, (401, 413)
     ),
-    Op("get", "/info", "TGI model info", None, {JSON: Info}, ErrorResponse, (401,)),
+    Op(
+        "get",
+        "/info",
+        "TGI's info of the chat model; TEI's of the embedding model `model` names",
+        None,
+        {JSON: (Info, tei.Info)},
+        (ErrorResponse, tei.ErrorResponse),
+        (401, 404, 503),
+        (("model", {"type": "string"}),),
+    ),
 ]

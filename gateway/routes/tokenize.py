@@ -8,6 +8,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.http.chat import error_answer
+from gateway.http.embedding_answers import tei_tokenize, tei_tokenize_body_of
 from gateway.http.openapi import Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -30,9 +31,15 @@ async def tokenize(request: Request) -> Response:
 
 
 async def _tokenized(request: Request) -> Prepared:
-    model = gateway_of(request).model
+    """vLLM's body; with an embedding model served, TEI's (`inputs`) tokenized as TEI does."""
+    gateway = gateway_of(request)
+    model = gateway.model
+    raw = await request.body()
+    tei_body = tei_tokenize_body_of(gateway, raw)
+    if tei_body is not None:
+        return await tei_tokenize(gateway, tei_body)
     try:
-        body = decode_tokenize(await request.body())
+        body = decode_tokenize(raw)
         why = unknown_model(body.model, model.name)
         if why is not None:
             return Whole(404, not_found(why), JSON)
