@@ -158,3 +158,16 @@ def test_models_from_start_up_and_run_time_serve_until_unregistered(
 def _status(server: RunningServer, name: str) -> str | None:
     listed = _call(server, "GET", "/models").json()["models"]
     return next((m["status"] for m in listed if m["modelName"] == name), None)
+
+
+def test_the_embedding_engines_processes_are_niced(embedding_engine: PoolingEngine) -> None:
+    """EMBEDDING_NICENESS (10): the kernel gives the chat engine the cores first."""
+    import os
+
+    from gateway.engine.vllm_seam import core_processes
+
+    processes = core_processes(embedding_engine.llm)
+    assert processes
+    for process in processes:
+        assert process.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, process.pid) == 10

@@ -121,6 +121,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     embedding_kv_cache_gib: PositiveFloat = 0.25
     # The class of an embedding request that names none: bulk, so chats stay fast.
     embedding_priority: Annotated[int, Meta(ge=0, le=9)] = 2
+    # The embedding engine's processes' niceness: the kernel gives the chat engine the cores
+    # first when both want them (0: equal).
+    embedding_niceness: Annotated[int, Meta(ge=0, le=19)] = 10
     # More embedding models from start-up, each on its own engine: `name=url` (or a bare url,
     # named by its last part) separated by commas, `url` as EMBEDDING_MODEL's; DJL's
     # SERVING_LOAD_MODELS too. The management API can unload and load them.

@@ -13,6 +13,8 @@ import asyncio
 import importlib.util
 import itertools
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -89,7 +91,7 @@ class PoolingEngine:
             model = str(default_embedding_model())
         dtype, reason = engine_dtype(settings.embedding_dtype, "embedding engine")
         args = pooling_args(msgspec.structs.replace(settings, embedding_dtype=dtype), model)
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        llm = await _built_niced(args, settings.embedding_niceness)
         return cls(llm, reason)
 
     async def pool(
@@ -145,6 +147,28 @@ class PoolingEngine:
             return
         self._closing = True
         self.llm.shutdown()
+
+
+async def _built_niced(args: AsyncEngineArgs, niceness: int) -> AsyncLLM:
+    """The engine built in a thread of its own at `niceness`: its processes (the engine core
+    and its workers) inherit it, so the kernel gives the chat engine's processes the cores
+    first when both want them. The thread ends with the build (a thread's niceness cannot be
+    lowered again without privileges)."""
+    loop = asyncio.get_running_loop()
+    built: asyncio.Future[AsyncLLM] = loop.create_future()
+
+    def build() -> None:
+        try:
+            if niceness:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+            llm = AsyncLLM.from_engine_args(args)
+        except BaseException as e:  # handed to the awaiting task
+            loop.call_soon_threadsafe(built.set_exception, e)
+        else:
+            loop.call_soon_threadsafe(built.set_result, llm)
+
+    threading.Thread(target=build, name="embedding-engine-build", daemon=True).start()
+    return await built
 
 
 def _special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
