@@ -171,3 +171,36 @@ def test_the_embedding_engines_processes_are_niced(embedding_engine: PoolingEngi
     for process in processes:
         assert process.pid is not None
         assert os.getpriority(os.PRIO_PROCESS, process.pid) == 10
+
+
+def test_boto3s_target_model_and_lmis_path_route_to_the_embedding_model(
+    embedding_server: RunningServer,
+) -> None:
+    """SageMaker's multi-model TargetModel and LMI's `/predictions/{model}` naming the embedding
+    model: TEI's SageMaker answer, the vectors `/v1/embeddings` gives; any other name: the
+    chat model generates, as before."""
+    import json
+
+    from clients import sagemaker_runtime
+
+    runtime = sagemaker_runtime(embedding_server.http)
+    text = "The cat sat on the mat."
+    answer = runtime.invoke_endpoint(
+        EndpointName="any",
+        TargetModel=NAME,
+        ContentType="application/json",
+        Body=json.dumps({"inputs": [text]}),
+    )
+    [vector] = json.loads(answer["Body"].read())
+    oai = openai.OpenAI(api_key="k", base_url=embedding_server.http + "/v1", max_retries=0)
+    expected = oai.embeddings.create(model=NAME, input=text).data[0].embedding
+    assert float(np.array(vector) @ np.array(expected)) >= 0.999
+    predicted = web.post(embedding_server.http + f"/predictions/{NAME}", json={"inputs": text})
+    assert float(np.array(predicted.json()[0]) @ np.array(expected)) >= 0.999
+    generated = runtime.invoke_endpoint(
+        EndpointName="any",
+        TargetModel="model.tar.gz",
+        ContentType="application/json",
+        Body=json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 2}}),
+    )
+    assert "generated_text" in json.loads(generated["Body"].read())

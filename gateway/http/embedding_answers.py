@@ -90,8 +90,24 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
         return None
 
 
-async def tei_invocation(gateway: Gateway, doc: dict[str, Any]) -> Whole:
-    """TEI's body on `/` or `/invocations`: the task its shape asks for."""
+async def embedding_invocation(gateway: Gateway, raw: bytes, target: str | None) -> Whole | None:
+    """An invocation (`/invocations`, LMI's `/predictions/{model}`, SageMaker's) answered as
+    TEI's SageMaker image answers it, when `target` (the path's model, SageMaker's
+    TargetModel) names an embedding model, or names none and the body is TEI's; None: the
+    chat model's generation answers it (a target that names no embedding model included)."""
+    if target is not None and gateway.models.task_of(target) == "embed":
+        try:
+            doc = decode_json_object(raw)
+        except GenerationError as e:
+            return failure(e, tei.error_of)
+        return await tei_invocation(gateway, doc, target)
+    tei_body = tei_body_of(gateway, raw)
+    return None if tei_body is None else await tei_invocation(gateway, tei_body)
+
+
+async def tei_invocation(gateway: Gateway, doc: dict[str, Any], model: str | None = None) -> Whole:
+    """TEI's body on `/` or `/invocations`: the task its shape asks for, from the embedding
+    model `model` names (None: the first served)."""
 
     def decode(supported: bool) -> tuple[tei.Task, EmbeddingRequest | ScoreRequest]:
         return tei.decode_invocation(doc, dimensions_supported=supported)
@@ -106,7 +122,7 @@ async def tei_invocation(gateway: Gateway, doc: dict[str, Any]) -> Whole:
             return tei.encode_similarity(await model.embed(request))
         return tei.encode_embed(await model.embed(request))
 
-    return await answered(gateway, None, tei.error_of, decode, run)
+    return await answered(gateway, model, tei.error_of, decode, run)
 
 
 async def tei_tokenize(gateway: Gateway, doc: dict[str, Any]) -> Whole:

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.http.embedding_answers import tei_body_of, tei_invocation
+from gateway.http.embedding_answers import embedding_invocation
 from gateway.http.invocations import LMI_BODY, LMI_ERROR, LMI_OK, answer
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import to_response
@@ -15,12 +15,13 @@ from gateway.state import gateway_of
 
 
 async def invocations(request: Request) -> Response:
-    """LMI's; with an embedding model served, TEI's body (`is_tei_body`) is answered as TEI's
-    SageMaker image does."""
+    """LMI's; for an embedding model (`/predictions/{model}` naming one, or TEI's body while
+    one is served) TEI's answer, as its SageMaker image gives it."""
     raw = await request.body()
-    tei_body = tei_body_of(gateway_of(request), raw)
-    if tei_body is not None:
-        return to_response(await tei_invocation(gateway_of(request), tei_body))
+    target = request.path_params.get("model_name")
+    embedded = await embedding_invocation(gateway_of(request), raw, target)
+    if embedded is not None:
+        return to_response(embedded)
     return to_response(await answer(request, raw, request.headers.get("accept")))
 
 

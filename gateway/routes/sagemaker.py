@@ -5,7 +5,8 @@ POST `/endpoints/{name}/invocations` (InvokeEndpoint) and
 LMI handler, as SageMaker fronts an LMI container: an error answer becomes a 424 `ModelError`
 carrying the handler's status and body; a stream becomes event-stream PayloadPart frames, and a
 generation that fails mid-stream ends with a ModelStreamError frame. The request's custom
-attributes come back in the response. The endpoint name is not checked: one model is served.
+attributes come back in the response. The endpoint name is not checked; boto3's TargetModel
+(`X-Amzn-SageMaker-Target-Model`) naming an embedding model is answered by it, in TEI's shape.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.http.embedding_answers import embedding_invocation
 from gateway.http.invocations import LMI_BODY, answer
 from gateway.http.openapi import Op
 from gateway.http.prepared import CLIENT_GONE, JSON, Chunk, Streamed, Whole, to_response
 from gateway.http.streaming import until_disconnect
+from gateway.state import gateway_of
 from protocols.eventstream import (
     MEDIA_TYPE,
     ModelError,
@@ -31,6 +34,9 @@ from protocols.lmi import PayloadError
 from protocols.names import Protocol
 
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+# A multi-model endpoint's model (boto3's TargetModel): an embedding model the registry serves
+# is answered by it; any other name by the chat model, as before.
+TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 VARIANT = {"X-Amzn-Invoked-Production-Variant": "AllTraffic"}
 
 
@@ -53,9 +59,20 @@ async def _collect(chunks: AsyncIterator[Chunk]) -> bytes:
     return b"".join([chunk.data async for chunk in chunks])
 
 
+async def _embedded(request: Request, raw: bytes) -> Whole | None:
+    """The answer of an embedding model TargetModel names (TEI's SageMaker shape)."""
+    target = request.headers.get(TARGET_MODEL)
+    return await embedding_invocation(gateway_of(request), raw, target)
+
+
 async def invoke_endpoint(request: Request) -> Response:
-    accept = request.headers.get("accept")
-    prepared = await answer(request, await request.body(), accept, Protocol.SAGEMAKER)
+    accept, raw = request.headers.get("accept"), await request.body()
+    embedded = await _embedded(request, raw)
+    if embedded is not None:
+        if embedded.status >= 400:
+            return _model_error(embedded)
+        return to_response(embedded, _headers(request))
+    prepared = await answer(request, raw, accept, Protocol.SAGEMAKER)
     if isinstance(prepared, Streamed):  # a whole answer was asked for: read the stream out
         try:
             body = await until_disconnect(request, _collect(prepared.chunks))
@@ -78,8 +95,10 @@ async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
 
 
 async def invoke_endpoint_with_response_stream(request: Request) -> Response:
-    accept = request.headers.get("x-amzn-sagemaker-accept")
-    prepared = await answer(request, await request.body(), accept, Protocol.SAGEMAKER)
+    accept, raw = request.headers.get("x-amzn-sagemaker-accept"), await request.body()
+    prepared = await _embedded(request, raw) or await answer(
+        request, raw, accept, Protocol.SAGEMAKER
+    )
     headers = _headers(request) | {"X-Amzn-SageMaker-Content-Type": prepared.media_type}
     if isinstance(prepared, Whole):
         if prepared.status >= 400:
