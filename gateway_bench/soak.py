@@ -211,13 +211,11 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
     tokenizer = await asyncio.to_thread(targets.tokenizer, model)
     profiles = options.profiles(out)
     profile = None if profiles is None else profiles / "soak.speedscope.json"
-    soak = partial(run_soak, options, tokenizer=tokenizer, profile=profile)
+    soak = partial(run_soak, options, tokenizer=tokenizer, profile=profile, command=command)
     if options.gateway_url:
         keys = (options.main_key, options.limited_key)
         url, pid = options.gateway_url.rstrip("/"), options.gateway_pid
-        report = await soak(
-            base_url=url, keys=keys, pid=pid, command=command, amplifier=options.amplifier_key
-        )
+        report = await soak(base_url=url, keys=keys, pid=pid, amplifier=options.amplifier_key)
     else:
         keys, amplifier = new_keys(), new_key()
         path = out / "api-keys"
@@ -226,11 +224,7 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
         env = {"API_KEYS_FILE": str(path)}
         async with targets.started_gateway(options, out, env=env) as endpoint:
             report = await soak(
-                base_url=endpoint.url,
-                keys=keys,
-                pid=endpoint.pid,
-                command=command,
-                amplifier=amplifier,
+                base_url=endpoint.url, keys=keys, pid=endpoint.pid, amplifier=amplifier
             )
     await asyncio.to_thread(write, report, out)
     return soak_report(report).markdown(), out, all(g.passed is not False for g in report.goals)
