@@ -138,12 +138,14 @@ def report(result: AdaptersReport) -> Report:
         result.machine,
         result.rows,
         "ratio",
-        ratio_goal(
-            f"the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}",
-            [r for r in result.rows if r.variant == ADAPTED],
-            GOAL_AT,
-            GOAL_RATIO,
-        ),
+        [
+            ratio_goal(
+                f"the adapter >= {GOAL_RATIO}x the base at {GOAL_AT}",
+                [r for r in result.rows if r.variant == ADAPTED],
+                GOAL_AT,
+                GOAL_RATIO,
+            )
+        ],
         lambda variant: f" {_ratio_to(variant)}",
     )
 

@@ -99,8 +99,9 @@ class ReplicaReport(msgspec.Struct, kw_only=True):
     continuation: list[Continuation]
 
 
-def _prompt_tokens(sums: dict[str, float]) -> tuple[float, float]:
+async def _prompt_tokens(context: Context) -> tuple[float, float]:
     """The prompt tokens submitted and found in the prefix cache, so far."""
+    sums = await scrape(context.session, context.base_url)
     return sums.get(_PROMPTS, 0.0), sums.get(_PROMPTS_CACHED, 0.0)
 
 
@@ -259,10 +260,10 @@ async def _continuation(
                 try:
                     first = Request(key, text_of(words), options.generated, len(words))
                     history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
-                    before = _prompt_tokens(await scrape(context.session, context.base_url))
+                    before = await _prompt_tokens(context)
                     again = Request(key, "", options.new_tokens, options.history)
                     continued.append((await send(ws_batch, worker, again)).ttft_ms())
-                    after = _prompt_tokens(await scrape(context.session, context.base_url))
+                    after = await _prompt_tokens(context)
                     total, cached = after[0] - before[0], after[1] - before[1]
                     prompted, cached_total = prompted + total, cached_total + cached
                     from_cache += cached >= _FROM_CACHE * total
