@@ -5,7 +5,7 @@ against off (variants.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -167,7 +167,4 @@ SCENARIO = Scenario(
     QUICK,
     _run,
 )
-
-
-def parse(argv: Sequence[str]) -> AdaptersOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

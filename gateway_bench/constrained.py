@@ -5,7 +5,7 @@ unconstrained (variants.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -182,7 +182,4 @@ SCENARIO = Scenario(
     _run,
     check=_check,
 )
-
-
-def parse(argv: Sequence[str]) -> ConstrainedOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,7 +18,7 @@ from gateway_bench import machine, targets
 from gateway_bench.clients import Call, chat_completions, completions, control_ws, invocations, send
 from gateway_bench.engine_counts import drained
 from gateway_bench.metrics import Record
-from gateway_bench.mixed_options import QUICK, SCHEDULES, MixedOptions, burst, check
+from gateway_bench.mixed_options import QUICK, SCHEDULES, MixedOptions, burst
 from gateway_bench.mixed_report import (
     MixedReport,
     RegimeResult,
@@ -282,9 +282,5 @@ SCENARIO = Scenario(
     MixedOptions,
     QUICK,
     _run,
-    check=check,
 )
-
-
-def parse(argv: Sequence[str]) -> MixedOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

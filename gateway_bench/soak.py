@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -256,7 +255,4 @@ SCENARIO = Scenario(
     },
     _check,
 )
-
-
-def parse(argv: Sequence[str]) -> SoakOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')
