@@ -64,13 +64,9 @@ def new_key() -> str:
 
 
 def _presences(soak: Soak, grace_s: float) -> list[Presence]:
-    found: list[Presence] = []
-    for o in soak.outcomes:
-        if o.left_at is not None:
-            found.append(Presence(o.sent, o.left_at + grace_s, o.prompts))
-        else:
-            found.append(Presence(o.sent, o.end or o.sent, o.prompts))
-    return found
+    """Each client's prompts, from its request to its answer's end or its leaving plus grace."""
+    ends = [o.end or o.sent if o.left_at is None else o.left_at + grace_s for o in soak.outcomes]
+    return [Presence(o.sent, end, o.prompts) for o, end in zip(soak.outcomes, ends, strict=True)]
 
 
 def _idle_after(watch: MetricsWatch, last_end: float) -> float | None:
