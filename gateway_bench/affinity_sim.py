@@ -30,10 +30,6 @@ def ring(replicas: list[int]) -> Fleet:
     return fleet
 
 
-def owner(router: Fleet, key: str) -> int:
-    return router.pick(key)
-
-
 def simulate(count: int, rng: random.Random) -> dict[str, float]:
     replicas = list(range(count))
     keys = [
@@ -48,7 +44,7 @@ def simulate(count: int, rng: random.Random) -> dict[str, float]:
     hits = {"affinity": 0, "power_of_two": 0}
     continuations = 0
     for key in turns:
-        chosen = owner(router, key)
+        chosen = router.pick(key)
         a, b = rng.sample(replicas, 2)
         random_choice = a if load[a] <= load[b] else b
         load[random_choice] += 1
@@ -57,17 +53,17 @@ def simulate(count: int, rng: random.Random) -> dict[str, float]:
             hits["affinity"] += hashed[key] == chosen
             hits["power_of_two"] += drawn[key] == random_choice
         hashed[key], drawn[key] = chosen, random_choice
-    per_replica = Counter(owner(router, k) for k in keys)
+    per_replica = Counter(router.pick(k) for k in keys)
     leaving = replicas[0]
     smaller = ring(replicas[1:])
-    moved = [k for k in keys if owner(smaller, k) != owner(router, k)]
+    moved = [k for k in keys if smaller.pick(k) != router.pick(k)]
     return {
         "replicas": count,
         "hit_affinity": hits["affinity"] / continuations,
         "hit_power_of_two": hits["power_of_two"] / continuations,
         "keys_max_over_mean": max(per_replica.values()) / (CONVERSATIONS / count),
         "moved_share": len(moved) / len(keys),
-        "moved_not_from_leaving": sum(owner(router, k) != leaving for k in moved),
+        "moved_not_from_leaving": sum(router.pick(k) != leaving for k in moved),
         "leaving_share": per_replica[leaving] / len(keys),
     }
 

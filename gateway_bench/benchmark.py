@@ -12,7 +12,7 @@ on with the next.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -335,7 +335,4 @@ SCENARIO = Scenario(
     HELP,
     check,
 )
-
-
-def parse(argv: Sequence[str]) -> BenchOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -5,7 +5,7 @@ unconstrained (variants.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -75,10 +75,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "tools": [_TOOL],
         "tool_choice": {"type": "function", "function": {"name": "record_answer"}},
     },
+    # The unconstrained request with the tool offered, the choice left to the model: `auto`,
+    # held to the gateway's grammar of free text or the tools' calls (tool_grammars.py).
+    "auto": {"ignore_eos": True, "tools": [_TOOL]},
 }
 GOAL_VARIANTS = ("json_schema", "regex", "required_tool")
 BASELINE = "unconstrained"
-GOAL_AT, GOAL_RATIO = 32, 0.8
+GOAL_AT, GOAL_RATIO, AUTO_RATIO = 32, 0.8, 0.85
 
 
 class ConstrainedOptions(VariantOptions, frozen=True, kw_only=True):
@@ -145,12 +148,20 @@ def report(result: ConstrainedReport) -> Report:
         result.machine,
         result.rows,
         "x unconstrained",
-        ratio_goal(
-            f"tok/s >= {GOAL_RATIO}x unconstrained at {GOAL_AT} ({', '.join(GOAL_VARIANTS)})",
-            [r for r in result.rows if r.variant in GOAL_VARIANTS],
-            GOAL_AT,
-            GOAL_RATIO,
-        ),
+        [
+            ratio_goal(
+                f"tok/s >= {GOAL_RATIO}x unconstrained at {GOAL_AT} ({', '.join(GOAL_VARIANTS)})",
+                [r for r in result.rows if r.variant in GOAL_VARIANTS],
+                GOAL_AT,
+                GOAL_RATIO,
+            ),
+            ratio_goal(
+                f"auto >= {AUTO_RATIO}x unconstrained tok/s at {GOAL_AT}",
+                [r for r in result.rows if r.variant == "auto"],
+                GOAL_AT,
+                AUTO_RATIO,
+            ),
+        ],
     )
 
 
@@ -171,7 +182,4 @@ SCENARIO = Scenario(
     _run,
     check=_check,
 )
-
-
-def parse(argv: Sequence[str]) -> ConstrainedOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -26,11 +26,8 @@ async def _send(worker: Worker, request: Request, limit_s: float) -> Record:
 async def _point(
     worker: Worker, workload: Workload, history: int, o: BenchOptions, progress: Progress
 ) -> ContinuationPoint:
-    generated, new_tokens, limit_s = (
-        o.continuation_generated,
-        o.continuation_new_tokens,
-        o.request_timeout,
-    )
+    generated, new_tokens = o.continuation_generated, o.continuation_new_tokens
+    limit_s = o.request_timeout
     continued: list[float] = []
     fresh: list[float] = []
     resent: list[float] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,13 +18,15 @@ from gateway_bench import machine, targets
 from gateway_bench.clients import Call, chat_completions, completions, control_ws, invocations, send
 from gateway_bench.engine_counts import drained
 from gateway_bench.metrics import Record
-from gateway_bench.mixed_options import QUICK, SCHEDULES, MixedOptions, burst, check
+from gateway_bench.mixed_options import QUICK, SCHEDULES, MixedOptions, burst
 from gateway_bench.mixed_report import (
     MixedReport,
     RegimeResult,
     ShapeResult,
     TargetResult,
     markdown,
+    ms_at,
+    ratio_of,
     write_report,
 )
 from gateway_bench.options import Scenario
@@ -179,14 +181,20 @@ async def _shape(bench: Bench, shape: str) -> ShapeResult:
     if failed:
         targets.say(f"mixed: {len(failed)} batch requests failed, the first: {failed[0]}")
     tokens = sum(r.tokens for r in [*step.records, *chats])
-    return ShapeResult.of(
-        shape,
-        series=series,
+    preemptions = None if before is None or after is None else after - before
+    ttft = [t for _, t in series]
+    batch_tokens = sum(_tokens_within(r, start, end) for r in step.records)
+    return ShapeResult(
+        shape=shape,
         chats=len(chats),
-        batch_tok_s=sum(_tokens_within(r, start, end) for r in step.records) / (end - start),
-        preemptions=None if before is None or after is None else after - before,
+        ttft_p50_ms=ms_at(ttft, 50),
+        ttft_p99_ms=ms_at(ttft, 99),
+        batch_tok_s=round(batch_tokens / (end - start), 1),
+        preemptions=preemptions,
+        preemptions_per_chat=ratio_of(preemptions, len(chats)),
         interactive_failed=sum(1 for r in chats if r.first is None),
         batch_failed=len(failed),
+        series=series,
         frontend_cpu_ms_per_token=step.cpu.per_token_ms(tokens),
     )
 
@@ -196,8 +204,12 @@ async def _measure(bench: Bench) -> TargetResult:
     idle = [await bench.chat(options.short_chat_tokens) for _ in range(options.idle_requests)]
     idle_burst = await burst(bench.chat, options) if "burst" in options.shapes else []
     shapes = [await _shape(bench, shape) for shape in options.shapes]
-    return TargetResult.of(
-        bench.target.name, idle=_ttfts(idle), idle_burst=_ttfts(idle_burst), shapes=shapes
+    idle_ttft, burst_ttft = ms_at(_ttfts(idle), 50), ms_at(_ttfts(idle_burst), 50)
+    return TargetResult(
+        target=bench.target.name,
+        idle_ttft_p50_ms=idle_ttft,
+        idle_burst_p50_ms=burst_ttft,
+        shapes=shapes,
     )
 
 
@@ -270,9 +282,5 @@ SCENARIO = Scenario(
     MixedOptions,
     QUICK,
     _run,
-    check=check,
 )
-
-
-def parse(argv: Sequence[str]) -> MixedOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

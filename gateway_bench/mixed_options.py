@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgspec
 
 from gateway_bench.metrics import Record
 from gateway_bench.options import Options
 
-SHAPES = ("steady", "sporadic", "burst")
-REGIMES = ("saturation", "overload")
-TARGETS = ("vllm-server", "gateway-fcfs", "gateway-priority")
+ShapeName = Literal["steady", "sporadic", "burst"]
+Regime = Literal["saturation", "overload"]
+TargetName = Literal["vllm-server", "gateway-fcfs", "gateway-priority"]
+SHAPES, REGIMES, TARGETS = get_args(ShapeName), get_args(Regime), get_args(TargetName)
 
 
 class MixedOptions(Options, frozen=True, kw_only=True):
@@ -47,14 +48,14 @@ class MixedOptions(Options, frozen=True, kw_only=True):
     burst_size: int = 20
     bursts: int = 3
     burst_gap_s: float = 5.0
-    shapes: list[str] = msgspec.field(default_factory=lambda: list(SHAPES))
+    shapes: list[ShapeName] = msgspec.field(default_factory=lambda: list(SHAPES))
     prompt_words: int = 64
     overload_running: int = 32  # the engine's running limit in the overload regime
     bulk_max_running: str = "auto"  # the priority gateway's BULK_MAX_RUNNING
     interactive_step_tokens: str = "auto"  # the priority gateway's INTERACTIVE_STEP_TOKENS
     drain_timeout_s: float = 300.0  # after a shape, the longest wait for the engine to empty
-    regimes: list[str] = msgspec.field(default_factory=lambda: list(REGIMES))
-    targets: list[str] = msgspec.field(default_factory=lambda: list(TARGETS))
+    regimes: list[Regime] = msgspec.field(default_factory=lambda: list(REGIMES))
+    targets: list[TargetName] = msgspec.field(default_factory=lambda: list(TARGETS))
     out: str = "docs/bench/mixed"
 
 
@@ -76,15 +77,6 @@ QUICK = MixedOptions(
     enforce_eager=True,
     quick=True,
 )
-
-
-def check(options: MixedOptions) -> str | None:
-    unknown = (
-        set(options.targets) - set(TARGETS)
-        | set(options.regimes) - set(REGIMES)
-        | set(options.shapes) - set(SHAPES)
-    )
-    return f"unknown target, regime or shape: {', '.join(sorted(unknown))}" if unknown else None
 
 
 Chat = Callable[[int], Coroutine[Any, Any, Record]]

@@ -35,51 +35,12 @@ class ShapeResult(msgspec.Struct, kw_only=True):
     # The server's own CPU during the batch load (cpu.py), per token of the batch and the chats.
     frontend_cpu_ms_per_token: float | None = None
 
-    @classmethod
-    def of(
-        cls,
-        shape: str,
-        *,
-        series: list[tuple[float, float]],
-        chats: int,
-        batch_tok_s: float,
-        preemptions: int | None,
-        interactive_failed: int,
-        batch_failed: int,
-        frontend_cpu_ms_per_token: float | None,
-    ) -> ShapeResult:
-        ttft = [t for _, t in series]
-        return cls(
-            shape=shape,
-            chats=chats,
-            ttft_p50_ms=_ms(percentile(ttft, 50)),
-            ttft_p99_ms=_ms(percentile(ttft, 99)),
-            batch_tok_s=round(batch_tok_s, 1),
-            preemptions=preemptions,
-            preemptions_per_chat=_ratio(preemptions, chats),
-            interactive_failed=interactive_failed,
-            batch_failed=batch_failed,
-            series=series,
-            frontend_cpu_ms_per_token=frontend_cpu_ms_per_token,
-        )
-
 
 class TargetResult(msgspec.Struct, kw_only=True):
     target: str
     idle_ttft_p50_ms: float | None  # one chat alone on the idle engine
     idle_burst_p50_ms: float | None  # a burst on the idle engine (None: no burst shape)
     shapes: list[ShapeResult]
-
-    @classmethod
-    def of(
-        cls, target: str, *, idle: list[float], idle_burst: list[float], shapes: list[ShapeResult]
-    ) -> TargetResult:
-        return cls(
-            target=target,
-            idle_ttft_p50_ms=_ms(percentile(idle, 50)),
-            idle_burst_p50_ms=_ms(percentile(idle_burst, 50)),
-            shapes=shapes,
-        )
 
     def shape(self, name: str) -> ShapeResult | None:
         return next((s for s in self.shapes if s.shape == name), None)
@@ -100,6 +61,11 @@ class RegimeResult(msgspec.Struct):
         found = self.get(target)
         return None if found is None else found.shape(shape)
 
+    def figure(self, target: str, shape: str, name: str) -> float | None:
+        """`name` of `target`'s `shape` result, if measured."""
+        found = self.shape(target, shape)
+        return None if found is None else getattr(found, name)
+
 
 class MixedReport(msgspec.Struct, kw_only=True):
     command: str
@@ -112,28 +78,22 @@ class MixedReport(msgspec.Struct, kw_only=True):
         return list(self.options.shapes)
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+def ms_at(seconds: list[float], share: float) -> float | None:
+    """The `share` percentile of `seconds`, in ms."""
+    found = percentile(seconds, share)
+    return None if found is None else round(found * 1000, 1)
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
+def ratio_of(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 2)
-
-
-def _p50(shape: ShapeResult | None) -> float | None:
-    return None if shape is None else shape.ttft_p50_ms
-
-
-def _tok_s(shape: ShapeResult | None) -> float | None:
-    return None if shape is None else shape.batch_tok_s
 
 
 def _fmt(value: float | None, suffix: str = "") -> str:
     return "-" if value is None else f"{value:g}{suffix}"
 
 
-def _at_most(value: float | None, limit: float) -> bool | None:
-    return None if value is None else value <= limit
+def _within(value: float | None, limit: float, at_most: bool = True) -> bool | None:
+    return None if value is None else (value <= limit if at_most else value >= limit)
 
 
 def goals(regime: RegimeResult, shape: str) -> list[tuple[str, bool | None]]:
@@ -143,38 +103,23 @@ def goals(regime: RegimeResult, shape: str) -> list[tuple[str, bool | None]]:
     mine = None if target is None else target.shape(shape)
     if target is None or mine is None:
         return []
-    idle = "the idle burst" if shape == "burst" else "idle"
-    reference = target.idle_for(shape)
-    vllm = regime.shape("vllm-server", shape)
+    idle, reference = "the idle burst" if shape == "burst" else "idle", target.idle_for(shape)
+    vllm = regime.figure("vllm-server", shape, "ttft_p50_ms")
+    to_idle, to_vllm = ratio_of(mine.ttft_p50_ms, reference), ratio_of(mine.ttft_p50_ms, vllm)
     checks = [
-        (
-            f"chat TTFT p50 <= {TO_IDLE_P50:g}x {idle}",
-            _at_most(_ratio(mine.ttft_p50_ms, reference), TO_IDLE_P50),
-        ),
-        (
-            f"chat TTFT p50 <= {TO_VLLM_P50:g}x vLLM's server",
-            _at_most(_ratio(mine.ttft_p50_ms, _p50(vllm)), TO_VLLM_P50),
-        ),
+        (f"chat TTFT p50 <= {TO_IDLE_P50:g}x {idle}", _within(to_idle, TO_IDLE_P50)),
+        (f"chat TTFT p50 <= {TO_VLLM_P50:g}x vLLM's server", _within(to_vllm, TO_VLLM_P50)),
         (
             f"chat TTFT p99 <= {TO_IDLE_P99:g}x {idle}",
-            _at_most(_ratio(mine.ttft_p99_ms, reference), TO_IDLE_P99),
+            _within(ratio_of(mine.ttft_p99_ms, reference), TO_IDLE_P99),
         ),
     ]
     if (kept := BATCH_KEPT.get(shape)) is not None:
-        fcfs = regime.shape("gateway-fcfs", shape)
-        to_fcfs = _ratio(mine.batch_tok_s, _tok_s(fcfs))
-        checks.append((f"batch tok/s >= {kept:g}x the FCFS gateway", _min(to_fcfs, kept)))
-    checks.append(
-        (
-            f"preemptions per chat <= {PREEMPTIONS_PER_CHAT:g}",
-            _at_most(mine.preemptions_per_chat, PREEMPTIONS_PER_CHAT),
-        )
-    )
-    return checks
-
-
-def _min(value: float | None, limit: float) -> bool | None:
-    return None if value is None else value >= limit
+        fcfs = regime.figure("gateway-fcfs", shape, "batch_tok_s")
+        to_fcfs = _within(ratio_of(mine.batch_tok_s, fcfs), kept, at_most=False)
+        checks.append((f"batch tok/s >= {kept:g}x the FCFS gateway", to_fcfs))
+    per_chat = _within(mine.preemptions_per_chat, PREEMPTIONS_PER_CHAT)
+    return [*checks, (f"preemptions per chat <= {PREEMPTIONS_PER_CHAT:g}", per_chat)]
 
 
 _COLUMNS = ["shape", "target", "chats", "idle ref. p50", "TTFT p50", "TTFT p99", "p50 / idle"]
@@ -183,8 +128,8 @@ _COLUMNS += ["preemptions / chat", "failed (chat, batch)", "frontend CPU ms/toke
 
 
 def _row(regime: RegimeResult, target: TargetResult, s: ShapeResult) -> list[object]:
-    vllm, fcfs = regime.shape("vllm-server", s.shape), regime.shape("gateway-fcfs", s.shape)
-    idle = target.idle_for(s.shape)
+    vllm = regime.figure("vllm-server", s.shape, "ttft_p50_ms")
+    fcfs, idle = regime.figure("gateway-fcfs", s.shape, "batch_tok_s"), target.idle_for(s.shape)
     return [
         s.shape,
         target.target,
@@ -192,11 +137,11 @@ def _row(regime: RegimeResult, target: TargetResult, s: ShapeResult) -> list[obj
         _fmt(idle, " ms"),
         _fmt(s.ttft_p50_ms, " ms"),
         _fmt(s.ttft_p99_ms, " ms"),
-        _fmt(_ratio(s.ttft_p50_ms, idle), "x"),
-        _fmt(_ratio(s.ttft_p50_ms, _p50(vllm)), "x"),
-        _fmt(_ratio(s.ttft_p99_ms, idle), "x"),
+        _fmt(ratio_of(s.ttft_p50_ms, idle), "x"),
+        _fmt(ratio_of(s.ttft_p50_ms, vllm), "x"),
+        _fmt(ratio_of(s.ttft_p99_ms, idle), "x"),
         f"{s.batch_tok_s:g}",
-        _fmt(_ratio(s.batch_tok_s, _tok_s(fcfs)), "x"),
+        _fmt(ratio_of(s.batch_tok_s, fcfs), "x"),
         _fmt(s.preemptions_per_chat),
         f"{s.interactive_failed}, {s.batch_failed}",
         _fmt(s.frontend_cpu_ms_per_token),

@@ -10,9 +10,10 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import msgspec
@@ -47,7 +48,9 @@ class ReplicaOptions(Options, frozen=True, kw_only=True):
     generated: int = 64
     new_tokens: int = 16
     repetitions: int = 8
-    parts: list[str] = msgspec.field(default_factory=lambda: ["throughput", "continuation"])
+    parts: list[Literal["throughput", "continuation"]] = msgspec.field(
+        default_factory=lambda: ["throughput", "continuation"]
+    )
     enforce_eager: bool = True  # the issue's setting: replicas in eager mode
     ray_address: str = ""  # an existing cluster for the replicas; "" = one of its own per target
     out: str = "docs/bench/replicas"
@@ -99,8 +102,9 @@ class ReplicaReport(msgspec.Struct, kw_only=True):
     continuation: list[Continuation]
 
 
-def _prompt_tokens(sums: dict[str, float]) -> tuple[float, float]:
+async def _prompt_tokens(context: Context) -> tuple[float, float]:
     """The prompt tokens submitted and found in the prefix cache, so far."""
+    sums = await scrape(context.session, context.base_url)
     return sums.get(_PROMPTS, 0.0), sums.get(_PROMPTS_CACHED, 0.0)
 
 
@@ -259,10 +263,10 @@ async def _continuation(
                 try:
                     first = Request(key, text_of(words), options.generated, len(words))
                     history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
-                    before = _prompt_tokens(await scrape(context.session, context.base_url))
+                    before = await _prompt_tokens(context)
                     again = Request(key, "", options.new_tokens, options.history)
                     continued.append((await send(ws_batch, worker, again)).ttft_ms())
-                    after = _prompt_tokens(await scrape(context.session, context.base_url))
+                    after = await _prompt_tokens(context)
                     total, cached = after[0] - before[0], after[1] - before[1]
                     prompted, cached_total = prompted + total, cached_total + cached
                     from_cache += cached >= _FROM_CACHE * total
@@ -370,11 +374,6 @@ async def run_replicas(
     return report
 
 
-def _check(options: ReplicaOptions) -> str | None:
-    unknown = set(options.parts) - {"throughput", "continuation"}
-    return f"unknown part: {', '.join(sorted(unknown))}" if unknown else None
-
-
 async def _run(options: ReplicaOptions, command: str) -> tuple[str, Path, bool]:
     report = await run_replicas(options, command)
     return markdown(report), Path(options.out), True
@@ -387,9 +386,5 @@ SCENARIO = Scenario(
     ReplicaOptions,
     QUICK,
     _run,
-    check=_check,
 )
-
-
-def parse(argv: Sequence[str]) -> ReplicaOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

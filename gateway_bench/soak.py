@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -65,13 +64,9 @@ def new_key() -> str:
 
 
 def _presences(soak: Soak, grace_s: float) -> list[Presence]:
-    found: list[Presence] = []
-    for o in soak.outcomes:
-        if o.left_at is not None:
-            found.append(Presence(o.sent, o.left_at + grace_s, o.prompts))
-        else:
-            found.append(Presence(o.sent, o.end or o.sent, o.prompts))
-    return found
+    """Each client's prompts, from its request to its answer's end or its leaving plus grace."""
+    ends = [o.end or o.sent if o.left_at is None else o.left_at + grace_s for o in soak.outcomes]
+    return [Presence(o.sent, end, o.prompts) for o, end in zip(soak.outcomes, ends, strict=True)]
 
 
 def _idle_after(watch: MetricsWatch, last_end: float) -> float | None:
@@ -211,13 +206,11 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
     tokenizer = await asyncio.to_thread(targets.tokenizer, model)
     profiles = options.profiles(out)
     profile = None if profiles is None else profiles / "soak.speedscope.json"
-    soak = partial(run_soak, options, tokenizer=tokenizer, profile=profile)
+    soak = partial(run_soak, options, tokenizer=tokenizer, profile=profile, command=command)
     if options.gateway_url:
         keys = (options.main_key, options.limited_key)
         url, pid = options.gateway_url.rstrip("/"), options.gateway_pid
-        report = await soak(
-            base_url=url, keys=keys, pid=pid, command=command, amplifier=options.amplifier_key
-        )
+        report = await soak(base_url=url, keys=keys, pid=pid, amplifier=options.amplifier_key)
     else:
         keys, amplifier = new_keys(), new_key()
         path = out / "api-keys"
@@ -226,11 +219,7 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
         env = {"API_KEYS_FILE": str(path)}
         async with targets.started_gateway(options, out, env=env) as endpoint:
             report = await soak(
-                base_url=endpoint.url,
-                keys=keys,
-                pid=endpoint.pid,
-                command=command,
-                amplifier=amplifier,
+                base_url=endpoint.url, keys=keys, pid=endpoint.pid, amplifier=amplifier
             )
     await asyncio.to_thread(write, report, out)
     return soak_report(report).markdown(), out, all(g.passed is not False for g in report.goals)
@@ -262,7 +251,4 @@ SCENARIO = Scenario(
     },
     _check,
 )
-
-
-def parse(argv: Sequence[str]) -> SoakOptions:
-    return SCENARIO.parse(argv)
+parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -94,11 +94,11 @@ def variants_report(
     host: Machine,
     rows: list[Row],
     header: str,
-    goal: Goal,
+    goals: list[Goal],
     suffix: Callable[[str], str] = lambda _: "",
 ) -> Report:
     """The rows as a table: the ratio column's `header`, its cells `Nx` and the variant's
-    `suffix` (what the ratio is to); the goal below."""
+    `suffix` (what the ratio is to); the goals below."""
     columns = ["concurrency", "variant", "tok/s", header, "tokens", "failed"]
     table = Table([*columns, "frontend CPU ms/token"])
     for row in rows:
@@ -106,7 +106,7 @@ def variants_report(
         cpu = "-" if row.frontend_cpu_ms_per_token is None else row.frontend_cpu_ms_per_token
         table.rows.append([row.concurrency, row.variant, row.tok_s, ratio, row.tokens])
         table.rows[-1] += [row.failed, cpu]
-    return Report(title, command, host, [Section(table=table, goals=[goal])])
+    return Report(title, command, host, [Section(table=table, goals=goals)])
 
 
 def ratio_goal(name: str, rows: list[Row], at: int, least: float) -> Goal:
