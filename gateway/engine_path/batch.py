@@ -95,12 +95,14 @@ class BatchRunner:
             hits = sum(r.request_id in known for r in requests)
             self.service.metrics.continuation.labels("hit").inc(hits)
             self.service.metrics.continuation.labels("miss").inc(len(requests) - hits)
-            async for step in self._steps(requests, protocol, key, known, claim.refused):
-                yield step
+            steps = self._steps(requests, protocol, key, known, claim.refused)
+            async with aclosing(steps):
+                async for step in steps:
+                    yield step
         finally:
             await claim.release()
 
-    async def _steps(
+    def _steps(
         self,
         requests: Sequence[GenerationRequest],
         protocol: Protocol,
@@ -110,11 +112,19 @@ class BatchRunner:
     ) -> AsyncGenerator[list[Event], None]:
         histories = dict(known)
         if len(requests) == 1:  # no task or queue while its consumer keeps up
-            one = self._one(requests[0], protocol, key, known, refused, histories)
-            async with aclosing(relayed(one)) as steps:
-                async for step in steps:
-                    yield step
-            return
+            return relayed(self._one(requests[0], protocol, key, known, refused, histories))
+        return self._tasks(requests, protocol, key, known, refused, histories)
+
+    async def _tasks(
+        self,
+        requests: Sequence[GenerationRequest],
+        protocol: Protocol,
+        key: Key | None,
+        known: dict[str, History],
+        refused: frozenset[str],
+        histories: dict[str, History],
+    ) -> AsyncGenerator[list[Event], None]:
+        """Each prompt in a task of its own, the steps through a StepQueue."""
         queue = StepQueue()
 
         async def pump(request: GenerationRequest) -> None:
