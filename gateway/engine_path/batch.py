@@ -1,11 +1,12 @@
 """Several prompts at once, and continuation by request_id: a layer over the one engine path.
 
 `BatchRunner.run` starts one `GenerationService.generate` per request, each in a task of its
-own (so its admission slot is entered and left in one task), and yields, per wake-up, every
+own when there are several, and yields, per wake-up, every
 event the engine step produced for the payload, one Delta per prompt (a prompt's Deltas merge
-while they wait for the consumer). A payload of one prompt keeps its task too: its
-generation goes on to its end, and leaves its admission slot, while its client does not read
-(issue 47 measured what iterating it in the consumer's task would save). With a continuation key
+while they wait for the consumer). A payload of one prompt is iterated by its consumer while
+the consumer keeps up, and handed to a task of its own once it does not
+(gateway/engine_path/event_steps.py): its generation goes on to its end, and leaves its
+admission slot, while its client does not read. With a continuation key
 (the ordered request_ids, the specs' "internal caching"), known request_ids continue their
 history, and every prompt that finishes leaves its whole sequence in the store before its
 Finished event is delivered (a store that cannot take it turns that Finished into a Failed).
@@ -21,10 +22,11 @@ import msgspec
 
 from gateway.edge.caller import current_caller
 from gateway.engine.affinity import AFFINITY, affinity_key
+from gateway.engine_path.event_steps import StepQueue, relayed
 from gateway.engine_path.generation import GenerationService, _duplicate, _failed
 from gateway.stores.continuation import Claim, HistoryStore, Key
 from protocols.errors import GenerationError, invalid
-from protocols.events import TERMINAL, Delta, Event, Failed, Finished, History
+from protocols.events import TERMINAL, Event, Failed, Finished, History
 from protocols.generation import GenerationRequest, PromptItem, SamplingOptions, sequences_asked
 from protocols.names import Protocol
 
@@ -93,12 +95,14 @@ class BatchRunner:
             hits = sum(r.request_id in known for r in requests)
             self.service.metrics.continuation.labels("hit").inc(hits)
             self.service.metrics.continuation.labels("miss").inc(len(requests) - hits)
-            async for step in self._steps(requests, protocol, key, known, claim.refused):
-                yield step
+            steps = self._steps(requests, protocol, key, known, claim.refused)
+            async with aclosing(steps):
+                async for step in steps:
+                    yield step
         finally:
             await claim.release()
 
-    async def _steps(
+    def _steps(
         self,
         requests: Sequence[GenerationRequest],
         protocol: Protocol,
@@ -107,63 +111,77 @@ class BatchRunner:
         refused: frozenset[str],
     ) -> AsyncGenerator[list[Event], None]:
         histories = dict(known)
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        unread: dict[int, Delta] = {}  # each prompt's Delta still in the queue
+        if len(requests) == 1:  # no task or queue while its consumer keeps up
+            return relayed(self._one(requests[0], protocol, key, known, refused, histories))
+        return self._tasks(requests, protocol, key, known, refused, histories)
 
-        def put(event: Event) -> None:
-            """A prompt's Delta joins the one still waiting in the queue, as vLLM's output
-            collector does for one prompt: a consumer that falls behind (its client does not
-            read) holds each prompt's text so far, never an event per step."""
-            if isinstance(event, Delta):
-                waiting = unread.get(event.index)
-                if waiting is not None:
-                    _merge(waiting, event)
-                    return
-                unread[event.index] = event
-            queue.put_nowait(event)
+    async def _tasks(
+        self,
+        requests: Sequence[GenerationRequest],
+        protocol: Protocol,
+        key: Key | None,
+        known: dict[str, History],
+        refused: frozenset[str],
+        histories: dict[str, History],
+    ) -> AsyncGenerator[list[Event], None]:
+        """Each prompt in a task of its own, the steps through a StepQueue."""
+        queue = StepQueue()
 
         async def pump(request: GenerationRequest) -> None:
-            rid = request.request_id
-            if rid in refused:
-                put(self._refuse(request, protocol, _duplicate(rid or "")))
-                return
-            if rid in known:
-                made_with, asked = known[rid].adapter, self.service.adapter_of(request)
-                if made_with != asked:  # a history continues on the model that made it
-                    put(
-                        self._refuse(
-                            request, protocol, _other_adapter(rid or "", made_with, request)
-                        )
-                    )
-                    return
-                request = msgspec.structs.replace(request, history=known[rid])
-            if key is not None:  # this task's own context: its engine requests only
-                AFFINITY.set(affinity_key(key))
-            async with aclosing(self.service.generate(request, protocol)) as events:
+            one = self._one(request, protocol, key, known, refused, histories)
+            async with aclosing(one) as events:
                 async for event in events:
-                    if isinstance(event, Finished) and event.history and key and rid is not None:
-                        histories[rid] = event.history
-                        try:
-                            await self.store.save(key, dict(histories))
-                        except GenerationError as e:  # its history is lost: say so
-                            put(_failed(request.index, e))
-                            continue
-                    put(event)
+                    queue.put(event)
 
         tasks = [asyncio.create_task(pump(r)) for r in requests]
         remaining = len(requests)
         try:
             while remaining:
-                step = [await queue.get()]
-                while not queue.empty():
-                    step.append(queue.get_nowait())
-                unread.clear()
+                taken = await queue.take()
+                assert taken is not None  # the prompts' tasks never end the queue
+                step = taken
                 remaining -= sum(isinstance(e, TERMINAL) for e in step)
                 yield step
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one(
+        self,
+        request: GenerationRequest,
+        protocol: Protocol,
+        key: Key | None,
+        known: dict[str, History],
+        refused: frozenset[str],
+        histories: dict[str, History],
+    ) -> AsyncGenerator[Event, None]:
+        """One prompt's events; its Finished leaves the payload's `histories` (with this
+        prompt's) in the store first. Its engine requests carry the key's affinity, set in
+        the context of the task that starts it (its own, or the consumer's, which serves this
+        payload only)."""
+        rid = request.request_id
+        if rid in refused:
+            yield self._refuse(request, protocol, _duplicate(rid or ""))
+            return
+        if rid in known:
+            made_with, asked = known[rid].adapter, self.service.adapter_of(request)
+            if made_with != asked:  # a history continues on the model that made it
+                yield self._refuse(request, protocol, _other_adapter(rid or "", made_with, request))
+                return
+            request = msgspec.structs.replace(request, history=known[rid])
+        if key is not None:
+            AFFINITY.set(affinity_key(key))
+        async with aclosing(self.service.generate(request, protocol)) as events:
+            async for event in events:
+                if isinstance(event, Finished) and event.history and key and rid is not None:
+                    histories[rid] = event.history
+                    try:
+                        await self.store.save(key, dict(histories))
+                    except GenerationError as e:  # its history is lost: say so
+                        yield _failed(request.index, e)
+                        continue
+                yield event
 
     def _refuse(
         self, request: GenerationRequest, protocol: Protocol, error: GenerationError
@@ -182,12 +200,3 @@ def _other_adapter(
         f"(or start a new request_id) - at `{request.adapter_field}`",
         request.adapter_field,
     )
-
-
-def _merge(into: Delta, delta: Delta) -> None:
-    """`delta` appended to `into`, an earlier Delta of the same prompt."""
-    into.text += delta.text
-    into.token_ids.extend(delta.token_ids)
-    into.finish_reason = delta.finish_reason
-    if into.tokens is not None and delta.tokens is not None:
-        into.tokens.extend(delta.tokens)
