@@ -161,7 +161,7 @@ def create_app(
             await detached.stop_all()  # an exit without the drain (SIGINT) stops them too
             await background.close()
             await store.close()
-            await models.stop(at_startup_too=owns_engine)
+            await models.stop(handed_in_too=owns_engine)
             if owns_engine:
                 await holder.stop()
 

@@ -18,6 +18,9 @@ import pytest
 
 from serving import RunningServer
 
+# Each library's import and agent loop take 15-30 s: make test-all (CI) runs them.
+pytestmark = pytest.mark.long
+
 MODEL = "SmolLM2-135M-Instruct"
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 QUESTION = "What is the weather in Paris?"

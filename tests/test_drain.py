@@ -36,6 +36,7 @@ def active_streams(server: RunningServer) -> float:
     return value(scrape(server.http), "gateway_active_streams")
 
 
+@pytest.mark.long  # ~30 s of drain on the shared engine: make test-all
 def test_draining_refuses_new_work_lets_running_prompts_finish_then_closes_websockets(
     make_server: Callable[..., RunningServer],
 ) -> None:

@@ -5,7 +5,7 @@ does not fit the memory among them (refused before any engine starts)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -13,43 +13,19 @@ import numpy as np
 import openai
 import pytest
 
-from clients import wait_for, wait_ready, web
+from clients import wait_for, web
 from gateway.engine.pooling_engine import PoolingEngine
-from gateway.engine.vllm_engine import VllmEngine
-from serving import LoopThread, RunningServer, free_port, gateway_settings, shared_loader
+from serving import RunningServer, gateway_settings
 
 ADMIN = "admin-key"
 NAME = "all-MiniLM-L6-v2"
 CHAT = "SmolLM2-135M-Instruct"
 
 
-def _server(
-    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine, **env: str
-) -> RunningServer:
-    from gateway.app import create_app
-
-    async def load_embedding() -> PoolingEngine:
-        return embedding_engine
-
-    settings = gateway_settings(
-        EMBEDDING_MODEL="default", EMBEDDING_DTYPE="float32", ADMIN_API_KEYS=ADMIN, **env
-    )
-    app = create_app(
-        settings, shared_loader(engine), owns_engine=False, load_embedding=load_embedding
-    )
-    running = RunningServer(loop_thread, app, settings, free_port())
-    wait_ready(running.http)
-    return running
-
-
-@pytest.fixture(scope="module")
-def managed(
-    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
-) -> Iterator[RunningServer]:
+@pytest.fixture
+def managed(make_embedding_server: Callable[..., RunningServer]) -> RunningServer:
     """A budget of 0.1 GiB for models loaded at run time: any load is refused for memory."""
-    running = _server(loop_thread, engine, embedding_engine, MODEL_LOAD_MEMORY_GIB="0.1")
-    yield running
-    running.stop()
+    return make_embedding_server(ADMIN_API_KEYS=ADMIN, MODEL_LOAD_MEMORY_GIB="0.1")
 
 
 def _call(
@@ -121,38 +97,35 @@ def test_load_models_reads_djls_list() -> None:
 
 @pytest.mark.own_engine
 def test_models_from_start_up_and_run_time_serve_until_unregistered(
-    loop_thread: LoopThread, engine: VllmEngine, embedding_engine: PoolingEngine
+    make_embedding_server: Callable[..., RunningServer],
 ) -> None:
     """LOAD_MODELS' model loads beside EMBEDDING_MODEL's; unregistered, it is refused; one
     registered at run time then serves in its place."""
-    server = _server(loop_thread, engine, embedding_engine, LOAD_MODELS="mini-two=default")
-    try:
-        wait_for(lambda: _status(server, "mini-two") != "PENDING")
-        assert _status(server, "mini-two") == "READY"
-        [workflow] = _call(server, "GET", "/models/mini-two").json()
-        assert workflow["models"][0]["loadedAtStartup"] is True
-        oai = openai.OpenAI(api_key="k", base_url=server.http + "/v1", max_retries=0)
-        text = "The cat sat on the mat."
-        one = np.array(oai.embeddings.create(model=NAME, input=text).data[0].embedding)
-        two = np.array(oai.embeddings.create(model="mini-two", input=text).data[0].embedding)
-        assert float(one @ two) >= 0.999  # the same weights, another engine
-        assert "mini-two" in [m.id for m in oai.models.list()]
-        gone = _call(server, "DELETE", "/models/mini-two")
-        assert gone.json() == {"status": 'Model or workflow "mini-two" unregistered'}
-        with pytest.raises(openai.NotFoundError):
-            oai.embeddings.create(model="mini-two", input=text)
+    server = make_embedding_server(ADMIN_API_KEYS=ADMIN, LOAD_MODELS="mini-two=default")
+    wait_for(lambda: _status(server, "mini-two") != "PENDING")
+    assert _status(server, "mini-two") == "READY"
+    [workflow] = _call(server, "GET", "/models/mini-two").json()
+    assert workflow["models"][0]["loadedAtStartup"] is True
+    oai = openai.OpenAI(api_key="k", base_url=server.http + "/v1", max_retries=0)
+    text = "The cat sat on the mat."
+    one = np.array(oai.embeddings.create(model=NAME, input=text).data[0].embedding)
+    two = np.array(oai.embeddings.create(model="mini-two", input=text).data[0].embedding)
+    assert float(one @ two) >= 0.999  # the same weights, another engine
+    assert "mini-two" in [m.id for m in oai.models.list()]
+    gone = _call(server, "DELETE", "/models/mini-two")
+    assert gone.json() == {"status": 'Model or workflow "mini-two" unregistered'}
+    with pytest.raises(openai.NotFoundError):
+        oai.embeddings.create(model="mini-two", input=text)
 
-        registered = _call(server, "POST", "/models", url="default", model_name="mini-three")
-        assert registered.json() == {"status": 'Model "mini-three" registered.'}
-        assert _status(server, "mini-three") == "READY"
-        three = oai.embeddings.create(model="mini-three", input=text).data[0].embedding
-        assert float(one @ np.array(three)) >= 0.999
-        assert _call(server, "DELETE", "/models/mini-three").status_code == 200
-        with pytest.raises(openai.NotFoundError):
-            oai.embeddings.create(model="mini-three", input=text)
-        assert oai.embeddings.create(model=NAME, input=text).data  # the start-up model serves
-    finally:
-        server.stop()
+    registered = _call(server, "POST", "/models", url="default", model_name="mini-three")
+    assert registered.json() == {"status": 'Model "mini-three" registered.'}
+    assert _status(server, "mini-three") == "READY"
+    three = oai.embeddings.create(model="mini-three", input=text).data[0].embedding
+    assert float(one @ np.array(three)) >= 0.999
+    assert _call(server, "DELETE", "/models/mini-three").status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        oai.embeddings.create(model="mini-three", input=text)
+    assert oai.embeddings.create(model=NAME, input=text).data  # the start-up model serves
 
 
 def _status(server: RunningServer, name: str) -> str | None:

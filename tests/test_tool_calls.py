@@ -116,6 +116,7 @@ def assert_valid_calls(calls: Any, named: str | None = None) -> None:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+@pytest.mark.long  # twenty prompts, each call validated: make test-all
 def test_required_and_named_calls_validate_on_twenty_prompts(server: RunningServer) -> None:
     async def one(api: openai.AsyncOpenAI, prompt: str, choice: Any) -> Any:
         return await api.chat.completions.create(

@@ -56,7 +56,8 @@ class _Embedder:
     holder: EngineHolder[PoolingEngine]
     source: str
     at_startup: bool
-    memory_bytes: int  # the estimate it was admitted with (0: loaded at start-up)
+    memory_bytes: int  # the estimate it was admitted with (0: EMBEDDING_MODEL's)
+    built_here: bool  # its engine built by `register` (EMBEDDING_MODEL's is handed in)
 
 
 class ModelRegistry:
@@ -75,7 +76,7 @@ class ModelRegistry:
         come through `register`)."""
         model = self._model(holder, name)
         source = self._settings.embedding_model
-        self._embedders[name] = _Embedder(model, holder, source, True, 0)
+        self._embedders[name] = _Embedder(model, holder, source, True, 0, False)
 
     def _model(self, holder: EngineHolder[PoolingEngine], name: str) -> EmbeddingModel:
         priority = self._settings.embedding_priority
@@ -135,7 +136,7 @@ class ModelRegistry:
             )
             holder.start()
             model = self._model(holder, name)
-            self._embedders[name] = _Embedder(model, holder, source, at_startup, need)
+            self._embedders[name] = _Embedder(model, holder, source, at_startup, need, True)
         if synchronous:
             try:
                 await holder.wait()
@@ -157,11 +158,11 @@ class ModelRegistry:
                 raise ModelRefused(404, f'Model or workflow not found: "{name}"')
         await embedder.holder.stop()
 
-    async def stop(self, *, at_startup_too: bool) -> None:
-        """Stop the engines of models loaded at run time, and with `at_startup_too` those of
-        start-up (a test's app shares those with others)."""
+    async def stop(self, *, handed_in_too: bool) -> None:
+        """Stop the engines `register` built, and with `handed_in_too` EMBEDDING_MODEL's (a
+        test's app shares that one with others)."""
         for embedder in list(self._embedders.values()):
-            if at_startup_too or not embedder.at_startup:
+            if handed_in_too or embedder.built_here:
                 await embedder.holder.stop()
 
     def _check_memory(self, name: str, need: int) -> None:
