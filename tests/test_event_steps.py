@@ -4,7 +4,7 @@ while it keeps up, by a task of their own once it holds an event too long. No en
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 from gateway.engine_path.event_steps import StepQueue, relayed
@@ -23,6 +23,13 @@ class _Source:
         self.tasks: set[asyncio.Task[object] | None] = set()
         self.ended = False
         self.closed = False
+        self.changed = asyncio.Event()  # set as each event is made and at the end
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Waits for `condition`, checked as the events are made, however long that takes."""
+        while not condition():
+            self.changed.clear()
+            await self.changed.wait()
 
     async def events(self) -> AsyncGenerator[Event, None]:
         try:
@@ -31,9 +38,11 @@ class _Source:
             for i in range(self.tokens):
                 await asyncio.sleep(0.001)
                 self.tasks.add(asyncio.current_task())
+                self.changed.set()
                 yield Delta(0, f" t{i}", [i])
             yield _finished()
             self.ended = True
+            self.changed.set()
         finally:
             self.closed = True
 
@@ -61,7 +70,8 @@ def test_a_consumer_that_holds_an_event_hands_the_generation_to_a_task_that_ends
         async with aclosing(relayed(source.events(), handoff_seconds=0.01)) as steps:
             async for step in steps:
                 if any(isinstance(e, Delta) for e in step) and len(taken) == 2:
-                    await asyncio.sleep(0.3)  # the consumer away with an event in hand
+                    # The consumer away with an event in hand until the prompt has ended.
+                    await source.until(lambda: source.ended)
                     ended_while_held = source.ended
                 taken.append(step)
         return taken, source, ended_while_held
@@ -75,17 +85,19 @@ def test_a_consumer_that_holds_an_event_hands_the_generation_to_a_task_that_ends
 
 
 def test_closing_the_steps_closes_the_events_whoever_iterates_them() -> None:
-    async def run(hold: float) -> _Source:
+    async def run(hand_off: bool) -> _Source:
         source = _Source(1000)
+        consumer = asyncio.current_task()
         async with aclosing(relayed(source.events(), handoff_seconds=0.01)) as steps:
             async for step in steps:
                 if any(isinstance(e, Delta) for e in step):
-                    await asyncio.sleep(hold)
+                    if hand_off:  # held until a task of its own iterates the events
+                        await source.until(lambda: bool(source.tasks - {consumer}))
                     break
         return source
 
-    for hold in (0.0, 0.05):
-        source = asyncio.run(run(hold))
+    for hand_off in (False, True):
+        source = asyncio.run(run(hand_off))
         assert source.closed and not source.ended
 
 
