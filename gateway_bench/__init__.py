@@ -42,6 +42,7 @@ SCENARIOS = {
     "replicas": "replica_bench",
     "cpu-settings": "cpu_settings",
     "vllm-bench-serve": "vllm_bench_serve",
+    "embeddings": "embeddings",
 }
 
 
