@@ -189,8 +189,7 @@ async def chat_ttft(at: targets.Endpoint, result: EmbeddingsReport, pool: Sequen
 
 
 def launch(target: str, program: str, model_dir: str, port: int, seed: int) -> targets.Launch:
-    """infinity-emb, or vLLM's server: the gateway's embedding engine settings (pooling_engine.py)
-    or, as VLLM_DEFAULTS, vLLM's own."""
+    """infinity-emb, or vLLM's server on pooling_engine.py's settings (VLLM_DEFAULTS: vLLM's)."""
     where = ["--host", "127.0.0.1", "--port", str(port)]
     if target == INFINITY:
         command = [program, "v2", "--model-id", model_dir, "--served-model-name", NAME, *where]
@@ -199,13 +198,14 @@ def launch(target: str, program: str, model_dir: str, port: int, seed: int) -> t
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
     command += ["--runner", "pooling", "--served-model-name", NAME, "--seed", str(seed)]
     command += [*where, "--uvicorn-log-level", "warning"]
+    settings, defaults = Settings(), machine.cpu_defaults(Settings().embedding_dtype)
+    # Even at vLLM's defaults: without a size its CPU worker needs 0.92 of the memory free
+    command += ["--kv-cache-memory-bytes", str(int(settings.embedding_kv_cache_gib * targets.GIB))]
     if target == VLLM_DEFAULTS:
         return targets.Launch(command, {}, NAME)
-    settings, defaults = Settings(), machine.cpu_defaults(Settings().embedding_dtype)
     command += ["--dtype", defaults.dtype, "--enforce-eager", "--scheduling-policy", "priority"]
     command += ["--max-num-batched-tokens", str(settings.embedding_max_num_batched_tokens)]
     command += ["--max-num-seqs", str(settings.embedding_max_num_seqs)]
-    command += ["--kv-cache-memory-bytes", str(int(settings.embedding_kv_cache_gib * targets.GIB))]
     return targets.Launch(command, dict(defaults.environment), NAME)
 
 
