@@ -331,12 +331,9 @@ def report(result: EmbeddingsReport) -> Report:
         tail = [cell(c.p50_ms), cell(c.p99_ms), cell(c.frontend_ms_per_text, 3)]
         return [*head, *tail, cell(c.other_cpu_pct), c.failed]
 
-    chats = [
-        f"Chat TTFT: streamed, one at a time; loaded: {GOAL_AT[0]} clients x {GOAL_AT[1]} inputs."
-    ]
     rows = [row(c) for c in result.cells]
     sections = [Section("Texts per second and latency", notes, Table(COLUMNS, rows))]
-    sections.append(Section("Goals", chats if result.chat_idle_ms else [], goals=goals(result)))
+    sections.append(Section("Goals", goals=goals(result)))
     return Report("Embeddings: texts per second and latency", result.command, host, sections, intro)
 
 
