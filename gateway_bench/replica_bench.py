@@ -20,12 +20,12 @@ import msgspec
 
 from gateway_bench import machine, targets
 from gateway_bench.clients import send, ws_batch
-from gateway_bench.engine_counts import scrape
 from gateway_bench.machine import Machine
 from gateway_bench.metrics import median
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import Report, Section, Table, cell, write
 from gateway_bench.runner import GATEWAY_CLIENTS, run_step
+from gateway_bench.scrape import scrape
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload, text_of
 

@@ -9,7 +9,6 @@ import statistics
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Protocol as Interface
 
 from gateway_bench import clients
 from gateway_bench.cpu import CpuMeter, CpuUse
@@ -120,23 +119,6 @@ def _gateway(
 GATEWAY_CLIENTS: tuple[Client, ...] = tuple(_gateway(*row) for row in _PROTOCOLS)
 
 
-class Progress(Interface):
-    def update(self, n: float | None = 1) -> bool | None: ...
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
-
-
-class NoProgress:
-    def update(self, n: float | None = 1) -> bool | None:
-        return None
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        return None
-
-
-NO_PROGRESS = NoProgress()
-
-
 def requests_per_step(concurrency: int, rounds: int, minimum: int) -> int:
     return max(concurrency * rounds, minimum)
 
@@ -178,7 +160,7 @@ async def run_step(
     context: Context,
     requests: Iterable[Request],
     concurrency: int,
-    progress: Progress = NO_PROGRESS,
+    on_done: Callable[[], object] = lambda: None,
     limit_s: float = 300.0,
     profile: str = "",
 ) -> Step:
@@ -195,7 +177,7 @@ async def run_step(
     async def work(worker: Worker) -> None:
         for request in pending:  # one shared iterator: each worker takes the next request
             records.append(await _one(client, worker, request, limit_s))
-            progress.update(1)
+            on_done()
 
     where = (
         context.profiles / f"{profile}.speedscope.json" if profile and context.profiles else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import signal
 import socket
 import sys
@@ -58,16 +57,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def raise_file_limit(needed: int) -> int:
-    """Raise RLIMIT_NOFILE's soft limit towards `needed` (children inherit it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = target
-    return int(soft)
 
 
 class _Model(msgspec.Struct):

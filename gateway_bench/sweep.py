@@ -1,4 +1,4 @@
-"""One benchmark run: every target in turn, then the report.
+"""`llm-gateway bench sweep`: every target in turn, then the report.
 
 Order: the in-process ceiling, plain and then with logprobs=0 (its engine is shut down before
 anything else starts), vLLM's OpenAI server (likewise plain, then with logprobs=0), vLLM's
@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from tqdm import tqdm
@@ -27,7 +27,7 @@ from gateway.config.settings import served_model_name
 from gateway_bench import chart, goals, machine, targets
 from gateway_bench.connections import connection_scale
 from gateway_bench.continuation import continuation_bench
-from gateway_bench.options import Scenario
+from gateway_bench.options import Options, Positive, Scenario, begin
 from gateway_bench.report import write
 from gateway_bench.results import (
     BenchReport,
@@ -42,20 +42,18 @@ from gateway_bench.runner import (
     GATEWAY_CLIENTS,
     INPROCESS,
     INPROCESS_LOGPROBS,
-    NO_PROGRESS,
     VLLM_SERVER,
     VLLM_SERVER_CHAT,
     VLLM_SERVER_DEFAULTS,
     VLLM_SERVER_LOGPROBS,
     Client,
-    Progress,
     requests_per_step,
     run_step,
 )
-from gateway_bench.sweep_options import HELP, QUICK, BenchOptions, check
 from gateway_bench.sweep_report import CHART, sweep_report
-from gateway_bench.worker import Context, pooled_connector
+from gateway_bench.worker import Context, session
 from gateway_bench.workload import Workload
+from protocols.names import Protocol
 
 if TYPE_CHECKING:
     from gateway.engine.vllm_engine import VllmEngine
@@ -64,25 +62,104 @@ _FD_MARGIN = 1024
 WARMUP_TOKENS = 8
 
 
+# The gateway protocols the bench measures, by their protocols.names.Protocol value.
+PROTOCOL_NAMES: tuple[Protocol, ...] = tuple(Protocol(c.name) for c in GATEWAY_CLIENTS)
+
+
+class BenchOptions(Options, frozen=True, kw_only=True):
+    # Workload
+    concurrency: tuple[Positive, ...] = (1, 8, 32, 64)
+    output_tokens: Positive = 64  # tokens generated per request
+    prompt_tokens: tuple[Positive, Positive] = (128, 128)
+    rounds: Positive = 2  # requests per step: max(rounds * concurrency, min_requests)
+    min_requests: Positive = 8
+    # Targets
+    ceiling: bool = True
+    vllm_server: bool = True
+    vllm_server_defaults: bool = True  # vLLM's server once more, with vLLM's own defaults
+    gateway: bool = True
+    protocols: tuple[Protocol, ...] = PROTOCOL_NAMES
+    gateway_url: str = ""  # measure this running gateway instead of starting one
+    gateway_pid: int | None = None  # its process, for the memory figure
+    vllm_url: str = ""  # measure this running vLLM server instead of starting one
+    # Continuation
+    continuation: bool = True
+    continuation_lengths: tuple[Positive, ...] = (512, 1024, 1536)
+    continuation_repetitions: Positive = 3
+    continuation_generated: Positive = 16
+    continuation_new_tokens: Positive = 4
+    # Connection scale
+    connections: bool = True
+    idle_connections: Positive = 1000
+    streams: Positive = 256
+    stream_tokens: Positive = 16
+
+
+QUICK = BenchOptions(
+    concurrency=(1, 4),
+    output_tokens=8,
+    prompt_tokens=(32, 32),
+    rounds=1,
+    min_requests=2,
+    continuation_lengths=(160, 288),
+    continuation_repetitions=1,
+    continuation_generated=8,
+    continuation_new_tokens=2,
+    idle_connections=16,
+    streams=8,
+    stream_tokens=4,
+    enforce_eager=True,
+    quick=True,
+)
+HELP = {
+    "concurrency": "comma-separated sweep",
+    "prompt_tokens": "prompt length N or range N-M",
+    "rounds": "requests per step = rounds x concurrency",
+    "min_requests": "at least this many requests per step",
+    "protocols": "gateway protocols",
+    "ceiling": "vLLM in-process",
+    "vllm_server": "vLLM's OpenAI server (all three variants)",
+    "vllm_server_defaults": "the variant of vLLM's server started with vLLM's own defaults",
+    "gateway_url": "measure this running gateway (e.g. http://10.0.0.5:8000)",
+    "gateway_pid": "the running gateway's pid, for memory per connection",
+    "vllm_url": "measure this running vLLM OpenAI server",
+    "continuation_lengths": "history tokens",
+    "idle_connections": "idle WebSockets held at once",
+    "streams": "concurrent short streams",
+    "stream_tokens": "tokens per stream",
+    "enforce_eager": "no torch.compile: engines start faster",
+}
+
+
+def check(options: BenchOptions) -> str | None:
+    unknown = sorted(set(options.protocols) - set(PROTOCOL_NAMES))
+    if unknown:
+        return f"unknown protocol(s) {','.join(unknown)}; known: {','.join(PROTOCOL_NAMES)}"
+    if options.continuation and min(options.continuation_lengths) <= options.continuation_generated:
+        return "continuation lengths must exceed the generated tokens"
+    return None
+
+
 def _failed(protocol: Client, error: BaseException) -> TargetResult:
     return protocol.result([], f"not measured: {type(error).__name__}: {error}")
 
 
 async def sweep(
-    client: Client, context: Context, workload: Workload, o: BenchOptions, progress: Progress
+    client: Client, context: Context, workload: Workload, o: BenchOptions, progress: tqdm[Any]
 ) -> TargetResult:
     """One target: a warm-up at the highest concurrency, then a step at each."""
     peak, limit_s = max(o.concurrency), o.request_timeout
     warmup = workload.requests(client.name, "warmup", peak, min(WARMUP_TOKENS, o.output_tokens))
     progress.set_postfix_str(f"{client.label}: warm-up")
-    warm = await run_step(client, context, warmup, peak, NO_PROGRESS, limit_s)
+    warm = await run_step(client, context, warmup, peak, limit_s=limit_s)
     steps: list[StepResult] = []
     for concurrency in o.concurrency:
         count = requests_per_step(concurrency, o.rounds, o.min_requests)
         requests = workload.requests(client.name, f"c{concurrency}", count)
         progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
         name = f"{client.name}-c{concurrency}"
-        step = await run_step(client, context, requests, concurrency, progress, limit_s, name)
+        done = partial(progress.update, 1)
+        step = await run_step(client, context, requests, concurrency, done, limit_s, name)
         steps.append(step.figures(concurrency, sum(r.max_new_tokens for r in requests)))
     return client.result(steps, warmup_errors=sum(1 for r in warm.records if r.error))
 
@@ -208,13 +285,23 @@ class _Run:
             self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
             try:
                 pid = context.pids[0] if context.pids else None
-                self.connections = await connection_scale(context, self.workload, pid, o)
+                counts = (o.idle_connections, o.streams, o.stream_tokens)
+                scale = connection_scale(context, self.workload, pid, counts, o.request_timeout)
+                self.connections = await scale
             except Exception as e:
                 targets.say(f"connection scale not measured: {type(e).__name__}: {e}")
         if not before and o.continuation:
             try:
-                run = continuation_bench(context, self.workload, o, self.bar)
-                self.continuation = await run
+                tokens = (o.continuation_generated, o.continuation_new_tokens)
+                self.continuation = await continuation_bench(
+                    context,
+                    self.workload,
+                    o.continuation_lengths,
+                    o.continuation_repetitions,
+                    tokens,
+                    o.request_timeout,
+                    self.bar,
+                )
             except Exception as e:
                 targets.say(f"continuation not measured: {type(e).__name__}: {e}")
 
@@ -262,10 +349,7 @@ async def run_benchmark(
     directory. `engine` (its vLLM `AsyncLLM`, `engine.llm`, is the in-process target) and
     `gateway` are used as they are when given (the test suite's), instead of starting them."""
     began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    host = await asyncio.to_thread(machine.describe, options.dtype)
-    out = options.out_dir()
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    targets.raise_file_limit(options.idle_connections + options.streams + _FD_MARGIN)
+    out, host = await begin(options, options.idle_connections + options.streams + _FD_MARGIN)
     # The model directory: for the servers the bench starts, and for the workload's tokenizer.
     needs_model = engine is None or (options.vllm_server and not options.vllm_url)
     needs_model = needs_model or (options.gateway and gateway is None and not options.gateway_url)
@@ -277,11 +361,8 @@ async def run_benchmark(
         prompt_tokens=options.prompt_tokens,
         output_tokens=options.output_tokens,
     )
-    connector = pooled_connector()
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
-    ) as session:
-        run = _Run(options, workload, session, out)
+    async with session() as client_session:
+        run = _Run(options, workload, client_session, out)
         try:
             if options.ceiling:
                 await run.group([INPROCESS, INPROCESS_LOGPROBS], run.ceiling(engine, model))
@@ -335,4 +416,3 @@ SCENARIO = Scenario(
     HELP,
     check,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')
