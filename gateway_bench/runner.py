@@ -53,10 +53,10 @@ class Client:
 # The references: vLLM in-process (the ceiling) and vLLM's OpenAI server, each target's
 # name its kind.
 _REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] = (
-        ("ceiling", "vLLM in-process", clients.inprocess, "counted",
+        ("ceiling", "vLLM in-process", clients.inprocess(), "counted",
          "vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
          "settings (dtype, environment); exact token counts"),
-        ("ceiling-logprobs", "vLLM in-process, logprobs=0", clients.inprocess_logprobs, "counted",
+        ("ceiling-logprobs", "vLLM in-process, logprobs=0", clients.inprocess(0), "counted",
          "as the ceiling, with logprobs=0: the reference for protocols that send every "
          "token's log-probability"),
         ("vllm-server", "vLLM OpenAI server", clients.completions, "reported",
@@ -71,17 +71,10 @@ _REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] 
          "streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
          "include_usage; the reference for the gateway's chat route"),
 )  # fmt: skip
-(
-    INPROCESS,
-    INPROCESS_LOGPROBS,
-    VLLM_SERVER,
-    VLLM_SERVER_LOGPROBS,
-    VLLM_SERVER_DEFAULTS,
-    VLLM_SERVER_CHAT,
-) = (
-    Client(kind, label, call, kind, tokens, notes=notes)
+REFERENCES: dict[TargetKind, Client] = {
+    kind: Client(kind, label, call, kind, tokens, notes=notes)
     for kind, label, call, tokens, notes in _REFERENCES
-)
+}
 _SAME = "the very request sent to vLLM's server"
 _PROTOCOLS: tuple[tuple[Protocol, str, clients.Call, TokenSource, str, str], ...] = (
     # protocol, label, client, token source, how it is measured, its WebSocket path

@@ -52,45 +52,32 @@ class _ProbeTally(msgspec.Struct):
     server_errors: int = 0
 
 
-async def _prober(
-    session: aiohttp.ClientSession,
-    url: str,
-    headers: dict[str, str],
-    encoded: list[tuple[str, bytes]],
-    stop: EventType,
-    started: EventType,
-    tally: _ProbeTally,
-) -> None:
-    turn = 0
-    while not stop.is_set():
-        name, body = encoded[turn % len(encoded)]
-        turn += 1
-        async with session.post(url, data=body, headers=headers) as r:
-            text = (await r.read()).decode(errors="replace")
-        started.set()
-        tally.probes += 1
-        tally.server_errors += r.status >= 500
-        named = f"structured_outputs.{name}" in text and "MAX_" in text
-        tally.refused += r.status in (400, 422) and named
-
-
 async def _probe(
     url: str, headers: dict[str, str], prompt: str, askers: int, stop: EventType, started: EventType
 ) -> _ProbeTally:
+    """`askers` clients sending the probes in turn, back to back, until `stop`."""
     encoded = [
-        (
-            name,
-            msgspec.json.encode(
-                {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}}
-            ),
-        )
+        (name, {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}})
         for name, value in _probes()
     ]
+    bodies = [(name, msgspec.json.encode(body)) for name, body in encoded]
     tally = _ProbeTally()
+
+    async def prober(session: aiohttp.ClientSession) -> None:
+        turn = 0
+        while not stop.is_set():
+            name, body = bodies[turn % len(bodies)]
+            turn += 1
+            async with session.post(url, data=body, headers=headers) as r:
+                text = (await r.read()).decode(errors="replace")
+            started.set()
+            tally.probes += 1
+            tally.server_errors += r.status >= 500
+            named = f"structured_outputs.{name}" in text and "MAX_" in text
+            tally.refused += r.status in (400, 422) and named
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-        await asyncio.gather(
-            *(_prober(session, url, headers, encoded, stop, started, tally) for _ in range(askers))
-        )
+        await asyncio.gather(*(prober(session) for _ in range(askers)))
     return tally
 
 

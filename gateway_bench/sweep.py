@@ -21,6 +21,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import msgspec
 from tqdm import tqdm
 
 from gateway.config.settings import served_model_name
@@ -35,21 +36,11 @@ from gateway_bench.results import (
     ContinuationResult,
     EngineDescription,
     StepResult,
+    TargetKind,
     TargetResult,
     WorkloadDescription,
 )
-from gateway_bench.runner import (
-    GATEWAY_CLIENTS,
-    INPROCESS,
-    INPROCESS_LOGPROBS,
-    VLLM_SERVER,
-    VLLM_SERVER_CHAT,
-    VLLM_SERVER_DEFAULTS,
-    VLLM_SERVER_LOGPROBS,
-    Client,
-    requests_per_step,
-    run_step,
-)
+from gateway_bench.runner import GATEWAY_CLIENTS, REFERENCES, Client, requests_per_step, run_step
 from gateway_bench.sweep_report import CHART, sweep_report
 from gateway_bench.worker import Context, session
 from gateway_bench.workload import Workload
@@ -306,21 +297,20 @@ class _Run:
                 targets.say(f"continuation not measured: {type(e).__name__}: {e}")
 
 
+def _of(*kinds: TargetKind) -> list[Client]:
+    return [REFERENCES[kind] for kind in kinds]
+
+
 def _vllm_defaults(options: BenchOptions) -> bool:
     """Whether the run measures vLLM's server with its own defaults: only one it starts."""
     return options.vllm_server and options.vllm_server_defaults and not options.vllm_url
 
 
 def _engine_description(options: BenchOptions) -> EngineDescription:
-    settings = options.engine_settings()
-    return EngineDescription(
-        model=options.model or f"{served_model_name(settings)} (embedded)",
-        max_model_len=settings.max_model_len,
-        kv_cache_gib=settings.kv_cache_gib,
-        enforce_eager=settings.enforce_eager,
-        enable_prefix_caching=settings.enable_prefix_caching,
-        dtype=settings.dtype,
-    )
+    settings = msgspec.structs.asdict(options.engine_settings())
+    chosen = {name: settings[name] for name in EngineDescription.__struct_fields__}
+    model = options.model or f"{served_model_name(options.engine_settings())} (embedded)"
+    return EngineDescription(**{**chosen, "model": model})
 
 
 def _workload_description(options: BenchOptions, workload: Workload) -> WorkloadDescription:
@@ -365,12 +355,12 @@ async def run_benchmark(
         run = _Run(options, workload, client_session, out)
         try:
             if options.ceiling:
-                await run.group([INPROCESS, INPROCESS_LOGPROBS], run.ceiling(engine, model))
+                await run.group(_of("ceiling", "ceiling-logprobs"), run.ceiling(engine, model))
             if options.vllm_server:
-                servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS, VLLM_SERVER_CHAT]
+                servers = _of("vllm-server", "vllm-server-logprobs", "vllm-server-chat")
                 await run.group(servers, run.vllm(model))
             if _vllm_defaults(options):
-                await run.group([VLLM_SERVER_DEFAULTS], run.vllm(model, own_defaults=True))
+                await run.group(_of("vllm-server-defaults"), run.vllm(model, own_defaults=True))
             if options.gateway:
                 chosen = [p for p in GATEWAY_CLIENTS if p.name in options.protocols]
                 await run.group(chosen, run.gateway(gateway), run.scale_and_continuation)
