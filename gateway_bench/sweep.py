@@ -12,7 +12,7 @@ on with the next.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -189,34 +189,27 @@ class _Run:
     def context(self, endpoint: targets.Endpoint, model: str = "") -> Context:
         return endpoint.context(self.session, self.options.profiles(self.out), model)
 
-    async def measure(self, protocol: Client, context: Context, start_s: float | None) -> None:
-        try:
-            result = await sweep(protocol, context, self.workload, self.options, self.bar)
-        except Exception as e:
-            result = _failed(protocol, e)
-            targets.say(f"{protocol.label}: {e}")
-        result.start_s = start_s
-        self.targets.append(result)
-
-    async def group(
-        self,
-        protocols: list[Client],
-        started: Started,
-        extra: Callable[[Context, bool], Awaitable[None]] | None = None,
-    ) -> None:
+    async def group(self, protocols: list[Client], started: Started, gateway: bool = False) -> None:
         """Each of `protocols` on the server `started` gives (the first with its start-up
-        time); `extra(context, before)` before and after them. If it fails, the targets not
-        measured are reported with the error."""
+        time); on the `gateway`, connection scale before them (memory read on a fresh process)
+        and the continuation benchmark after. If the server fails, the targets not measured
+        are reported with the error."""
         done = len(self.targets)
         try:
             async with started as (context, start_s):
-                if extra is not None:
-                    await extra(context, True)
+                if gateway and self.options.connections:
+                    await self.scale(context)
                 for protocol in protocols:
-                    await self.measure(protocol, context, start_s)
-                    start_s = None  # the engine started once, for the first protocol
-                if extra is not None:
-                    await extra(context, False)
+                    try:
+                        o, bar = self.options, self.bar
+                        result = await sweep(protocol, context, self.workload, o, bar)
+                    except Exception as e:
+                        result = _failed(protocol, e)
+                        targets.say(f"{protocol.label}: {e}")
+                    result.start_s, start_s = start_s, None  # the engine started once
+                    self.targets.append(result)
+                if gateway and self.options.continuation:
+                    await self.continue_histories(context)
         except Exception as e:
             measured = {t.name for t in self.targets[done:]}
             self.targets += [_failed(p, e) for p in protocols if p.name not in measured]
@@ -236,11 +229,9 @@ class _Run:
         began = perf_counter()
         settings = self.options.engine_settings(self.defaults.dtype)
         llm = await start_llm(settings, model, self.defaults.environment)
+        start_s = round(perf_counter() - began, 1)
         try:
-            yield (
-                Context(self.session, llm=llm, profiles=profiles),
-                round(perf_counter() - began, 1),
-            )
+            yield Context(self.session, llm=llm, profiles=profiles), start_s
         finally:
             llm.shutdown()
 
@@ -268,33 +259,31 @@ class _Run:
         async with targets.started_gateway(o, self.out) as endpoint:  # its own CPU defaults
             yield self.context(endpoint), endpoint.start_s
 
-    async def scale_and_continuation(self, context: Context, before: bool) -> None:
-        """Connection scale before the protocols (memory read on a fresh process), the
-        continuation benchmark after them."""
+    async def scale(self, context: Context) -> None:
         o = self.options
-        if before and o.connections:
-            self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
-            try:
-                pid = context.pids[0] if context.pids else None
-                counts = (o.idle_connections, o.streams, o.stream_tokens)
-                scale = connection_scale(context, self.workload, pid, counts, o.request_timeout)
-                self.connections = await scale
-            except Exception as e:
-                targets.say(f"connection scale not measured: {type(e).__name__}: {e}")
-        if not before and o.continuation:
-            try:
-                tokens = (o.continuation_generated, o.continuation_new_tokens)
-                self.continuation = await continuation_bench(
-                    context,
-                    self.workload,
-                    o.continuation_lengths,
-                    o.continuation_repetitions,
-                    tokens,
-                    o.request_timeout,
-                    self.bar,
-                )
-            except Exception as e:
-                targets.say(f"continuation not measured: {type(e).__name__}: {e}")
+        self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
+        try:
+            pid = context.pids[0] if context.pids else None
+            counts = (o.idle_connections, o.streams, o.stream_tokens)
+            scale = connection_scale(context, self.workload, pid, counts, o.request_timeout)
+            self.connections = await scale
+        except Exception as e:
+            targets.say(f"connection scale not measured: {type(e).__name__}: {e}")
+
+    async def continue_histories(self, context: Context) -> None:
+        o = self.options
+        try:
+            self.continuation = await continuation_bench(
+                context,
+                self.workload,
+                o.continuation_lengths,
+                o.continuation_repetitions,
+                (o.continuation_generated, o.continuation_new_tokens),
+                o.request_timeout,
+                self.bar,
+            )
+        except Exception as e:
+            targets.say(f"continuation not measured: {type(e).__name__}: {e}")
 
 
 def _of(*kinds: TargetKind) -> list[Client]:
@@ -363,7 +352,7 @@ async def run_benchmark(
                 await run.group(_of("vllm-server-defaults"), run.vllm(model, own_defaults=True))
             if options.gateway:
                 chosen = [p for p in GATEWAY_CLIENTS if p.name in options.protocols]
-                await run.group(chosen, run.gateway(gateway), run.scale_and_continuation)
+                await run.group(chosen, run.gateway(gateway), gateway=True)
         finally:
             run.bar.close()
     host.load_end = machine.load()
