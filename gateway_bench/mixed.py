@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway_bench import machine, targets
 from gateway_bench.clients import Call, chat_completions, completions, control_ws, invocations, send
-from gateway_bench.metrics import Record
+from gateway_bench.metrics import Record, ms_at
 from gateway_bench.mixed_report import (
     QUICK,
     MixedOptions,
@@ -30,7 +30,6 @@ from gateway_bench.mixed_report import (
     ShapeResult,
     TargetResult,
     mixed_report,
-    ms_at,
     ratio_of,
     write_report,
 )

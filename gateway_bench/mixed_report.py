@@ -10,7 +10,6 @@ import msgspec
 
 from gateway_bench import chart
 from gateway_bench.machine import Machine
-from gateway_bench.metrics import percentile
 from gateway_bench.options import Options
 from gateway_bench.report import Goal, Report, Section, Table, write
 
@@ -138,12 +137,6 @@ class MixedReport(msgspec.Struct, kw_only=True):
     @property
     def shapes(self) -> list[str]:
         return list(self.options.shapes)
-
-
-def ms_at(seconds: list[float], share: float) -> float | None:
-    """The `share` percentile of `seconds`, in ms."""
-    found = percentile(seconds, share)
-    return None if found is None else round(found * 1000, 1)
 
 
 def ratio_of(a: float | None, b: float | None) -> float | None:

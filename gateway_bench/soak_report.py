@@ -18,7 +18,7 @@ import msgspec
 import psutil
 
 from gateway_bench.machine import Machine
-from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, Record, percentile
+from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, Record, ms_at, percentile
 from gateway_bench.report import Goal, Report, Section
 from gateway_bench.scrape import metric_sums
 from gateway_bench.soak_amplification import Amplification, amplification_goals
@@ -274,8 +274,7 @@ def ttft_by_phase(outcomes: Sequence[Outcome]) -> tuple[dict[str, float | None],
             and not o.left
             and not o.invalid
         ]
-        value = percentile(ttft, 50)
-        p50[phase] = None if value is None else round(value * 1000, 1)
+        p50[phase] = ms_at(ttft, 50)
         counts[phase] = len(ttft)
     return p50, counts
 
@@ -361,7 +360,7 @@ def evaluate(
             "gateway_prompts_accepted_total = sum of gateway_terminal_events_total; the "
             "clients' finished and accepted prompts within what leaving clients allow",
             f"accepted {server.accepted}, terminal {server.terminal_total} "
-            f"({_kinds(server.terminal)}); clients: {client_finished} finished, "
+            f"({_counts(server.terminal)}); clients: {client_finished} finished, "
             f"accepted between {accepted_low} and {accepted_high}",
             server.accepted == server.terminal_total
             and accepted_low <= server.accepted <= accepted_high
@@ -387,8 +386,9 @@ def evaluate(
     return goals + amplification_goals(amplification, quick)
 
 
-def _kinds(terminal: dict[str, int]) -> str:
-    return ", ".join(f"{kind} {n}" for kind, n in terminal.items() if n)
+def _counts(counts: dict[str, int]) -> str:
+    """Each name's count, but none of 0."""
+    return ", ".join(f"{name} {n}" for name, n in counts.items() if n)
 
 
 def _ttft_goal(f: Figures) -> Goal:
@@ -435,13 +435,9 @@ def soak_report(report: SoakReport) -> Report:
         f"{c.left} clients left mid-request, {c.invalid} invalid",
         f"- By protocol: {_counts(c.by_protocol)}",
         f"- Terminals at the clients: {_counts(c.terminals)}",
-        f"- /metrics: {s.accepted} accepted, {s.terminal_total} terminal ({_kinds(s.terminal)}), "
+        f"- /metrics: {s.accepted} accepted, {s.terminal_total} terminal ({_counts(s.terminal)}), "
         f"{s.engine_aborts} engine aborts; settled {report.settle_s:.2f} s after the last client",
         f"- Frontend CPU (the gateway process's own, cpu.py) per token answered: {cpu}",
     ]
     title = "llm-gateway bench soak" + (" (quick mode)" if report.quick else "")
     return Report(title, report.command, m, [Section(goals=report.goals)], intro)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in counts.items())
