@@ -126,7 +126,7 @@ def create_app(
         background = Background(open_event_log(settings, store))
         drain.on_drained(background.settled)  # their terminal events kept before the exit
         served = ServedModel(holder, settings.engine, tool_parsing, chat_template)
-        models = ModelRegistry(served, settings, admission, service.limiter)
+        models = ModelRegistry(served, settings, admission, service.limiter, metrics)
         if load_embedding is not None or settings.embedding_model:
             embedding_holder = EngineHolder(
                 load_embedding or pooling_loader(settings),

@@ -34,7 +34,7 @@ if _missing:
 
 # The scenarios, each `llm-gateway bench NAME`: the module holding its `SCENARIO`.
 SCENARIOS = {
-    "sweep": "benchmark",
+    "sweep": "sweep",
     "soak": "soak",
     "mixed": "mixed",
     "constrained": "constrained",

@@ -10,12 +10,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway_bench import machine, targets
 from gateway_bench.machine import Machine
-from gateway_bench.options import Scenario
+from gateway_bench.options import Scenario, begin
 from gateway_bench.report import Report, write
 from gateway_bench.variants import (
     Row,
@@ -24,7 +23,7 @@ from gateway_bench.variants import (
     ratio_goal,
     variants_report,
 )
-from gateway_bench.worker import Context, pooled_connector
+from gateway_bench.worker import Context, session
 
 ADAPTER = "bench-adapter"  # the adapter's name on the LoRA-on gateway
 BASE_OFF, BASE_ON, ADAPTED = "base, LoRA off", "base, LoRA on", "adapter"
@@ -72,10 +71,11 @@ def _ratio_to(variant: str) -> str | None:
 
 
 async def measure_all(options: AdaptersOptions, at: Targets, out: Path) -> list[Row]:
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
+    async with session() as client_session:
         profiles = options.profiles(out)
-        contexts = {v: at.endpoint(v).context(session, profiles, at.model(v)) for v in VARIANTS}
+        contexts = {
+            v: at.endpoint(v).context(client_session, profiles, at.model(v)) for v in VARIANTS
+        }
 
         def target(variant: str) -> tuple[Context, dict[str, Any]]:
             return contexts[variant], {"ignore_eos": True}
@@ -113,10 +113,7 @@ async def run_adapters(
     options: AdaptersOptions, command: str, at: Targets | None = None
 ) -> tuple[AdaptersReport, Path]:
     """Every variant at every concurrency; `at` given: those servers (else two started)."""
-    out = Path(options.out)
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    targets.raise_file_limit(4 * max(options.concurrency) + 256)
-    host = await asyncio.to_thread(machine.describe, options.dtype)
+    out, host = await begin(options, 4 * max(options.concurrency) + 256)
     adapter = await asyncio.to_thread(adapter_of, options)
     if at is not None:
         rows = await measure_all(options, at, out)
@@ -150,13 +147,9 @@ def report(result: AdaptersReport) -> Report:
     )
 
 
-def markdown(result: AdaptersReport) -> str:
-    return report(result).markdown()
-
-
 async def _run(options: AdaptersOptions, command: str) -> tuple[str, Path, bool]:
     result, out = await run_adapters(options, command)
-    return markdown(result), out, all(r.failed == 0 for r in result.rows)
+    return report(result).markdown(), out, all(r.failed == 0 for r in result.rows)
 
 
 SCENARIO = Scenario(
@@ -167,4 +160,3 @@ SCENARIO = Scenario(
     QUICK,
     _run,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -53,17 +53,16 @@ async def send(call: Call, worker: Worker, request: Request) -> Record:
 # --- vLLM in-process (the ceiling) ----------------------------------------------------------
 
 
-async def inprocess(worker: Worker, request: Request, record: Record) -> None:
-    from gateway_bench.ceiling import generate  # imports vLLM: only when this target runs
+def inprocess(logprobs: int | None = None) -> Call:
+    """vLLM's AsyncLLM called directly; `logprobs` 0: the sampled token's log-probability
+    computed for every token."""
 
-    await generate(worker.llm, request, None, record)
+    async def call(worker: Worker, request: Request, record: Record) -> None:
+        from gateway_bench.ceiling import generate  # imports vLLM: only when this target runs
 
+        await generate(worker.llm, request, logprobs, record)
 
-async def inprocess_logprobs(worker: Worker, request: Request, record: Record) -> None:
-    """The same, with the sampled token's log-probability computed for every token."""
-    from gateway_bench.ceiling import generate
-
-    await generate(worker.llm, request, 0, record)
+    return call
 
 
 # --- OpenAI's routes: vLLM's server and the gateway -------------------------------------------

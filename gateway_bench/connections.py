@@ -13,7 +13,6 @@ import psutil
 from gateway_bench.clients import send, ws_batch
 from gateway_bench.metrics import Record
 from gateway_bench.results import ConnectionResult
-from gateway_bench.sweep_options import BenchOptions
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request, Workload
 
@@ -81,10 +80,14 @@ async def _stream(
 
 
 async def connection_scale(
-    context: Context, workload: Workload, pid: int | None, options: BenchOptions
+    context: Context,
+    workload: Workload,
+    pid: int | None,
+    counts: tuple[int, int, int],
+    limit_s: float,
 ) -> ConnectionResult:
-    idle, streams, output_tokens = options.idle_connections, options.streams, options.stream_tokens
-    limit_s = options.request_timeout
+    """`counts`: the idle connections, the streams, and each stream's output tokens."""
+    idle, streams, output_tokens = counts
     process = psutil.Process(pid) if pid is not None else None
     state = _Idle()
     rss_before = _rss(process)

@@ -10,12 +10,11 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway_bench import machine, targets
 from gateway_bench.machine import Machine
-from gateway_bench.options import Scenario
+from gateway_bench.options import Scenario, begin
 from gateway_bench.report import Report, write
 from gateway_bench.variants import (
     Row,
@@ -24,7 +23,7 @@ from gateway_bench.variants import (
     ratio_goal,
     variants_report,
 )
-from gateway_bench.worker import pooled_connector
+from gateway_bench.worker import session
 
 _MIN_CHARS = 400  # more characters than `output_tokens` tokens spell: no answer completes
 _LONG = True  # `min_tokens` set to `output_tokens`: the answer cannot end sooner
@@ -122,16 +121,12 @@ async def run_constrained(
 ) -> tuple[ConstrainedReport, Path]:
     """Every variant at every concurrency, on the gateway `start()` gives (by default one
     started for the run)."""
-    out = Path(options.out)
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    targets.raise_file_limit(4 * max(options.concurrency) + 256)
-    host = await asyncio.to_thread(machine.describe, options.dtype)
-    timeout = aiohttp.ClientTimeout(total=None)
+    out, host = await begin(options, 4 * max(options.concurrency) + 256)
     async with (
-        aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session,
+        session() as client_session,
         start() if start else targets.started_gateway(options, out) as endpoint,
     ):
-        context = endpoint.context(session, options.profiles(out), endpoint.model)
+        context = endpoint.context(client_session, options.profiles(out), endpoint.model)
         rows = await measure_variants(
             options, options.variants, lambda v: (context, body(v, options)), lambda _: BASELINE
         )
@@ -165,13 +160,9 @@ def report(result: ConstrainedReport) -> Report:
     )
 
 
-def markdown(result: ConstrainedReport) -> str:
-    return report(result).markdown()
-
-
 async def _run(options: ConstrainedOptions, command: str) -> tuple[str, Path, bool]:
     result, out = await run_constrained(options, command)
-    return markdown(result), out, True
+    return report(result).markdown(), out, True
 
 
 SCENARIO = Scenario(
@@ -182,4 +173,3 @@ SCENARIO = Scenario(
     _run,
     check=_check,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')

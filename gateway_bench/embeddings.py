@@ -25,9 +25,9 @@ from gateway_bench import clients, machine, targets
 from gateway_bench.cpu import CpuMeter, CpuUse
 from gateway_bench.machine import Machine
 from gateway_bench.metrics import BenchError, percentile
-from gateway_bench.options import Options, Positive, Scenario
+from gateway_bench.options import Options, Positive, Scenario, begin
 from gateway_bench.report import Goal, Report, Section, Table, cell, ratio, write
-from gateway_bench.worker import JSON_HEADERS, Worker, pooled_connector
+from gateway_bench.worker import JSON_HEADERS, Worker, session
 from gateway_bench.workload import Request
 
 Target = Literal[
@@ -103,19 +103,22 @@ def batch(pool: Sequence[str], index: int, inputs: int) -> list[str]:
 class _Load:
     """Clients sending requests of `inputs` texts back to back to `url`, and what they saw."""
 
-    def __init__(self, pool: Sequence[str], session: aiohttp.ClientSession | None, url: str = ""):
-        self.pool, self.session, self.url = pool, session, url
+    def __init__(
+        self, pool: Sequence[str], client: aiohttp.ClientSession | None, url: str, limit_s: float
+    ) -> None:
+        self.pool, self.client, self.url, self.limit_s = pool, client, url, limit_s
         self.latencies: list[float] = []
         self.failures: list[str] = []
         self.answered = asyncio.Event()  # set by the first answer
 
     async def one(self, index: int, inputs: int) -> None:
         body = {"model": NAME, "input": batch(self.pool, index, inputs), "encoding_format": "float"}
-        assert self.session is not None, "a load without a server"
+        assert self.client is not None, "a load without a server"
         sent = perf_counter()
         try:
             data = msgspec.json.encode(body)
-            async with self.session.post(self.url, data=data, headers=JSON_HEADERS) as r:
+            posted = self.client.post(self.url, data=data, headers=JSON_HEADERS)
+            async with asyncio.timeout(self.limit_s), posted as r:
                 raw = await r.read()
                 if r.status != 200 or len(msgspec.json.decode(raw, type=_Answer).data) != inputs:
                     raise BenchError(f"HTTP {r.status}: {raw[:300].decode(errors='replace')}")
@@ -149,14 +152,14 @@ async def measure_server(
     target: str, at: targets.Endpoint, path: str, pool: Sequence[str], options: EmbeddingsOptions
 ) -> list[Cell]:
     """Each (inputs, concurrency) cell, after a warm-up that waits for the route to answer."""
-    timeout, cells = aiohttp.ClientTimeout(total=options.request_timeout), []
-    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
-        warm, deadline = _Load(pool, session, at.url + path), perf_counter() + options.start_timeout
+    cells, limit, deadline = [], options.request_timeout, perf_counter() + options.start_timeout
+    async with session() as client:
+        warm = _Load(pool, client, at.url + path, limit)
         while not warm.latencies and perf_counter() < deadline:
             await warm.run(2, max(options.inputs), 2, float("inf"))
         pids = () if at.pid is None else (at.pid,)
         for inputs, c in itertools.product(options.inputs, options.concurrency):
-            load, meter = _Load(pool, session, warm.url), await CpuMeter.start(pids)
+            load, meter = _Load(pool, client, warm.url, limit), await CpuMeter.start(pids)
             began = perf_counter()
             await load.run(c, inputs, max(options.requests, c), began + options.cell_seconds)
             wall, cpu = perf_counter() - began, await meter.stop()
@@ -175,12 +178,11 @@ async def _chats(worker: Worker, count: int, gap: float = 0.0) -> list[float]:
 
 async def chat_ttft(at: targets.Endpoint, result: EmbeddingsReport, pool: Sequence[str]) -> None:
     """Chats one at a time, idle, then a second apart under GOAL_AT's load once it answers."""
-    timeout = aiohttp.ClientTimeout(total=result.options.request_timeout)
-    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
-        worker = Worker(at.context(session, model=at.model))
+    async with session() as client:
+        worker = Worker(at.context(client, model=at.model))
         await _chats(worker, 1)  # warm-up
         result.chat_idle_ms = await _chats(worker, result.options.chats)
-        load = _Load(pool, session, at.url + "/v1/embeddings")
+        load = _Load(pool, client, at.url + "/v1/embeddings", result.options.request_timeout)
         saturating = asyncio.create_task(load.run(*GOAL_AT, 1 << 62, float("inf")))
         try:
             await load.answered.wait()
@@ -222,7 +224,7 @@ async def sentence_transformers(
     await asyncio.to_thread(encode, batch(pool, 0, options.batch_size))  # warm-up
     cells = []
     for inputs in options.inputs:
-        timed, meter, began = _Load(pool, None), await CpuMeter.start(()), perf_counter()
+        timed, meter, began = _Load(pool, None, "", 0.0), await CpuMeter.start(()), perf_counter()
         for index in range(options.requests):
             if (sent := perf_counter()) > began + options.cell_seconds:
                 break
@@ -266,9 +268,7 @@ async def run_embeddings(
     """Every target in turn; `start`: the gateway (by default one with EMBEDDING_MODEL=default)."""
     from gateway.engine.pooling_engine import default_embedding_model
 
-    out = options.out_dir("embeddings-")
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    host = await asyncio.to_thread(machine.describe, options.dtype)
+    out, host = await begin(options, 4 * max(options.concurrency, default=32) + 256, "embeddings-")
     model_dir = str(await asyncio.to_thread(default_embedding_model))
     pool = await asyncio.to_thread(texts, model_dir, options.text_tokens, options.seed)
     result = EmbeddingsReport(command=command, machine=host, options=options, model_dir=model_dir)

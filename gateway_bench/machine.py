@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 from importlib import metadata
 from pathlib import Path
 
@@ -120,3 +121,13 @@ def describe(requested_dtype: str) -> Machine:
         load_start=load(),
         defaults=cpu_defaults(requested_dtype, flags),
     )
+
+
+def raise_file_limit(needed: int) -> int:
+    """Raise RLIMIT_NOFILE's soft limit towards `needed` (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return int(soft)

@@ -156,8 +156,10 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 2)
+def ms_at(seconds: Sequence[float], q: float, digits: int = 1) -> float | None:
+    """The `q` percentile of `seconds`, in ms."""
+    found = percentile(seconds, q)
+    return None if found is None else round(found * 1000, digits)
 
 
 def summarize(
@@ -177,11 +179,11 @@ def summarize(
         expected_tokens=expected_tokens,
         wall_s=round(wall_s, 3),
         tokens_per_s=round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
-        ttft_p50_ms=_ms(percentile(ttft, 50)),
-        ttft_p99_ms=_ms(percentile(ttft, 99)),
-        itl_p50_ms=_ms(percentile(itl, 50)),
-        itl_p99_ms=_ms(percentile(itl, 99)),
-        e2e_p50_ms=_ms(percentile(e2e, 50)),
-        e2e_p99_ms=_ms(percentile(e2e, 99)),
+        ttft_p50_ms=ms_at(ttft, 50, 2),
+        ttft_p99_ms=ms_at(ttft, 99, 2),
+        itl_p50_ms=ms_at(itl, 50, 2),
+        itl_p99_ms=ms_at(itl, 99, 2),
+        e2e_p50_ms=ms_at(e2e, 50, 2),
+        e2e_p99_ms=ms_at(e2e, 99, 2),
         first_error=errors[0] if errors else None,
     )

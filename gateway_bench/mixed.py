@@ -1,42 +1,103 @@
 """`llm-gateway bench mixed`: a person's chats under a saturating batch load (docs/BENCHMARKS.md,
-"Mixed")."""
+"Mixed").
+
+A shape (when each chat starts, under the batch load) gets `chat(max_tokens)`, which sends one
+chat request on a connection of its own and returns its record, and gives back every chat's
+record once all have answered. Randomness is seeded by the shape alone, so every target sees
+the same schedule.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from time import perf_counter
-
-import aiohttp
+from typing import Any
 
 from gateway_bench import machine, targets
 from gateway_bench.clients import Call, chat_completions, completions, control_ws, invocations, send
-from gateway_bench.engine_counts import drained
-from gateway_bench.metrics import Record
-from gateway_bench.mixed_options import QUICK, SCHEDULES, MixedOptions, burst
+from gateway_bench.metrics import Record, ms_at
 from gateway_bench.mixed_report import (
+    QUICK,
+    MixedOptions,
     MixedReport,
     RegimeResult,
     ShapeResult,
     TargetResult,
-    markdown,
-    ms_at,
+    mixed_report,
     ratio_of,
     write_report,
 )
-from gateway_bench.options import Scenario
+from gateway_bench.options import Scenario, begin
 from gateway_bench.runner import Client, Step, run_step
-from gateway_bench.worker import Context, Worker, pooled_connector
+from gateway_bench.scrape import drained
+from gateway_bench.worker import Context, Worker, session
 from gateway_bench.workload import Request
 
 # A target's server for a regime, ready to measure: (target name, regime) -> its endpoint.
 StartTarget = Callable[[str, str], AbstractAsyncContextManager[targets.Endpoint]]
 _WORDS = ("river", "stone", "light", "music", "garden", "winter", "market", "story", "harbor")
+
+
+Chat = Callable[[int], Coroutine[Any, Any, Record]]
+Shape = Callable[[Chat, MixedOptions, random.Random], Awaitable[list[Record]]]
+
+
+async def steady(chat: Chat, options: MixedOptions, rng: random.Random) -> list[Record]:
+    """A long chat every `chat_interval_s`, whether the previous one has answered or not."""
+    chats: list[asyncio.Task[Record]] = []
+    for _ in range(options.chat_requests):
+        chats.append(asyncio.create_task(chat(options.chat_tokens)))
+        await asyncio.sleep(options.chat_interval_s)
+    return list(await asyncio.gather(*chats))
+
+
+def sporadic_gap(options: MixedOptions, rng: random.Random) -> float:
+    return max(options.sporadic_gap_min_s, rng.expovariate(1 / options.sporadic_gap_mean_s))
+
+
+async def sporadic(chat: Chat, options: MixedOptions, rng: random.Random) -> list[Record]:
+    """Short chats one at a time: each starts a random gap after the previous one ended, so
+    the engine runs bulk alone in between."""
+    records = []
+    for n in range(options.sporadic_chats):
+        if n:
+            await asyncio.sleep(sporadic_gap(options, rng))
+        records.append(await chat(options.short_chat_tokens))
+    return records
+
+
+async def burst(chat: Chat, options: MixedOptions) -> list[Record]:
+    """`burst_size` short chats at once."""
+    sent = [chat(options.short_chat_tokens) for _ in range(options.burst_size)]
+    return list(await asyncio.gather(*sent))
+
+
+async def bursts(chat: Chat, options: MixedOptions, rng: random.Random) -> list[Record]:
+    """`bursts` bursts, each `burst_gap_s` after the previous one has answered."""
+    records: list[Record] = []
+    for n in range(options.bursts):
+        if n:
+            await asyncio.sleep(options.burst_gap_s)
+        records += await burst(chat, options)
+    return records
+
+
+SCHEDULES: dict[str, Shape] = {"steady": steady, "sporadic": sporadic, "burst": bursts}
+
+
+def planned_chats(shape: str, options: MixedOptions) -> int:
+    """How many chats `shape` sends."""
+    return {
+        "steady": options.chat_requests,
+        "sporadic": options.sporadic_chats,
+        "burst": options.bursts * options.burst_size,
+    }[shape]
 
 
 @dataclass(frozen=True)
@@ -105,14 +166,10 @@ class BatchLoad:
     full: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def update(self, n: float | None = 1) -> bool | None:
+    def answer(self) -> None:
         self.answered += 1
         if self.answered >= min(self.bench.options.batch_clients, self.bench.running_limit):
             self.full.set()
-        return None
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        return None
 
     def requests(self) -> Iterator[Request]:
         rng = random.Random(f"{self.bench.options.seed}-{self.shape}-batch")
@@ -128,7 +185,7 @@ class BatchLoad:
             b.context,
             self.requests(),
             b.options.batch_clients,
-            self,
+            self.answer,
             b.options.request_timeout,
         )
         task = asyncio.create_task(step)
@@ -233,10 +290,10 @@ async def _run_target(
 ) -> TargetResult:
     target = TARGETS[name]
     running_limit = options.overload_running if regime == "overload" else options.batch_clients
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout, connector=pooled_connector()) as session:
+    async with session() as client_session:
         model = endpoint.model if target.is_vllm else ""
-        context = endpoint.context(session, options.profiles(out / f"{name}-{regime}"), model)
+        profiles = options.profiles(out / f"{name}-{regime}")
+        context = endpoint.context(client_session, profiles, model)
         return await _measure(
             Bench(target, context, options, Requests(options, name), running_limit)
         )
@@ -247,11 +304,8 @@ async def run_mixed(
 ) -> tuple[MixedReport, Path]:
     """Every regime's targets, each measured on the server `start(name, regime)` gives; by
     default one started for it (`launch`), a server and engine of its own."""
-    out = Path(options.out)
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    out, host = await begin(options, 4 * options.batch_clients + 256)
     model = await asyncio.to_thread(targets.model_dir, options)
-    targets.raise_file_limit(4 * options.batch_clients + 256)
-    host = await asyncio.to_thread(machine.describe, options.dtype)
     regimes = []
     for regime in options.regimes:
         results = []
@@ -272,7 +326,7 @@ async def run_mixed(
 
 async def _run(options: MixedOptions, command: str) -> tuple[str, Path, bool]:
     report, out = await run_mixed(options, command)
-    return markdown(report), out, True
+    return mixed_report(report).markdown(), out, True
 
 
 SCENARIO = Scenario(
@@ -283,4 +337,3 @@ SCENARIO = Scenario(
     QUICK,
     _run,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -1,17 +1,78 @@
-"""The mixed scenario's figures: per regime, target and chat shape, the ratios between
-targets, and issue 30's goals."""
+"""The mixed scenario's options and `--quick` preset, its figures (per regime, target and chat
+shape), the ratios between targets, issue 30's goals and the report."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, get_args
 
 import msgspec
 
 from gateway_bench import chart
 from gateway_bench.machine import Machine
-from gateway_bench.metrics import percentile
-from gateway_bench.mixed_options import MixedOptions
+from gateway_bench.options import Options
 from gateway_bench.report import Goal, Report, Section, Table, write
+
+ShapeName = Literal["steady", "sporadic", "burst"]
+Regime = Literal["saturation", "overload"]
+TargetName = Literal["vllm-server", "gateway-fcfs", "gateway-priority"]
+SHAPES, REGIMES, TARGETS = get_args(ShapeName), get_args(Regime), get_args(TargetName)
+
+
+class MixedOptions(Options, frozen=True, kw_only=True):
+    # The batch load: clients that send batch requests back to back.
+    batch_clients: int = 64
+    batch_tokens: int = 128  # a batch request's mean max_tokens
+    # Each batch request's max_tokens is drawn (seeded) in batch_tokens x [1 - s, 1 + s]: the
+    # clients drift apart instead of all finishing, and resending, in the same step.
+    batch_tokens_spread: float = 0.5
+    # Chats alone on the idle engine: the idle TTFT.
+    idle_requests: int = 8
+    # steady: a long chat every chat_interval_s, whether the previous one ended or not.
+    chat_tokens: int = 64
+    chat_interval_s: float = 0.5
+    chat_requests: int = 40
+    # sporadic and burst: short chats.
+    short_chat_tokens: int = 8
+    # sporadic: one chat at a time, the next after the previous one ended plus a gap drawn
+    # (seeded) from an exponential of this mean, never below the floor.
+    sporadic_chats: int = 20
+    sporadic_gap_mean_s: float = 1.5
+    sporadic_gap_min_s: float = 0.25
+    # burst: burst_size chats at once, `bursts` times, burst_gap_s after each burst ended.
+    burst_size: int = 20
+    bursts: int = 3
+    burst_gap_s: float = 5.0
+    shapes: list[ShapeName] = msgspec.field(default_factory=lambda: list(SHAPES))
+    prompt_words: int = 64
+    overload_running: int = 32  # the engine's running limit in the overload regime
+    bulk_max_running: str = "auto"  # the priority gateway's BULK_MAX_RUNNING
+    interactive_step_tokens: str = "auto"  # the priority gateway's INTERACTIVE_STEP_TOKENS
+    drain_timeout_s: float = 300.0  # after a shape, the longest wait for the engine to empty
+    regimes: list[Regime] = msgspec.field(default_factory=lambda: list(REGIMES))
+    targets: list[TargetName] = msgspec.field(default_factory=lambda: list(TARGETS))
+    out: str = "docs/bench/mixed"
+
+
+QUICK = MixedOptions(
+    batch_clients=4,
+    batch_tokens=16,
+    idle_requests=2,
+    chat_tokens=8,
+    chat_interval_s=0.2,
+    chat_requests=3,
+    sporadic_chats=3,
+    sporadic_gap_mean_s=0.2,
+    sporadic_gap_min_s=0.05,
+    burst_size=3,
+    bursts=2,
+    burst_gap_s=0.3,
+    prompt_words=16,
+    overload_running=2,
+    enforce_eager=True,
+    quick=True,
+)
+
 
 # Issue 30's goals, judged for the priority gateway at saturation, per shape.
 TO_IDLE_P50 = 2.0  # chat TTFT p50 / the idle reference (the idle burst's for burst)
@@ -76,12 +137,6 @@ class MixedReport(msgspec.Struct, kw_only=True):
     @property
     def shapes(self) -> list[str]:
         return list(self.options.shapes)
-
-
-def ms_at(seconds: list[float], share: float) -> float | None:
-    """The `share` percentile of `seconds`, in ms."""
-    found = percentile(seconds, share)
-    return None if found is None else round(found * 1000, 1)
 
 
 def ratio_of(a: float | None, b: float | None) -> float | None:
@@ -173,10 +228,6 @@ def mixed_report(report: MixedReport) -> Report:
             ]
             sections.append(Section(text=["Issue 30's goals, the priority gateway:"], goals=judged))
     return Report("llm-gateway bench mixed", report.command, report.machine, sections, intro)
-
-
-def markdown(report: MixedReport) -> str:
-    return mixed_report(report).markdown()
 
 
 def write_report(report: MixedReport, out: Path) -> None:

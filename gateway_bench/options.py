@@ -10,6 +10,7 @@ scenario's preset instead of the defaults. msgspec checks and converts what was 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import typing
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 
 from gateway.config.settings import EngineSettings
+from gateway_bench import machine
+from gateway_bench.machine import Machine
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 Share = Annotated[float, msgspec.Meta(ge=0, lt=1)]
@@ -68,6 +71,15 @@ OptionsT = TypeVar("OptionsT", bound=Options)
 # A scenario's run: its options and its command line -> its report's Markdown, where the
 # report was written (None: nowhere), and whether every goal it judges held (the exit status).
 Run = Callable[[OptionsT, str], Coroutine[Any, Any, tuple[str, Path | None, bool]]]
+
+
+async def begin(options: Options, files: int = 0, prefix: str = "") -> tuple[Path, Machine]:
+    """A run's start: its output directory made, the open-file limit raised towards `files`,
+    the machine described."""
+    out = options.out_dir(prefix)
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    machine.raise_file_limit(files)
+    return out, await asyncio.to_thread(machine.describe, options.dtype)
 
 
 def _items(text: str) -> list[str]:

@@ -11,23 +11,22 @@ import statistics
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
-import aiohttp
 import msgspec
 
 from gateway_bench import machine, targets
-from gateway_bench.clients import send, ws_batch
-from gateway_bench.engine_counts import scrape
+from gateway_bench.continuation import Turns, turns
 from gateway_bench.machine import Machine
 from gateway_bench.metrics import median
-from gateway_bench.options import Options, Positive, Scenario
+from gateway_bench.options import Options, Positive, Scenario, begin
 from gateway_bench.report import Report, Section, Table, cell, write
 from gateway_bench.runner import GATEWAY_CLIENTS, run_step
-from gateway_bench.worker import Context, Worker
-from gateway_bench.workload import Request, Workload, text_of
+from gateway_bench.scrape import scrape
+from gateway_bench.worker import Context, Worker, session
+from gateway_bench.workload import Workload
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 # `ray start --block` on SIGTERM first drains its node, for up to 30 s: the gateway is gone by
@@ -35,7 +34,7 @@ RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"
 # its limit for an answer. 0: no drain, Ray's own immediate teardown.
 RAY_START_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 _FROM_CACHE = 0.5  # share of a continuation's prompt found in the prefix cache: a hit
-_PROMPTS, _PROMPTS_CACHED = "gateway_prompt_tokens_total", "gateway_prompt_tokens_cached_total"
+_PROMPT_COUNTS = ("gateway_prompt_tokens_total", "gateway_prompt_tokens_cached_total")
 
 
 class ReplicaOptions(Options, frozen=True, kw_only=True):
@@ -102,12 +101,6 @@ class ReplicaReport(msgspec.Struct, kw_only=True):
     continuation: list[Continuation]
 
 
-async def _prompt_tokens(context: Context) -> tuple[float, float]:
-    """The prompt tokens submitted and found in the prefix cache, so far."""
-    sums = await scrape(context.session, context.base_url)
-    return sums.get(_PROMPTS, 0.0), sums.get(_PROMPTS_CACHED, 0.0)
-
-
 def ray_start(port: int, temp: str, cpus: int) -> tuple[list[str], dict[str, str]]:
     """`ray start --head --block` on loopback (`temp`: its directory, a short path: Ray's socket
     paths have a limit), and its environment: the bench's clusters and the tests' one."""
@@ -144,7 +137,9 @@ async def _replicas_of_its_own(address: str, replicas: int) -> AsyncIterator[str
     try:
         yield address
     finally:
-        await asyncio.to_thread(_remove_replicas, replicas)
+        from gateway.engine.replicas import remove_replicas
+
+        await asyncio.to_thread(remove_replicas, replicas)
 
 
 def _replicas_absent(address: str, replicas: int) -> None:
@@ -165,28 +160,16 @@ def _replicas_absent(address: str, replicas: int) -> None:
     cpus = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
     if cpus < replicas:
         raise RuntimeError(f"the Ray cluster at {address} has {cpus} CPUs, {replicas} wanted")
-    running = [name for name in replica_names(replicas) if _named(name, NAMESPACE)]
+    running = []
+    for name in replica_names(replicas):
+        with suppress(ValueError):  # ValueError: no such actor
+            ray.get_actor(name, namespace=NAMESPACE)
+            running.append(name)
     if running:
         raise RuntimeError(
             f"{', '.join(running)} already run at {address}: a gateway would use them, not "
             "create the replicas its target asks for"
         )
-
-
-def _named(name: str, namespace: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return False
-    return True
-
-
-def _remove_replicas(replicas: int) -> None:
-    from gateway.engine.replicas import remove_replicas
-
-    remove_replicas(replicas)
 
 
 async def _listening(port: int) -> bool:
@@ -203,27 +186,23 @@ async def _gateway(
     name: str, options: ReplicaOptions, extra: dict[str, str], out: Path, running: str = ""
 ) -> AsyncIterator[Context]:
     """The target's gateway, started; or the one `running` at that URL (measured, not stopped)."""
-    timeout = aiohttp.ClientTimeout(total=None)
     profiles = options.profiles(out / name)
-    if running:
-        targets.say(f"replicas: {name}: the gateway running at {running}")
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            yield targets.Endpoint(running).context(session, profiles)
-        return
-    dtype = machine.cpu_defaults(options.dtype).dtype
-    replicas = int(extra.get("ENGINE_REPLICAS", "0"))
     async with AsyncExitStack() as stack:
-        session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
-        env = dict(extra)
+        client_session = await stack.enter_async_context(session())
+        if running:
+            targets.say(f"replicas: {name}: the gateway running at {running}")
+            yield targets.Endpoint(running).context(client_session, profiles)
+            return
+        env, replicas = dict(extra), int(extra.get("ENGINE_REPLICAS", "0"))
         if replicas:
             if options.ray_address:
                 cluster = _replicas_of_its_own(options.ray_address, replicas)
             else:
                 cluster = _ray_cluster(max(replicas, 2), out / f"{name}-ray.log")
             env |= RAY_ENV | {"RAY_ADDRESS": await stack.enter_async_context(cluster)}
+        dtype = machine.cpu_defaults(options.dtype).dtype
         started = targets.started_gateway(options, out, name, env, dtype)
-        endpoint = await stack.enter_async_context(started)
-        yield endpoint.context(session, profiles)
+        yield (await stack.enter_async_context(started)).context(client_session, profiles)
 
 
 async def _throughput(
@@ -247,59 +226,56 @@ async def _continuation(
     routing: str, options: ReplicaOptions, workload: Workload, out: Path
 ) -> Continuation:
     extra = {"ENGINE_REPLICAS": "2", "REPLICA_ROUTING": routing}
-    continued: list[float] = []
-    fresh: list[float] = []
-    from_cache, failed = 0, 0
-    prompted, cached_total = 0.0, 0.0
+    measured: list[Turns] = []
+    from_cache, failed, prompted, cached_total = 0, 0, 0.0, 0.0
     async with _gateway(f"continuation-{routing}", options, extra, out) as context:
+
+        @asynccontextmanager
+        async def counted() -> AsyncIterator[None]:
+            """The continuation's prompt tokens, and those found in the prefix cache."""
+            nonlocal from_cache, prompted, cached_total
+            before = await scrape(context.session, context.base_url)
+            yield
+            after = await scrape(context.session, context.base_url)
+            total, cached = (after.get(n, 0.0) - before.get(n, 0.0) for n in _PROMPT_COUNTS)
+            prompted, cached_total = prompted + total, cached_total + cached
+            from_cache += cached >= _FROM_CACHE * total
+
         worker = Worker(context)
+        lengths = (options.history, options.generated, options.new_tokens)
         try:
             for rep in range(options.repetitions):
                 words = workload.words_for(
                     f"{routing}-{rep}", rep, options.history - options.generated
                 )
                 words = workload.salted(words, f"{workload.run}:{routing}:{rep}")
-                key = workload.request_id(routing, rep)
+                ids = (
+                    workload.request_id(routing, rep),
+                    workload.request_id("fresh", routing, rep),
+                    "",
+                )
                 try:
-                    first = Request(key, text_of(words), options.generated, len(words))
-                    history = text_of(words) + ((await send(ws_batch, worker, first)).text or "")
-                    before = await _prompt_tokens(context)
-                    again = Request(key, "", options.new_tokens, options.history)
-                    continued.append((await send(ws_batch, worker, again)).ttft_ms())
-                    after = await _prompt_tokens(context)
-                    total, cached = after[0] - before[0], after[1] - before[1]
-                    prompted, cached_total = prompted + total, cached_total + cached
-                    from_cache += cached >= _FROM_CACHE * total
-                    other = text_of(workload.salted(words, f"{workload.run}:fresh:{rep}"))
-                    cold = Request(
-                        workload.request_id("fresh", routing, rep),
-                        other + history[len(text_of(words)) :],
-                        options.new_tokens,
-                        options.history,
+                    limit = options.request_timeout
+                    measured.append(
+                        await turns(worker, workload, words, ids, lengths, limit, counted)
                     )
-                    fresh.append((await send(ws_batch, worker, cold)).ttft_ms())
                 except Exception as e:
                     failed += 1
                     targets.say(f"replicas: a repetition failed: {e}")
-                    await worker.close()
         finally:
             await worker.close()
     return Continuation(
         routing=routing,
-        continuation_ttft_ms=median(continued),
-        fresh_ttft_ms=median(fresh),
+        continuation_ttft_ms=median([t.continued_ms for t in measured]),
+        fresh_ttft_ms=median([t.fresh_ms for t in measured]),
         from_cache=from_cache,
-        measured=len(continued),
+        measured=len(measured),
         cached_share=round(cached_total / prompted, 3) if prompted else 0.0,
         failed=failed,
     )
 
 
-def markdown(report: ReplicaReport) -> str:
-    return _report(report).markdown()
-
-
-def _report(report: ReplicaReport) -> Report:
+def report_of(report: ReplicaReport) -> Report:
     sections = []
     if report.throughput:
         columns = ["target", "tok/s", "/ in-process (its pair)", "TTFT p50 ms", "ITL p50 ms"]
@@ -342,8 +318,7 @@ async def run_replicas(
     """The report of `options`' parts. `in_process_url`: a gateway with its engine in-process
     already running there (the tests' own server, on their settings), measured as the
     in-process target instead of one started; the targets with replicas are always started."""
-    out = Path(options.out)
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    out, host = await begin(options)
     model = await asyncio.to_thread(targets.model_dir, options)
     options = msgspec.structs.replace(options, model=model)
     tokenizer = await asyncio.to_thread(targets.tokenizer, model)
@@ -353,7 +328,6 @@ async def run_replicas(
         prompt_tokens=(options.prompt_tokens, options.prompt_tokens),
         output_tokens=options.output_tokens,
     )
-    host = await asyncio.to_thread(machine.describe, options.dtype)
     throughput: list[Throughput] = []
     if "throughput" in options.parts:
         for _ in range(options.repeats):
@@ -370,13 +344,13 @@ async def run_replicas(
         throughput=throughput,
         continuation=continuation,
     )
-    await asyncio.to_thread(write, report, _report(report), out)
+    await asyncio.to_thread(write, report, report_of(report), out)
     return report
 
 
 async def _run(options: ReplicaOptions, command: str) -> tuple[str, Path, bool]:
     report = await run_replicas(options, command)
-    return markdown(report), Path(options.out), True
+    return report_of(report).markdown(), Path(options.out), True
 
 
 SCENARIO = Scenario(
@@ -387,4 +361,3 @@ SCENARIO = Scenario(
     QUICK,
     _run,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -9,7 +9,6 @@ import statistics
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Protocol as Interface
 
 from gateway_bench import clients
 from gateway_bench.cpu import CpuMeter, CpuUse
@@ -54,10 +53,10 @@ class Client:
 # The references: vLLM in-process (the ceiling) and vLLM's OpenAI server, each target's
 # name its kind.
 _REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] = (
-        ("ceiling", "vLLM in-process", clients.inprocess, "counted",
+        ("ceiling", "vLLM in-process", clients.inprocess(), "counted",
          "vLLM's AsyncLLM called directly, RequestOutputKind.DELTA, the gateway's CPU "
          "settings (dtype, environment); exact token counts"),
-        ("ceiling-logprobs", "vLLM in-process, logprobs=0", clients.inprocess_logprobs, "counted",
+        ("ceiling-logprobs", "vLLM in-process, logprobs=0", clients.inprocess(0), "counted",
          "as the ceiling, with logprobs=0: the reference for protocols that send every "
          "token's log-probability"),
         ("vllm-server", "vLLM OpenAI server", clients.completions, "reported",
@@ -72,17 +71,10 @@ _REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] 
          "streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
          "include_usage; the reference for the gateway's chat route"),
 )  # fmt: skip
-(
-    INPROCESS,
-    INPROCESS_LOGPROBS,
-    VLLM_SERVER,
-    VLLM_SERVER_LOGPROBS,
-    VLLM_SERVER_DEFAULTS,
-    VLLM_SERVER_CHAT,
-) = (
-    Client(kind, label, call, kind, tokens, notes=notes)
+REFERENCES: dict[TargetKind, Client] = {
+    kind: Client(kind, label, call, kind, tokens, notes=notes)
     for kind, label, call, tokens, notes in _REFERENCES
-)
+}
 _SAME = "the very request sent to vLLM's server"
 _PROTOCOLS: tuple[tuple[Protocol, str, clients.Call, TokenSource, str, str], ...] = (
     # protocol, label, client, token source, how it is measured, its WebSocket path
@@ -118,23 +110,6 @@ def _gateway(
 
 
 GATEWAY_CLIENTS: tuple[Client, ...] = tuple(_gateway(*row) for row in _PROTOCOLS)
-
-
-class Progress(Interface):
-    def update(self, n: float | None = 1) -> bool | None: ...
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
-
-
-class NoProgress:
-    def update(self, n: float | None = 1) -> bool | None:
-        return None
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        return None
-
-
-NO_PROGRESS = NoProgress()
 
 
 def requests_per_step(concurrency: int, rounds: int, minimum: int) -> int:
@@ -178,7 +153,7 @@ async def run_step(
     context: Context,
     requests: Iterable[Request],
     concurrency: int,
-    progress: Progress = NO_PROGRESS,
+    on_done: Callable[[], object] = lambda: None,
     limit_s: float = 300.0,
     profile: str = "",
 ) -> Step:
@@ -195,7 +170,7 @@ async def run_step(
     async def work(worker: Worker) -> None:
         for request in pending:  # one shared iterator: each worker takes the next request
             records.append(await _one(client, worker, request, limit_s))
-            progress.update(1)
+            on_done()
 
     where = (
         context.profiles / f"{profile}.speedscope.json" if profile and context.profiles else None

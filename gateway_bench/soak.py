@@ -2,17 +2,30 @@
 
 The bench starts its own gateway (as the sweep does) with a keys file holding a key without
 limits and one with `concurrent=2 rpm=30 tpm=5000`, warms every protocol up, then sends the
-plan (soak_run.py) while it scrapes `/metrics` and reads the gateway's memory (soak_watch.py).
-Once the last client is done it waits for the counters to settle, measures what the limited
-key's largest asks cost the other key (soak_amplification.py), and judges the run
-(soak_report.py). `run_soak` is the same run on a gateway that is already up (the test
-suite's, on its shared engine).
+plan while it scrapes `/metrics` and reads the gateway's memory (soak_report.Watch). Once the
+last client is done it waits for the counters to settle, measures what the limited key's
+largest asks cost the other key (soak_amplification.py), and judges the run (soak_report.py).
+`run_soak` is the same run on a gateway that is already up (the test suite's, on its shared
+engine).
+
+Every request is drawn from the seed: its protocol (each in turn, in a shuffled order), its
+prompt and token budget, whether its field is invalid, and whether (and at what share of its
+protocol's usual duration) its client leaves. The main key's clients send the plan back to
+back. Between two shares of the plan done (`contended`), the limited key's clients send too,
+one request a `limited_interval_s` each, far over their key's limit; each outcome is tagged
+with the phase it was sent in, so the main key's TTFT with and without them can be compared.
+Each request is one protocol client of clients.py, on a connection of its own (a connection
+left idle meanwhile would not answer the server's pings), its key sent the way each
+protocol's clients send it: `Authorization: Bearer` on HTTP and on the WebSocket handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
+import statistics
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -23,29 +36,94 @@ import aiohttp
 import msgspec
 from tqdm import tqdm
 
-from gateway_bench import machine, targets
+from gateway_bench import clients, machine, targets
 from gateway_bench.cpu import CpuMeter
-from gateway_bench.metrics import FINISHED, RATE_LIMITED, percentile
-from gateway_bench.options import Scenario
-from gateway_bench.report import write as write_files
+from gateway_bench.metrics import FINISHED
+from gateway_bench.options import Options, Positive, Scenario, Share, begin
+from gateway_bench.report import write
+from gateway_bench.scrape import until
 from gateway_bench.soak_amplification import measure_amplification
 from gateway_bench.soak_report import (
-    Figures,
+    BASELINE,
+    CONTENDED,
+    Counters,
+    Outcome,
     SoakReport,
+    Watch,
     count_clients,
-    describe_scrape,
     evaluate,
+    figures,
     soak_report,
-    ttft_by_phase,
 )
-from gateway_bench.soak_run import QUICK_SOAK, Soak, SoakOptions, plan
-from gateway_bench.soak_watch import MetricsWatch, Presence, RssWatch, margins, settled
-from gateway_bench.worker import Context, pooled_connector
-from gateway_bench.workload import Workload
+from gateway_bench.worker import Context, Worker, session
+from gateway_bench.workload import Request, Workload
+from protocols.names import Protocol
 
-MARKDOWN = "soak.md"
+INVALID_BUDGET = -1  # the soak's invalid input: a negative token budget
+_FIRST_GUESS_S = 1.0  # a protocol's usual duration before any of its requests finished
 _SETTLE_LIMIT_S = 60.0
-_MB = 1 << 20
+
+
+class SoakOptions(Options, frozen=True, kw_only=True):
+    # Workload
+    requests: Positive = 10_000  # the measured requests, the limited key's included
+    concurrency: Positive = 64  # clients at once while the limited key sends (its clients included)
+    limited_clients: Positive = 4  # of those, the clients of the limited key
+    limited_interval_s: float = 2.0  # a limited client's requests start this far apart
+    contended: tuple[float, float] = (0.3, 0.7)  # the limited key sends between these shares done
+    leave_share: Share = 0.10  # clients that leave at a random moment of their request
+    invalid_share: Share = 0.05  # requests with an invalid field
+    output_tokens: tuple[Positive, Positive] = (8, 16)
+    prompt_tokens: tuple[Positive, Positive] = (16, 64)
+    warmup: int = 256  # requests before the measured ones: every protocol, none leaves
+    # The limited key's limits, as written in the keys file
+    limited_limits: str = "concurrent=2 rpm=30 tpm=5000"
+    # Amplification, after the plan: the main key's chats alone, then while a third key, whose
+    # one limit is its concurrency, asks for its most sequences (n, num_beams) of this many
+    # tokens each; 0 chats (or no amplifier key for a running gateway): not measured.
+    amplifier_limits: str = "concurrent=2"
+    amplification_chats: int = 20
+    amplification_ask_tokens: int = 64
+    # What is measured
+    grace_s: float = 1.0  # an engine request may outlive its client by this much
+    scrape_interval_s: float = 0.25
+    rss_interval_s: float = 1.0
+    rss_window: int = 1000  # the first and the last this many requests' memory are compared
+    # The gateway
+    gateway_url: str = ""  # soak this running gateway instead of starting one
+    gateway_pid: int | None = None  # its process, for the memory figure
+    main_key: str = ""  # with --gateway-url: its keys (the limited one must have the limits)
+    limited_key: str = ""
+    amplifier_key: str = ""  # with --gateway-url: a key with the amplifier's limits, if any
+
+
+QUICK = SoakOptions(
+    requests=100,
+    concurrency=16,
+    limited_clients=2,
+    limited_interval_s=0.5,
+    warmup=22,
+    rss_window=25,
+    amplification_chats=3,
+    amplification_ask_tokens=16,
+    enforce_eager=True,
+    quick=True,
+)
+# Each protocol's client, by a protocols.names.Protocol value (with a suffix for a second
+# form), and whether it streams (its TTFT the first text's time, not the whole answer's).
+PROTOCOLS: dict[str, tuple[clients.Call, bool]] = {
+    Protocol.WS: (clients.ws_batch, True),
+    Protocol.WS_EVENTS: (clients.ws_events_stream, True),
+    Protocol.CONTROL: (clients.control_ws, True),
+    Protocol.API_GENERATE_ONE: (clients.generate_one, True),
+    Protocol.API_GENERATE_BATCH: (clients.generate_batch, False),
+    Protocol.LMI: (clients.invocations, True),
+    Protocol.SAGEMAKER: (clients.sagemaker, False),
+    Protocol.TGI: (clients.tgi_stream, True),
+    f"{Protocol.TGI}-generate": (clients.tgi_generate, False),
+    Protocol.OPENAI_CHAT: (clients.chat_completions, True),
+    f"{Protocol.OPENAI_CHAT}-whole": (clients.chat_whole, False),
+}
 
 
 def keys_file(main_key: str, limited_key: str, options: SoakOptions, amplifier: str = "") -> str:
@@ -55,40 +133,162 @@ def keys_file(main_key: str, limited_key: str, options: SoakOptions, amplifier: 
     return text + (f"{amplifier}:soak-amplifier {options.amplifier_limits}\n" if amplifier else "")
 
 
-def new_keys() -> tuple[str, str]:
-    return new_key(), new_key()
-
-
 def new_key() -> str:
     return secrets.token_urlsafe(24)
 
 
-def _presences(soak: Soak, grace_s: float) -> list[Presence]:
-    """Each client's prompts, from its request to its answer's end or its leaving plus grace."""
-    ends = [o.end or o.sent if o.left_at is None else o.left_at + grace_s for o in soak.outcomes]
-    return [Presence(o.sent, end, o.prompts) for o, end in zip(soak.outcomes, ends, strict=True)]
+class Spec(msgspec.Struct, frozen=True):
+    """One request of the soak, drawn from the seed (`plan`)."""
+
+    index: int
+    protocol: str
+    prompt: str
+    max_new_tokens: int
+    invalid: bool = False
+    leave_at: float | None = None  # a share of the protocol's usual duration, then cancelled
+
+    def request(self) -> Request:
+        budget = INVALID_BUDGET if self.invalid else self.max_new_tokens
+        return Request(f"soak-{self.index}", self.prompt, budget, 0)
 
 
-def _idle_after(watch: MetricsWatch, last_end: float) -> float | None:
-    """From the last client's end to the first scrape sent after it that found the engine
-    idle, provided none after that found it busy again."""
-    after = [s for s in watch.scrapes if s.sent >= last_end]
-    idle = next((i for i, s in enumerate(after) if s.engine_requests == 0), None)
-    if idle is None or any(s.engine_requests for s in after[idle:]):
-        return None
-    return round(max(0.0, after[idle].answered - last_end), 3)
+def plan(options: SoakOptions, workload: Workload, count: int, stream: str) -> list[Spec]:
+    rng = random.Random(f"{options.seed}:soak:{stream}")
+    order = list(PROTOCOLS)
+    rng.shuffle(order)
+    specs: list[Spec] = []
+    for i, request in enumerate(workload.requests("soak", stream, count)):
+        draw, measured = rng.random(), stream != "warmup"
+        invalid = measured and draw < options.invalid_share
+        leaves = measured and not invalid and draw < options.invalid_share + options.leave_share
+        budget = rng.randint(*options.output_tokens)
+        leave_at = rng.random() if leaves else None
+        specs.append(Spec(i, order[i % len(order)], request.prompt, budget, invalid, leave_at))
+    return specs
 
 
-def _rss(watch: RssWatch | None, total: int, window: int) -> tuple[float | None, float | None]:
-    if watch is None:
-        return None, None
-    window = min(window, max(1, total // 2))
-    first = watch.mean_between(0, window)
-    last = watch.mean_between(total - window, total + 1)
-    return (
-        None if first is None else round(first / _MB, 1),
-        None if last is None else round(last / _MB, 1),
-    )
+class Durations:
+    """Each protocol's usual duration: the median of its last finished requests."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, list[float]] = {}
+
+    def add(self, out: Outcome) -> None:
+        if not out.left and out.terminals == [FINISHED] * out.prompts:
+            seen = self._seen.setdefault(out.protocol, [])
+            seen.append(out.end - out.sent)
+            del seen[:-50]
+
+    def usual(self, protocol: str) -> float:
+        seen = self._seen.get(protocol)
+        return statistics.median(seen) if seen else _FIRST_GUESS_S
+
+
+class Soak:
+    """The plan's clients at work: the main key's back to back, the limited key's while the
+    plan is between its `contended` shares."""
+
+    def __init__(
+        self,
+        options: SoakOptions,
+        main: Context,
+        limited: Context,
+        on_done: Callable[[], object] = lambda: None,
+    ) -> None:
+        self.options, self.main, self.limited, self.on_done = options, main, limited, on_done
+        self.outcomes: list[Outcome] = []
+        self.durations = Durations()
+        self.contended = asyncio.Event()
+        self.calm = asyncio.Event()  # set once the contended phase is over
+        self.began = 0.0
+
+    @property
+    def done(self) -> int:
+        return len(self.outcomes)
+
+    async def one(self, client: Context, spec: Spec) -> Outcome:
+        call, streamed = PROTOCOLS[spec.protocol]
+        out = Outcome(
+            perf_counter(),
+            index=spec.index,
+            protocol=spec.protocol,
+            streamed=streamed,
+            key="limited" if client is self.limited else "main",
+            phase=CONTENDED if self.contended.is_set() and not self.calm.is_set() else BASELINE,
+            invalid=spec.invalid,
+        )
+        task = asyncio.create_task(self._send(call, client, spec, out))
+        limit = self.options.request_timeout
+        if spec.leave_at is not None:
+            limit = min(limit, spec.leave_at * self.durations.usual(spec.protocol))
+        done, _ = await asyncio.wait({task}, timeout=limit)
+        if not done:  # leaving: the call closes its connection as it is cancelled
+            if spec.leave_at is None:
+                out.message = out.message or f"no answer after {limit:g} s"
+            else:
+                out.left_at = perf_counter()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        elif (error := task.exception()) is not None:
+            out.message = out.message or f"{type(error).__name__}: {error}"
+        if not out.left and len(out.terminals) < out.prompts:
+            out.cut = True
+        self.durations.add(out)
+        return out
+
+    @staticmethod
+    async def _send(call: clients.Call, client: Context, spec: Spec, out: Outcome) -> None:
+        worker = Worker(client)  # a connection of its own, closed however the request ends
+        try:
+            await call(worker, spec.request(), out)
+        finally:
+            await worker.close()
+
+    async def _client(self, pending: list[Spec], limited: bool, marks: tuple[int, int]) -> None:
+        """The main key's: back to back, setting the phases as the plan is done; the limited
+        key's: in the contended phase, one request a `limited_interval_s`."""
+        if limited:
+            await self.contended.wait()
+        while pending and not (limited and self.calm.is_set()):
+            began = perf_counter()
+            client = self.limited if limited else self.main
+            self.outcomes.append(await self.one(client, pending.pop()))
+            self.on_done()
+            if limited:
+                await asyncio.sleep(self.options.limited_interval_s - (perf_counter() - began))
+                continue
+            if self.done >= marks[0]:
+                self.contended.set()
+            if self.done >= marks[1]:
+                self.calm.set()
+
+    async def warm_up(self, specs: Sequence[Spec]) -> None:
+        """The warm-up's requests (none leaves, none invalid), by the main key; their outcomes
+        only teach each protocol's usual duration."""
+        queue = list(specs)
+
+        async def send() -> None:
+            while queue:
+                await self.one(self.main, queue.pop())
+
+        count = max(1, self.options.concurrency - self.options.limited_clients)
+        await asyncio.gather(*(send() for _ in range(count)))
+
+    async def run(self, specs: Sequence[Spec]) -> None:
+        o = self.options
+        pending = list(reversed(specs))  # popped from the end: in plan order
+        marks = (int(len(specs) * o.contended[0]), int(len(specs) * o.contended[1]))
+        self.began = perf_counter()
+        kinds = [False] * (o.concurrency - o.limited_clients) + [True] * o.limited_clients
+        await asyncio.gather(*(self._client(pending, limited, marks) for limited in kinds))
+        self.contended.set()
+        self.calm.set()
+
+
+async def _settled(scraper: aiohttp.ClientSession, base_url: str) -> Counters:
+    """The counters once settled (Counters.settled), or as they are after a minute."""
+    sums = await until(scraper, base_url, lambda s: Counters.of(s).settled, _SETTLE_LIMIT_S)
+    return Counters.of(sums)
 
 
 async def run_soak(
@@ -113,95 +313,68 @@ async def run_soak(
     )
     warmup = plan(options, workload, options.warmup, "warmup")
     specs = plan(options, workload, options.requests, "soak")
-    connector = pooled_connector()
-    timeout = aiohttp.ClientTimeout(total=None)
     bar = tqdm(total=len(specs), unit="req", disable=not options.progress, dynamic_ncols=True)
     # /metrics needs a key on a keyed gateway (METRICS_PUBLIC unset): the main key's.
     scraping = {"Authorization": f"Bearer {keys[0]}"}
-    async with (
-        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
-        aiohttp.ClientSession(timeout=timeout, headers=scraping) as scraper,
-    ):
-        soak = Soak(options, session, base_url, keys, on_done=partial(bar.update, 1))
+    async with session() as client_session, session(headers=scraping) as scraper:
+        main, limited = (Context(client_session, base_url, key=key) for key in keys)
+        soak = Soak(options, main, limited, on_done=partial(bar.update, 1))
         await soak.warm_up(warmup)
-        before = await settled(scraper, base_url, _SETTLE_LIMIT_S)
-        metrics = MetricsWatch(scraper, base_url, options.scrape_interval_s)
-        rss = RssWatch(pid, lambda: soak.done, options.rss_interval_s) if pid else None
-        stop = asyncio.Event()
-        watchers = [asyncio.create_task(metrics.run(stop))]
-        if rss is not None:
-            watchers.append(asyncio.create_task(rss.run(stop)))
+        before = await _settled(scraper, base_url)
+        watch, stop = Watch(scraper, base_url, pid, lambda: soak.done), asyncio.Event()
+        watching = asyncio.create_task(
+            watch.run(stop, options.scrape_interval_s, options.rss_interval_s)
+        )
         meter = await CpuMeter.start((pid,) if pid else (), profile)
         try:
             await soak.run(specs)
             cpu = await meter.stop()
             last_end = perf_counter()
-            measured_s = last_end - soak.began
-            after = await settled(scraper, base_url, _SETTLE_LIMIT_S)
+            after = await _settled(scraper, base_url)
             settle_s = perf_counter() - last_end
             await asyncio.sleep(options.grace_s + options.scrape_interval_s)  # the tail, scraped
         finally:
             await meter.stop()  # its profile ended, however the plan ended
             stop.set()
-            await asyncio.gather(*watchers)
+            await watching
             bar.close()
         amplification = None
         if options.amplification_chats and amplifier:
             prompt = workload.requests("soak", "amplification", 1)[0].prompt
-            asker = Context(session, base_url, key=amplifier)
-            amplification = await measure_amplification(soak.client("main"), asker, options, prompt)
+            amplification = await measure_amplification(
+                main,
+                Context(client_session, base_url, key=amplifier),
+                prompt,
+                chats=options.amplification_chats,
+                askers=options.limited_clients,
+                limits=options.amplifier_limits,
+                tokens=(options.output_tokens[0], options.amplification_ask_tokens),
+            )
     host.load_end = machine.load()
-    clients = count_clients(soak.outcomes)
-    margin = margins(metrics.scrapes, _presences(soak, options.grace_s))
-    found = [s for s, m in zip(metrics.scrapes, margin, strict=True) if m < 0]
-    worst = max(found, key=lambda s: s.engine_requests, default=None)
-    busy = [m for s, m in zip(metrics.scrapes, margin, strict=True) if s.engine_requests]
-    p50, counts = ttft_by_phase(soak.outcomes)
-    limited = [o for o in soak.outcomes if o.key == "limited"]
-    first_mb, last_mb = _rss(rss, len(soak.outcomes), options.rss_window)
-    figures = Figures(
-        ttft_p50_ms=p50,
-        ttft_count=counts,
-        limited_sent=len(limited),
-        limited_finished=sum(o.terminals.count(FINISHED) for o in limited),
-        limited_rate_limited=sum(o.terminals.count(RATE_LIMITED) for o in limited),
-        scrapes=len(metrics.scrapes),
-        unexplained_scrapes=len(found),
-        worst_unexplained=None if worst is None else describe_scrape(worst, soak.began),
-        margin_p50=percentile([float(m) for m in busy], 50),
-        margin_min=min(busy, default=None),
-        engine_idle_after_s=_idle_after(metrics, last_end),
-        rss_first_mb=first_mb,
-        rss_last_mb=last_mb,
-        rss_samples=0 if rss is None else len(rss.samples),
-        frontend_cpu_ms_per_token=cpu.per_token_ms(sum(o.tokens for o in soak.outcomes)),
-    )
+    clients_seen = count_clients(soak.outcomes)
+    found = figures(soak.outcomes, watch, soak.began, last_end, options)
+    found.frontend_cpu_ms_per_token = cpu.per_token_ms(sum(o.tokens for o in soak.outcomes))
     server = after.minus(before)
     return SoakReport(
         command=command or "llm-gateway bench soak",
         started_at=started_at,
         duration_s=round(perf_counter() - began, 1),
-        measured_s=round(measured_s, 1),
+        measured_s=round(last_end - soak.began, 1),
         quick=options.quick,
         machine=host,
         options=msgspec.to_builtins(options),
-        clients=clients,
+        clients=clients_seen,
         server=server,
         settle_s=round(settle_s, 3),
-        figures=figures,
-        goals=evaluate(clients, server, figures, amplification, options.quick),
+        figures=found,
+        goals=evaluate(clients_seen, server, found, amplification, options.quick),
         amplification=amplification,
     )
 
 
-def write(report: SoakReport, out: Path) -> None:
-    write_files(report, soak_report(report), out, "soak")
-
-
 async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
     """The soak on a gateway the bench starts (or the one `--gateway-url` names)."""
-    out = options.out_dir("soak-")
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    out, _ = await begin(options, prefix="soak-")
     model = await asyncio.to_thread(targets.model_dir, options)
     tokenizer = await asyncio.to_thread(targets.tokenizer, model)
     profiles = options.profiles(out)
@@ -212,7 +385,7 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
         url, pid = options.gateway_url.rstrip("/"), options.gateway_pid
         report = await soak(base_url=url, keys=keys, pid=pid, amplifier=options.amplifier_key)
     else:
-        keys, amplifier = new_keys(), new_key()
+        keys, amplifier = (new_key(), new_key()), new_key()
         path = out / "api-keys"
         path.write_text(keys_file(*keys, options, amplifier))
         path.chmod(0o600)
@@ -221,8 +394,8 @@ async def _run(options: SoakOptions, command: str) -> tuple[str, Path, bool]:
             report = await soak(
                 base_url=endpoint.url, keys=keys, pid=endpoint.pid, amplifier=amplifier
             )
-    await asyncio.to_thread(write, report, out)
-    return soak_report(report).markdown(), out, all(g.passed is not False for g in report.goals)
+    text = await asyncio.to_thread(write, report, soak_report(report), out, "soak")
+    return text, out, all(g.passed is not False for g in report.goals)
 
 
 def _check(options: SoakOptions) -> str | None:
@@ -241,7 +414,7 @@ SCENARIO = Scenario(
     "its limit; checks that every prompt ends once, nothing outlives its client, the other key "
     "is unaffected and memory stays flat.",
     SoakOptions,
-    QUICK_SOAK,
+    QUICK,
     _run,
     {
         "gateway_url": "soak this running gateway (with --main-key, --limited-key)",
@@ -251,4 +424,3 @@ SCENARIO = Scenario(
     },
     _check,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')

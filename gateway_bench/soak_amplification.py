@@ -11,17 +11,19 @@ import re
 from collections.abc import Awaitable, Callable
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
+from time import perf_counter
 from typing import Any
 
 import aiohttp
 import msgspec
 
 from gateway_bench.clients import completions
-from gateway_bench.metrics import median, start
-from gateway_bench.soak_run import SoakOptions
+from gateway_bench.metrics import Record, median
+from gateway_bench.report import Goal
 from gateway_bench.worker import Context, Worker
 from gateway_bench.workload import Request
 
+AMPLIFICATION_GOAL = 2.0  # another key's TTFT p50 under the largest asks, over idle (issue 31)
 _RATE_LIMITED_PAUSE_S = 0.05  # a refused client asks again at once, as a greedy one would
 
 
@@ -50,45 +52,32 @@ class _ProbeTally(msgspec.Struct):
     server_errors: int = 0
 
 
-async def _prober(
-    session: aiohttp.ClientSession,
-    url: str,
-    headers: dict[str, str],
-    encoded: list[tuple[str, bytes]],
-    stop: EventType,
-    started: EventType,
-    tally: _ProbeTally,
-) -> None:
-    turn = 0
-    while not stop.is_set():
-        name, body = encoded[turn % len(encoded)]
-        turn += 1
-        async with session.post(url, data=body, headers=headers) as r:
-            text = (await r.read()).decode(errors="replace")
-        started.set()
-        tally.probes += 1
-        tally.server_errors += r.status >= 500
-        named = f"structured_outputs.{name}" in text and "MAX_" in text
-        tally.refused += r.status in (400, 422) and named
-
-
 async def _probe(
     url: str, headers: dict[str, str], prompt: str, askers: int, stop: EventType, started: EventType
 ) -> _ProbeTally:
+    """`askers` clients sending the probes in turn, back to back, until `stop`."""
     encoded = [
-        (
-            name,
-            msgspec.json.encode(
-                {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}}
-            ),
-        )
+        (name, {"prompt": prompt, "max_tokens": 2, "structured_outputs": {name: value}})
         for name, value in _probes()
     ]
+    bodies = [(name, msgspec.json.encode(body)) for name, body in encoded]
     tally = _ProbeTally()
+
+    async def prober(session: aiohttp.ClientSession) -> None:
+        turn = 0
+        while not stop.is_set():
+            name, body = bodies[turn % len(bodies)]
+            turn += 1
+            async with session.post(url, data=body, headers=headers) as r:
+                text = (await r.read()).decode(errors="replace")
+            started.set()
+            tally.probes += 1
+            tally.server_errors += r.status >= 500
+            named = f"structured_outputs.{name}" in text and "MAX_" in text
+            tally.refused += r.status in (400, 422) and named
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-        await asyncio.gather(
-            *(_prober(session, url, headers, encoded, stop, started, tally) for _ in range(askers))
-        )
+        await asyncio.gather(*(prober(session) for _ in range(askers)))
     return tally
 
 
@@ -186,7 +175,7 @@ class _Tally:
 
 async def _chat_ttft(client: Context, prompt: str, tokens: int) -> float | None:
     """A streamed /v1/completions chat's first text, in ms; None when it did not answer."""
-    worker, record = Worker(client), start()
+    worker, record = Worker(client), Record(perf_counter())
     try:
         await completions(worker, Request("amplification", prompt, tokens, 0), record)
     finally:
@@ -250,13 +239,19 @@ def _p50(values: list[float | None]) -> float | None:
 
 
 async def measure_amplification(
-    main: Context, limited: Context, options: SoakOptions, prompt: str
+    main: Context,
+    limited: Context,
+    prompt: str,
+    *,
+    chats: int,
+    askers: int,
+    limits: str,
+    tokens: tuple[int, int],
 ) -> Amplification:
-    """The main key's chats alone, while the `limited` key asks for its most sequences, then
-    while it sends the probe's constraints."""
-    chats, chat_tokens = options.amplification_chats, options.output_tokens[0]
-    ask_tokens, askers = options.amplification_ask_tokens, options.limited_clients
-    sequences = concurrent_limit(options.amplifier_limits)
+    """The main key's `chats` alone, while the `limited` key's `askers` ask for their most
+    sequences (its `limits` allow), then while they send the probe's constraints; `tokens`: a
+    chat's and an ask's."""
+    (chat_tokens, ask_tokens), sequences = tokens, concurrent_limit(limits)
     idle = await _chats(main, prompt, chats, chat_tokens)
     stop, tally = asyncio.Event(), _Tally()
     asking = [
@@ -288,3 +283,59 @@ async def measure_amplification(
         server_errors=tally.server_errors,
         constraints=constraints,
     )
+
+
+def amplification_goal(a: Amplification, quick: bool) -> Goal:
+    """Judged on a full run only: a quick run's few chats make its ratio chance."""
+    measured = (
+        f"the main key's TTFT p50 {a.contended_ttft_p50_ms} ms while the limited key asked for "
+        f"{a.sequences} sequences a request vs {a.idle_ttft_p50_ms} ms idle ({a.chats} chats "
+        f"each, {a.chat_failures} failed); ratio {a.ratio}; the limited key: {a.asks} largest "
+        f"asks, {a.asks_finished} finished, {a.asks_rate_limited} rate limited; "
+        f"{a.over_refused_naming_field} of {a.over_asks} asks of one sequence more refused "
+        f"naming the field; {a.server_errors} 5xx"
+    )
+    sound = (
+        a.server_errors == 0
+        and a.chat_failures == 0
+        and a.asks_finished > 0
+        and a.over_refused_naming_field == a.over_asks
+    )
+    passed = sound and (None if quick or a.ratio is None else a.ratio <= AMPLIFICATION_GOAL)
+    requirement = (
+        f"another key's TTFT p50 at most {AMPLIFICATION_GOAL:g} x its idle one while a key runs "
+        "at its limit with the largest n and num_beams it may ask; one more refused, naming "
+        "the field"
+    )
+    return Goal("No amplification by sequences", requirement, measured, passed)
+
+
+def constraint_goal(a: Amplification, c: ConstraintLoad, quick: bool) -> Goal:
+    """Judged on a full run only, as the amplification by sequences."""
+    measured = (
+        f"the main key's TTFT p50 {c.contended_ttft_p50_ms} ms while the limited key sent the "
+        f"probe's constraints vs {a.idle_ttft_p50_ms} ms idle ({c.chats} chats, "
+        f"{c.chat_failures} failed); ratio {a.constraint_ratio}; {c.refused_naming_field} of "
+        f"{c.probes} constraints refused naming the field and the limit; {c.server_errors} 5xx"
+    )
+    sound = (
+        c.server_errors == 0
+        and c.chat_failures == 0
+        and c.probes > 0
+        and c.refused_naming_field == c.probes
+    )
+    ratio = a.constraint_ratio
+    passed = sound and (None if quick or ratio is None else ratio <= AMPLIFICATION_GOAL)
+    requirement = (
+        f"another key's TTFT p50 at most {AMPLIFICATION_GOAL:g} x its idle one while a key sends "
+        "a 50,000-word regex, a 10,000-property schema and a 100,000-value enum at its limit; "
+        "each refused at once, naming the field and the limit"
+    )
+    return Goal("No amplification by constraints", requirement, measured, passed)
+
+
+def amplification_goals(a: Amplification | None, quick: bool) -> list[Goal]:
+    if a is None:
+        return []
+    by_constraints = [] if a.constraints is None else [constraint_goal(a, a.constraints, quick)]
+    return [amplification_goal(a, quick), *by_constraints]

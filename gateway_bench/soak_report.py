@@ -1,23 +1,164 @@
-"""The soak's figures from its outcomes and scrapes, its goals, and its Markdown report."""
+"""What the soak reads and judges: each request's outcome at its client, the gateway's
+`/metrics` and memory while it runs, the scrapes no client present explains
+(docs/BENCHMARKS.md, "Soak": "Nothing outlives its client"), the figures, goals and report."""
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
+from time import perf_counter
+from typing import Any
 
+import aiohttp
 import msgspec
+import psutil
 
 from gateway_bench.machine import Machine
-from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, percentile
+from gateway_bench.metrics import ERROR, FINISHED, RATE_LIMITED, REFUSED, Record, ms_at, percentile
 from gateway_bench.report import Goal, Report, Section
-from gateway_bench.soak_amplification import Amplification, ConstraintLoad
-from gateway_bench.soak_run import BASELINE, BY_NAME, CONTENDED, Outcome
-from gateway_bench.soak_watch import Counters, Scrape
+from gateway_bench.scrape import metric_sums
+from gateway_bench.soak_amplification import Amplification, amplification_goals
 
+BASELINE, CONTENDED = "baseline", "contended"
 TTFT_RATIO_GOAL = 1.25  # the main key's TTFT p50 while the limited key sends, over without
 RSS_GOAL = 0.05
 AMPLIFICATION_GOAL = 2.0  # another key's TTFT p50 under the largest asks, over idle (issue 31)
+ENGINE_REQUESTS = "gateway_engine_requests"
+_ACCEPTED, _ABORTS = "gateway_prompts_accepted_total", "gateway_engine_aborts_total"
+_TERMINAL = "gateway_terminal_events_total"
 _MB = 1 << 20
+
+
+class Outcome(Record, kw_only=True):
+    """What a request's client saw (metrics.Record), tagged with who sent it and when."""
+
+    index: int
+    protocol: str
+    streamed: bool  # TTFT is the first text's time, not the whole answer's
+    key: str  # "main" or "limited"
+    phase: str  # "baseline" or "contended": whether the limited key was sending
+    invalid: bool
+    left_at: float | None = None  # the client left (closed its connection) then
+
+    @property
+    def left(self) -> bool:
+        return self.left_at is not None
+
+
+class Scrape(msgspec.Struct, frozen=True):
+    sent: float
+    answered: float
+    engine_requests: int
+
+
+class Counters(msgspec.Struct, frozen=True):
+    """The accounting counters of one scrape, summed over protocols."""
+
+    accepted: int
+    terminal: dict[str, int]  # by kind: finished, rate_limited, client_gone...
+    engine_aborts: int
+    engine_requests: int
+
+    @classmethod
+    def of(cls, sums: dict[str, float]) -> Counters:
+        kinds = sorted(k for k in sums if k.startswith(_TERMINAL + ":"))
+        terminal = {k.partition(":")[2]: int(sums[k]) for k in kinds}
+        accepted, aborts = int(sums.get(_ACCEPTED, 0.0)), int(sums.get(_ABORTS, 0.0))
+        return cls(accepted, terminal, aborts, int(sums.get(ENGINE_REQUESTS, 0.0)))
+
+    def minus(self, before: Counters) -> Counters:
+        kinds = self.terminal.keys() | before.terminal.keys()
+        return Counters(
+            self.accepted - before.accepted,
+            {k: self.terminal.get(k, 0) - before.terminal.get(k, 0) for k in sorted(kinds)},
+            self.engine_aborts - before.engine_aborts,
+            self.engine_requests,
+        )
+
+    @property
+    def terminal_total(self) -> int:
+        return sum(self.terminal.values())
+
+    @property
+    def settled(self) -> bool:
+        """Every accepted prompt counted out, and the engine holding nothing."""
+        return self.accepted == self.terminal_total and self.engine_requests == 0
+
+
+class Watch:
+    """The gateway while the soak runs: `/metrics` (the engine's requests) and the process's
+    resident memory with the count of requests `done()` when it was read."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, pid: int | None, done: Callable[[], int]
+    ) -> None:
+        self._session, self._url, self._done = session, url + "/metrics", done
+        self._process = None if pid is None else psutil.Process(pid)
+        self.scrapes: list[Scrape] = []
+        self.rss: list[tuple[int, int]] = []  # (requests done, RSS bytes)
+
+    async def run(self, stop: asyncio.Event, scrape_s: float, rss_s: float) -> None:
+        """Each read at its interval until `stop`."""
+        reads = [(self._scrape, scrape_s)] + ([(self._read_rss, rss_s)] if self._process else [])
+        await asyncio.gather(*(_every(read, interval, stop) for read, interval in reads))
+
+    async def _scrape(self) -> None:
+        sent = perf_counter()
+        with suppress(aiohttp.ClientError, ValueError):
+            async with self._session.get(self._url) as r:
+                text = await r.text()
+            answered = perf_counter()
+            requests = Counters.of(metric_sums(text)).engine_requests
+            self.scrapes.append(Scrape(sent, answered, requests))
+
+    async def _read_rss(self) -> None:
+        if self._process is not None:
+            self.rss.append((self._done(), int(self._process.memory_info().rss)))
+
+    def rss_mb(self, low: int, high: int) -> float | None:
+        """The mean RSS of the samples read while `low` <= requests done < `high`, in MB."""
+        chosen = [rss for done, rss in self.rss if low <= done < high]
+        return round(sum(chosen) / len(chosen) / _MB, 1) if chosen else None
+
+
+async def _every(
+    read: Callable[[], Awaitable[None]], interval_s: float, stop: asyncio.Event
+) -> None:
+    while not stop.is_set():
+        await read()
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+
+
+class Presence(msgspec.Struct, frozen=True):
+    """A client's prompts, present from `start` to `end`: its answer's end, or its leaving
+    plus the grace."""
+
+    start: float
+    end: float
+    prompts: int
+
+
+def margins(scrapes: Sequence[Scrape], presences: Sequence[Presence]) -> list[int]:
+    """For each scrape, the prompts of the clients present at any moment of it (from its
+    sending to its answer) minus the engine's requests: below 0, a request nobody explains."""
+    starts = sorted(presences, key=lambda p: p.start)
+    ends = sorted(presences, key=lambda p: p.end)
+    start_times = [p.start for p in starts]
+    end_times = [p.end for p in ends]
+    started = [0, *itertools.accumulate(p.prompts for p in starts)]
+    ended = [0, *itertools.accumulate(p.prompts for p in ends)]
+    found: list[int] = []
+    for scrape in scrapes:
+        # Present at some moment of the scrape: started by its answer, not ended before it went.
+        present = started[bisect.bisect_right(start_times, scrape.answered)]
+        present -= ended[bisect.bisect_left(end_times, scrape.sent)]
+        found.append(present - scrape.engine_requests)
+    return found
 
 
 class Clients(msgspec.Struct, kw_only=True):
@@ -129,18 +270,59 @@ def ttft_by_phase(outcomes: Sequence[Outcome]) -> tuple[dict[str, float | None],
             if (t := o.ttft_s) is not None
             and o.phase == phase
             and o.key == "main"
-            and BY_NAME[o.protocol].streamed
+            and o.streamed
             and not o.left
             and not o.invalid
         ]
-        value = percentile(ttft, 50)
-        p50[phase] = None if value is None else round(value * 1000, 1)
+        p50[phase] = ms_at(ttft, 50)
         counts[phase] = len(ttft)
     return p50, counts
 
 
-def describe_scrape(scrape: Scrape, began: float) -> str:
-    return f"{scrape.engine_requests} engine requests at {scrape.sent - began:.1f} s"
+def figures(
+    outcomes: Sequence[Outcome], watch: Watch, began: float, last_end: float, options: Any
+) -> Figures:
+    """The figures of the plan's `outcomes` (sent from `began` to `last_end`) and what `watch`
+    read meanwhile; `options`: the soak's (its grace and RSS window)."""
+    grace = options.grace_s
+    ends = [o.end or o.sent if o.left_at is None else o.left_at + grace for o in outcomes]
+    presences = [Presence(o.sent, end, o.prompts) for o, end in zip(outcomes, ends, strict=True)]
+    margin = margins(watch.scrapes, presences)
+    found = [s for s, m in zip(watch.scrapes, margin, strict=True) if m < 0]
+    worst = max(found, key=lambda s: s.engine_requests, default=None)
+    busy = [m for s, m in zip(watch.scrapes, margin, strict=True) if s.engine_requests]
+    p50, counts = ttft_by_phase(outcomes)
+    limited = [o for o in outcomes if o.key == "limited"]
+    total = len(outcomes)
+    window = min(options.rss_window, max(1, total // 2))
+    return Figures(
+        ttft_p50_ms=p50,
+        ttft_count=counts,
+        limited_sent=len(limited),
+        limited_finished=sum(o.terminals.count(FINISHED) for o in limited),
+        limited_rate_limited=sum(o.terminals.count(RATE_LIMITED) for o in limited),
+        scrapes=len(watch.scrapes),
+        unexplained_scrapes=len(found),
+        worst_unexplained=None
+        if worst is None
+        else f"{worst.engine_requests} engine requests at {worst.sent - began:.1f} s",
+        margin_p50=percentile([float(m) for m in busy], 50),
+        margin_min=min(busy, default=None),
+        engine_idle_after_s=_idle_after(watch.scrapes, last_end),
+        rss_first_mb=watch.rss_mb(0, window),
+        rss_last_mb=watch.rss_mb(total - window, total + 1),
+        rss_samples=len(watch.rss),
+    )
+
+
+def _idle_after(scrapes: Sequence[Scrape], last_end: float) -> float | None:
+    """From the last client's end to the first scrape sent after it that found the engine
+    idle, provided none after that found it busy again."""
+    after = [s for s in scrapes if s.sent >= last_end]
+    idle = next((i for i, s in enumerate(after) if s.engine_requests == 0), None)
+    if idle is None or any(s.engine_requests for s in after[idle:]):
+        return None
+    return round(max(0.0, after[idle].answered - last_end), 3)
 
 
 def evaluate(
@@ -178,7 +360,7 @@ def evaluate(
             "gateway_prompts_accepted_total = sum of gateway_terminal_events_total; the "
             "clients' finished and accepted prompts within what leaving clients allow",
             f"accepted {server.accepted}, terminal {server.terminal_total} "
-            f"({_kinds(server.terminal)}); clients: {client_finished} finished, "
+            f"({_counts(server.terminal)}); clients: {client_finished} finished, "
             f"accepted between {accepted_low} and {accepted_high}",
             server.accepted == server.terminal_total
             and accepted_low <= server.accepted <= accepted_high
@@ -201,15 +383,12 @@ def evaluate(
         _ttft_goal(f),
         _rss_goal(f),
     ]
-    if amplification is not None:
-        goals.append(amplification_goal(amplification, quick))
-        if amplification.constraints is not None:
-            goals.append(constraint_goal(amplification, amplification.constraints, quick))
-    return goals
+    return goals + amplification_goals(amplification, quick)
 
 
-def _kinds(terminal: dict[str, int]) -> str:
-    return ", ".join(f"{kind} {n}" for kind, n in terminal.items() if n)
+def _counts(counts: dict[str, int]) -> str:
+    """Each name's count, but none of 0."""
+    return ", ".join(f"{name} {n}" for name, n in counts.items() if n)
 
 
 def _ttft_goal(f: Figures) -> Goal:
@@ -227,55 +406,6 @@ def _ttft_goal(f: Figures) -> Goal:
         f"the other key's TTFT p50 at most {TTFT_RATIO_GOAL} x its own without the limited key"
     )
     return Goal("The other key unaffected", requirement, measured, passed)
-
-
-def amplification_goal(a: Amplification, quick: bool) -> Goal:
-    """Judged on a full run only: a quick run's few chats make its ratio chance."""
-    measured = (
-        f"the main key's TTFT p50 {a.contended_ttft_p50_ms} ms while the limited key asked for "
-        f"{a.sequences} sequences a request vs {a.idle_ttft_p50_ms} ms idle ({a.chats} chats "
-        f"each, {a.chat_failures} failed); ratio {a.ratio}; the limited key: {a.asks} largest "
-        f"asks, {a.asks_finished} finished, {a.asks_rate_limited} rate limited; "
-        f"{a.over_refused_naming_field} of {a.over_asks} asks of one sequence more refused "
-        f"naming the field; {a.server_errors} 5xx"
-    )
-    sound = (
-        a.server_errors == 0
-        and a.chat_failures == 0
-        and a.asks_finished > 0
-        and a.over_refused_naming_field == a.over_asks
-    )
-    passed = sound and (None if quick or a.ratio is None else a.ratio <= AMPLIFICATION_GOAL)
-    requirement = (
-        f"another key's TTFT p50 at most {AMPLIFICATION_GOAL:g} x its idle one while a key runs "
-        "at its limit with the largest n and num_beams it may ask; one more refused, naming "
-        "the field"
-    )
-    return Goal("No amplification by sequences", requirement, measured, passed)
-
-
-def constraint_goal(a: Amplification, c: ConstraintLoad, quick: bool) -> Goal:
-    """Judged on a full run only, as the amplification by sequences."""
-    measured = (
-        f"the main key's TTFT p50 {c.contended_ttft_p50_ms} ms while the limited key sent the "
-        f"probe's constraints vs {a.idle_ttft_p50_ms} ms idle ({c.chats} chats, "
-        f"{c.chat_failures} failed); ratio {a.constraint_ratio}; {c.refused_naming_field} of "
-        f"{c.probes} constraints refused naming the field and the limit; {c.server_errors} 5xx"
-    )
-    sound = (
-        c.server_errors == 0
-        and c.chat_failures == 0
-        and c.probes > 0
-        and c.refused_naming_field == c.probes
-    )
-    ratio = a.constraint_ratio
-    passed = sound and (None if quick or ratio is None else ratio <= AMPLIFICATION_GOAL)
-    requirement = (
-        f"another key's TTFT p50 at most {AMPLIFICATION_GOAL:g} x its idle one while a key sends "
-        "a 50,000-word regex, a 10,000-property schema and a 100,000-value enum at its limit; "
-        "each refused at once, naming the field and the limit"
-    )
-    return Goal("No amplification by constraints", requirement, measured, passed)
 
 
 def _rss_goal(f: Figures) -> Goal:
@@ -305,13 +435,9 @@ def soak_report(report: SoakReport) -> Report:
         f"{c.left} clients left mid-request, {c.invalid} invalid",
         f"- By protocol: {_counts(c.by_protocol)}",
         f"- Terminals at the clients: {_counts(c.terminals)}",
-        f"- /metrics: {s.accepted} accepted, {s.terminal_total} terminal ({_kinds(s.terminal)}), "
+        f"- /metrics: {s.accepted} accepted, {s.terminal_total} terminal ({_counts(s.terminal)}), "
         f"{s.engine_aborts} engine aborts; settled {report.settle_s:.2f} s after the last client",
         f"- Frontend CPU (the gateway process's own, cpu.py) per token answered: {cpu}",
     ]
     title = "llm-gateway bench soak" + (" (quick mode)" if report.quick else "")
     return Report(title, report.command, m, [Section(goals=report.goals)], intro)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in counts.items())

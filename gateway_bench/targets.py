@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import signal
 import socket
 import sys
@@ -60,16 +59,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def raise_file_limit(needed: int) -> int:
-    """Raise RLIMIT_NOFILE's soft limit towards `needed` (children inherit it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = target
-    return int(soft)
-
-
 class _Model(msgspec.Struct):
     id: str
 
@@ -111,26 +100,6 @@ def vllm_server_command(
     if settings.enforce_eager:
         command.append("--enforce-eager")
     return command
-
-
-def gateway_command(port: int) -> list[str]:
-    script = Path(sys.executable).with_name("llm-gateway")
-    head = [str(script)] if script.is_file() else [sys.executable, "-m", "gateway.cli"]
-    # No .env: the engine settings come from the bench's options, like the other targets.
-    return [*head, "serve", "--host", "127.0.0.1", "--port", str(port), "--env-file", os.devnull]
-
-
-def gateway_environment(settings: EngineSettings) -> dict[str, str]:
-    return {
-        "MODEL": settings.model,
-        "MAX_MODEL_LEN": str(settings.max_model_len),
-        "KV_CACHE_GIB": str(settings.kv_cache_gib),
-        "ENFORCE_EAGER": str(settings.enforce_eager).lower(),
-        "ENABLE_PREFIX_CACHING": str(settings.enable_prefix_caching).lower(),
-        "DTYPE": settings.dtype,
-        "SEED": str(settings.seed),
-        "LOG_LEVEL": "warning",
-    }
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -262,22 +231,32 @@ def vllm_launch(
 def gateway_launch(
     options: Options, port: int, env: Mapping[str, str] = MappingProxyType({}), dtype: str = ""
 ) -> Launch:
-    """A gateway on the options' engine (`dtype`: the resolved one), `env` added."""
+    """A gateway on the options' engine (`dtype`: the resolved one), `env` added; no .env file:
+    the engine settings come from the bench's options, like the other targets'."""
     settings = options.engine_settings(dtype or None)
-    environment = {**gateway_environment(settings), **env}
-    return Launch(gateway_command(port), environment, served_model_name(settings))
+    script = Path(sys.executable).with_name("llm-gateway")
+    head = [str(script)] if script.is_file() else [sys.executable, "-m", "gateway.cli"]
+    command = [*head, "serve", "--host", "127.0.0.1", "--port", str(port), "--env-file", os.devnull]
+    environment = {
+        "MODEL": settings.model,
+        "MAX_MODEL_LEN": str(settings.max_model_len),
+        "KV_CACHE_GIB": str(settings.kv_cache_gib),
+        "ENFORCE_EAGER": str(settings.enforce_eager).lower(),
+        "ENABLE_PREFIX_CACHING": str(settings.enable_prefix_caching).lower(),
+        "DTYPE": settings.dtype,
+        "SEED": str(settings.seed),
+        "LOG_LEVEL": "warning",
+    }
+    return Launch(command, {**environment, **env}, served_model_name(settings))
 
 
-@asynccontextmanager
-async def started(
+def started(
     options: Options, out: Path, name: str, launch: Callable[[int], Launch]
-) -> AsyncIterator[Endpoint]:
+) -> AbstractAsyncContextManager[Endpoint]:
     """The server `launch(port)` describes, started for a run, its output in `out/NAME.log`."""
     port = free_port()
     command, env, served = launch(port)
-    log = out / f"{name}.log"
-    async with server(command, env, port, log, options.start_timeout, served) as endpoint:
-        yield endpoint
+    return server(command, env, port, out / f"{name}.log", options.start_timeout, served)
 
 
 def started_gateway(

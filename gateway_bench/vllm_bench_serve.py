@@ -24,7 +24,7 @@ import msgspec
 
 from gateway_bench import machine, targets
 from gateway_bench.cpu import CpuMeter
-from gateway_bench.options import Options, Positive, Scenario
+from gateway_bench.options import Options, Positive, Scenario, begin
 from gateway_bench.report import Report, Section, Table, write
 
 # vLLM's `vllm bench serve` entry point, without the console script (see the docstring).
@@ -131,9 +131,7 @@ class Result(msgspec.Struct):
 
 
 async def _run(options: ServeOptions, command: str) -> tuple[str, Path, bool]:
-    targets.raise_file_limit(4 * options.concurrency + 64)
-    out = Path(options.out)
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    out, _ = await begin(options, 4 * options.concurrency + 64)
     rows = await run(options, out)
     failed = sum(int(figures.get("failed") or 0) for _, _, figures in rows)
     text = write(Result(command, options, rows), report(rows, options, command), out)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
@@ -26,10 +26,13 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_S = 2.0
 
 
-def pooled_connector() -> aiohttp.TCPConnector:
-    """Any number of connections at once; an idle one is not reused once the server may have
-    closed it."""
-    return aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+def session(**settings: Any) -> aiohttp.ClientSession:
+    """A run's client session: any number of connections at once, an idle one not reused once
+    the server may have closed it, no overall timeout (each request has its own)."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None), **settings
+    )
 
 
 @dataclass

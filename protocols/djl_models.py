@@ -4,6 +4,10 @@ list (GET `/models?limit=&next_page_token=`), describe (GET `/models/{model_name
 are query parameters; answers `{"status": ...}`; errors DJL's `ErrorResponse`
 (protocols/lmi_adapters.py).
 
+SageMaker's multi-model endpoints load a model with the same call and a JSON body instead
+(`{"model_name": ..., "url": ...}`, its container contract): `registration_in_body` reads it
+as the same parameters, synchronously (SageMaker waits for the 200).
+
 The gateway serves embedding models this way (the chat model is fixed at start-up): `task`, its
 own parameter, may only be `embed`; DJL's worker and batching parameters are accepted and have
 no effect (vLLM batches continuously; one engine per model)."""
@@ -15,6 +19,7 @@ from collections.abc import Mapping
 import msgspec
 
 from protocols.errors import invalid
+from protocols.json_body import decode_json_object
 from protocols.lmi_adapters import flag, required
 
 # DJL's, then the gateway's own `task`.
@@ -85,6 +90,19 @@ def registration(query: Mapping[str, str]) -> Registration:
         raise invalid(message, "task")
     name = query.get("model_name") or url.rstrip("/").rsplit("/", 1)[-1]
     return Registration(name, url, flag(query, "synchronous", default=True))
+
+
+def registration_in_body(raw: bytes) -> Registration:
+    """A register call's JSON body (SageMaker's multi-model container contract): the same
+    parameters as strings (`synchronous` also as a boolean), each refused naming its key."""
+    query: dict[str, str] = {}
+    for key, value in decode_json_object(raw).items():
+        if isinstance(value, bool) and key == "synchronous":
+            value = "true" if value else "false"
+        if not isinstance(value, str):
+            raise invalid(f"The parameter {key} must be a string - at `$.{key}`", f"$.{key}")
+        query[key] = value
+    return registration(query)
 
 
 def status_line(name: str, *, scheduled: bool) -> str:

@@ -418,18 +418,18 @@ def test_the_quick_adapters_bench_measures_each_variant(
     asserts, never a speed figure: docs/BENCHMARKS.md has those)."""
     import asyncio
 
-    from gateway_bench.adapters_bench import VARIANTS, Targets, markdown, parse, run_adapters
+    from gateway_bench.adapters_bench import SCENARIO, VARIANTS, Targets, report, run_adapters
 
-    options = parse(["--quick", "--out", str(tmp_path)])
+    options = SCENARIO.parse(["--quick", "--out", str(tmp_path)])
     at = Targets(server.http, lora_server.http, "SmolLM2-135M-Instruct", "pirate")
-    report, out = asyncio.run(run_adapters(options, "bench --quick", at))
-    assert {(r.concurrency, r.variant) for r in report.rows} == {
+    result, out = asyncio.run(run_adapters(options, "bench --quick", at))
+    assert {(r.concurrency, r.variant) for r in result.rows} == {
         (c, v) for c in options.concurrency for v in VARIANTS
     }
     each = options.output_tokens * options.rounds * options.repeats
-    assert all(r.failed == 0 and r.tokens == r.concurrency * each for r in report.rows)
-    assert all((r.ratio is None) == (r.variant == "base, LoRA off") for r in report.rows)
-    assert "x base, LoRA on" in markdown(report) and (out / "report.json").is_file()
+    assert all(r.failed == 0 and r.tokens == r.concurrency * each for r in result.rows)
+    assert all((r.ratio is None) == (r.variant == "base, LoRA off") for r in result.rows)
+    assert "x base, LoRA on" in report(result).markdown() and (out / "report.json").is_file()
 
 
 def test_the_seed_protocols_name_the_adapter_in_generation_config(

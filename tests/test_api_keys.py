@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from clients import connect, greedy, payload, web
 from gateway.edge.api_keys import KeyRing, parse_keys, presented_key
 from gateway.edge.auth import is_open
+from gateway.http.admin import ADMIN_PATHS
 from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ def test_keys_are_parsed_and_named_without_showing_them() -> None:
     assert is_open("/ui/playground.js", frozenset({"/ui/*"})) and not is_open(
         "/uix", frozenset({"/ui/*"})
     )
+    # `+` is one segment: the management routes are open to their own admin check, SageMaker's
+    # multi-model invocation under the same prefix is not
+    assert is_open("/models/mini", ADMIN_PATHS) and is_open("/models/m/adapters/a", ADMIN_PATHS)
+    assert not is_open("/models/mini/invoke", ADMIN_PATHS)
 
 
 def test_every_http_protocol_refuses_a_missing_or_wrong_key_in_its_own_shape(
@@ -84,6 +89,8 @@ def test_every_http_protocol_refuses_a_missing_or_wrong_key_in_its_own_shape(
     assert chat.headers["www-authenticate"] == "Bearer"
     lmi = post("/invocations", {"inputs": "Hi"})
     assert lmi.status_code == 401 and lmi.json()["code"] == 401 and "API key" in lmi.json()["error"]
+    for path in ("/predictions/SmolLM2-135M-Instruct", "/models/SmolLM2-135M-Instruct/invoke"):
+        assert post(path, {"inputs": "Hi"}).status_code == 401, path
     tgi = post("/generate", {"inputs": "Hi"})
     assert tgi.status_code == 401 and tgi.json()["error_type"] == "authentication"
     rest = post("/api/generate-one", {"prompt": "Hi"})

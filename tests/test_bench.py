@@ -16,16 +16,15 @@ import msgspec
 import pytest
 
 from gateway_bench import goals
-from gateway_bench.benchmark import parse, run_benchmark
 from gateway_bench.metrics import Record, itl_samples, percentile, start
-from gateway_bench.report import JSON, MARKDOWN
+from gateway_bench.report import JSON, MARKDOWN, write
 from gateway_bench.results import BenchReport, StepResult, TargetResult
-from gateway_bench.soak import MARKDOWN as SOAK_MARKDOWN
-from gateway_bench.soak import keys_file, new_key, new_keys, run_soak, write
-from gateway_bench.soak import parse as parse_soak
-from gateway_bench.soak_run import PROTOCOLS, QUICK_SOAK
-from gateway_bench.soak_watch import Presence, Scrape, margins, parse_counters, unexplained
-from gateway_bench.sweep_options import PROTOCOL_NAMES, QUICK
+from gateway_bench.scrape import metric_sums
+from gateway_bench.soak import PROTOCOLS, keys_file, new_key, run_soak
+from gateway_bench.soak import QUICK as QUICK_SOAK
+from gateway_bench.soak import SCENARIO as SOAK
+from gateway_bench.soak_report import Counters, Presence, Scrape, margins, soak_report
+from gateway_bench.sweep import PROTOCOL_NAMES, QUICK, SCENARIO, run_benchmark
 from gateway_bench.sweep_report import CHART
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
@@ -38,7 +37,7 @@ if TYPE_CHECKING:  # it imports vllm: not needed to collect the pure tests
     from gateway.engine.vllm_engine import VllmEngine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SOAK_PROTOCOLS = [p.name for p in PROTOCOLS]
+SOAK_PROTOCOLS = list(PROTOCOLS)
 
 
 @pytest.mark.own_engine  # a bench scenario's quick run: make test-all
@@ -114,21 +113,21 @@ def test_inter_token_latency_spreads_messages_over_their_tokens() -> None:
 
 
 def test_command_line_options() -> None:
-    quick = parse(["--quick", "--concurrency", "2,3", "--no-vllm-server"])
+    quick = SCENARIO.parse(["--quick", "--concurrency", "2,3", "--no-vllm-server"])
     assert quick.quick and quick.concurrency == (2, 3) and not quick.vllm_server
     assert quick.output_tokens == QUICK.output_tokens
-    full = parse(["--prompt-tokens", "100-200", "--protocols", "ws,lmi,tgi"])
+    full = SCENARIO.parse(["--prompt-tokens", "100-200", "--protocols", "ws,lmi,tgi"])
     assert full.prompt_tokens == (100, 200)
     assert full.protocols == (Protocol.WS, Protocol.LMI, Protocol.TGI)
     assert full.concurrency == (1, 8, 32, 64) and full.output_tokens == 64
     assert full.vllm_server_defaults and full.dtype == "auto"
-    assert not parse(["--no-vllm-server-defaults"]).vllm_server_defaults
+    assert not SCENARIO.parse(["--no-vllm-server-defaults"]).vllm_server_defaults
     # The gateway's protocol names, protocols.names.Protocol's values.
     assert set(PROTOCOL_NAMES) <= set(Protocol)
     with pytest.raises(SystemExit):
-        parse(["--protocols", "carrier-pigeon"])
+        SCENARIO.parse(["--protocols", "carrier-pigeon"])
     with pytest.raises(SystemExit):
-        parse(["--protocols", "invocations"])  # the bench's name before protocols.names
+        SCENARIO.parse(["--protocols", "invocations"])  # the bench's name before protocols.names
 
 
 def _target(
@@ -222,7 +221,7 @@ def test_quick_soak_ends_every_prompt_once(
     """`llm-gateway bench soak --quick` on a keyed server of the shared engine: no
     5xx, every prompt whose client stayed ends once at the clients, accepted = terminal in
     /metrics and the engine idle at the end (no speed, memory or timing figure)."""
-    keys, amplifier = new_keys(), new_key()
+    keys, amplifier = (new_key(), new_key()), new_key()
     keys_path = tmp_path / "api-keys"
     keys_path.write_text(keys_file(*keys, QUICK_SOAK, amplifier))
     server = make_server(API_KEYS_FILE=str(keys_path))
@@ -267,21 +266,21 @@ def test_quick_soak_ends_every_prompt_once(
     assert (constraints.server_errors, constraints.chat_failures) == (0, 0)
     assert constraints.contended_ttft_p50_ms and amplification.constraint_ratio
     assert goals["No amplification by constraints"].passed is None
-    write(report, tmp_path)
-    assert (tmp_path / SOAK_MARKDOWN).read_text().startswith("# llm-gateway bench soak")
+    write(report, soak_report(report), tmp_path, "soak")
+    assert (tmp_path / "soak.md").read_text().startswith("# llm-gateway bench soak")
 
 
 def test_soak_command_line_and_scenario() -> None:
-    quick = parse_soak(["--quick", "--requests", "50"])
+    quick = SOAK.parse(["--quick", "--requests", "50"])
     assert quick.quick and quick.requests == 50 and quick.concurrency == QUICK_SOAK.concurrency
-    full = parse_soak([])
+    full = SOAK.parse([])
     assert (full.requests, full.concurrency, full.output_tokens) == (10_000, 64, (8, 16))
     assert (full.leave_share, full.invalid_share) == (0.10, 0.05)
-    assert parse(["--quick"]).quick
+    assert SCENARIO.parse(["--quick"]).quick
     with pytest.raises(SystemExit):
-        parse_soak(["--gateway-url", "http://127.0.0.1:1"])  # its keys are needed too
+        SOAK.parse(["--gateway-url", "http://127.0.0.1:1"])  # its keys are needed too
     with pytest.raises(SystemExit):
-        parse_soak(["--limited-clients", "64"])
+        SOAK.parse(["--limited-clients", "64"])
 
 
 def test_engine_requests_are_explained_by_clients_present() -> None:
@@ -293,8 +292,9 @@ def test_engine_requests_are_explained_by_clients_present() -> None:
         Scrape(1.9, 2.1, 2),  # both present at the scrape's start
         Scrape(0.1, 0.2, 2),  # only the first had started
     ]
-    assert unexplained(scrapes, presences) == [scrapes[1], scrapes[3]]
-    assert margins(scrapes, presences) == [0, -1, 0, -1]
+    found = margins(scrapes, presences)
+    assert [s for s, m in zip(scrapes, found, strict=True) if m < 0] == [scrapes[1], scrapes[3]]
+    assert found == [0, -1, 0, -1]
     text = "\n".join(
         [
             'gateway_prompts_accepted_total{protocol="ws"} 3.0',
@@ -306,6 +306,6 @@ def test_engine_requests_are_explained_by_clients_present() -> None:
             "gateway_engine_requests 1.0",
         ]
     )
-    counters = parse_counters(text + "\n")
+    counters = Counters.of(metric_sums(text + "\n"))
     assert counters.accepted == 5 and counters.terminal == {"client_gone": 2, "finished": 2}
     assert (counters.engine_aborts, counters.engine_requests, counters.terminal_total) == (2, 1, 4)

@@ -23,33 +23,33 @@ pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 def test_the_quick_constrained_scenario_measures_every_variant(
     tmp_path: Path, server: RunningServer
 ) -> None:
-    from gateway_bench.constrained import VARIANTS, markdown, parse, run_constrained
+    from gateway_bench.constrained import SCENARIO, VARIANTS, report, run_constrained
 
-    options = parse(["--quick", "--out", str(tmp_path)])
+    options = SCENARIO.parse(["--quick", "--out", str(tmp_path)])
     served = served_model_name(gateway_settings().engine)
 
     @asynccontextmanager
     async def running() -> AsyncIterator[Endpoint]:
         yield Endpoint(server.http, model=served)
 
-    report, out = asyncio.run(run_constrained(options, "bench --quick", running))
-    measured = {(r.concurrency, r.variant) for r in report.rows}
+    result, out = asyncio.run(run_constrained(options, "bench --quick", running))
+    measured = {(r.concurrency, r.variant) for r in result.rows}
     assert measured == {(c, v) for c in options.concurrency for v in VARIANTS}
-    assert all(r.failed == 0 and r.tok_s > 0 and r.ratio is not None for r in report.rows)
+    assert all(r.failed == 0 and r.tok_s > 0 and r.ratio is not None for r in result.rows)
     # Every answer is output_tokens long: no constraint lets an answer end sooner.
     each = options.output_tokens * options.rounds * options.repeats
-    assert all(r.tokens == r.concurrency * each for r in report.rows)
+    assert all(r.tokens == r.concurrency * each for r in result.rows)
     assert json.loads((out / "report.json").read_text())["rows"]
-    text = markdown(report)
+    text = report(result).markdown()
     assert "| 2 | json_schema |" in text and "x unconstrained" in text
     with pytest.raises(SystemExit):
-        parse(["--variants", "regex"])  # no baseline
+        SCENARIO.parse(["--variants", "regex"])  # no baseline
 
 
 def test_list_options_take_their_items_type() -> None:
-    from gateway_bench.constrained import parse
+    from gateway_bench.constrained import SCENARIO
 
-    options = parse(["--concurrency", "4", "32"])
+    options = SCENARIO.parse(["--concurrency", "4", "32"])
     assert options.concurrency == [4, 32]
 
 

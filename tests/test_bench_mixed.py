@@ -27,10 +27,17 @@ from clients import scrape, wait_ready
 from gateway.config.priorities import BULK, DEFAULT_CLASSES, INTERACTIVE
 from gateway.config.settings import served_model_name
 from gateway.engine.cpu_defaults import CPU_MAX_NUM_BATCHED_TOKENS
-from gateway_bench.engine_counts import parse_counts
-from gateway_bench.mixed import parse
-from gateway_bench.mixed_options import SCHEDULES, SHAPES, MixedOptions, planned_chats, sporadic_gap
-from gateway_bench.mixed_report import RegimeResult, ShapeResult, TargetResult, goals
+from gateway_bench.mixed import SCENARIO, SCHEDULES, planned_chats, sporadic_gap
+from gateway_bench.mixed_report import (
+    SHAPES,
+    MixedOptions,
+    RegimeResult,
+    ShapeResult,
+    TargetResult,
+    goals,
+    mixed_report,
+)
+from gateway_bench.scrape import counts_of, metric_sums
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
 from serving import LoopThread, RunningServer, gateway_settings, start_server
@@ -75,10 +82,9 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
     make_server: Callable[..., RunningServer],
 ) -> None:
     from gateway_bench.mixed import run_mixed
-    from gateway_bench.mixed_report import markdown
 
     argv = ["--quick", "--regimes", "saturation", "--out", str(tmp_path)]
-    options = parse(argv)
+    options = SCENARIO.parse(argv)
     served = served_model_name(gateway_settings().engine)
     priority = make_server(SCHEDULING_POLICY="priority")
     asked: list[tuple[str, str]] = []
@@ -132,7 +138,7 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
     saved = json.loads((out / "report.json").read_text())
     assert saved["command"].endswith("--quick")
     assert (out / "ttft.png").stat().st_size > 0
-    text = markdown(report)
+    text = mixed_report(report).markdown()
     assert "## saturation" in text
     assert "Issue 30's goals" in text
     assert (out / "report.md").read_text() == text + "\n"
@@ -141,7 +147,7 @@ def test_the_quick_mixed_scenario_measures_every_target_and_shape(
 def test_the_overload_regime_limits_what_each_started_engine_runs() -> None:
     from gateway_bench.mixed import launch
 
-    options = parse(["--quick", "--model", "/models/m"])
+    options = SCENARIO.parse(["--quick", "--model", "/models/m"])
     limit = str(options.overload_running)
     for name in options.targets:
         calm, calm_env, _ = launch(name, "saturation", options, "/models/m", 8000)
@@ -160,9 +166,9 @@ def test_the_overload_regime_limits_what_each_started_engine_runs() -> None:
 
 def test_every_shape_has_a_schedule_and_the_options_name_only_known_ones() -> None:
     assert tuple(SCHEDULES) == SHAPES
-    assert parse(["--shapes", "burst", "steady"]).shapes == ["burst", "steady"]
+    assert SCENARIO.parse(["--shapes", "burst", "steady"]).shapes == ["burst", "steady"]
     with pytest.raises(SystemExit):
-        parse(["--shapes", "tidal"])
+        SCENARIO.parse(["--shapes", "tidal"])
 
 
 def test_sporadic_gaps_are_seeded_and_never_below_the_floor() -> None:
@@ -191,7 +197,7 @@ def test_engine_counts_read_the_gateway_and_vllms_names() -> None:
         "# TYPE gateway_engine_running gauge\ngateway_engine_running 0.0\n"
         "# TYPE gateway_engine_waiting gauge\ngateway_engine_waiting 0.0\n"
     )
-    counts = parse_counts(gateway)
+    counts = counts_of(metric_sums(gateway))
     assert (counts.preemptions, counts.running, counts.idle) == (7, 0, True)
     labels = 'engine="0",model_name="m"'
     vllm = (
@@ -201,9 +207,9 @@ def test_engine_counts_read_the_gateway_and_vllms_names() -> None:
         "# TYPE vllm:num_requests_running gauge\n"
         f"vllm:num_requests_running{{{labels}}} 2.0\n"
     )
-    counts = parse_counts(vllm)
+    counts = counts_of(metric_sums(vllm))
     assert (counts.preemptions, counts.running, counts.waiting, counts.idle) == (3, 2, None, False)
-    assert parse_counts("").running is None
+    assert counts_of(metric_sums("")).running is None
 
 
 def _shape(shape: str, p50: float, p99: float, tok_s: float, preemptions: int) -> ShapeResult:
@@ -290,7 +296,7 @@ def test_goals_missing_a_figure_are_not_measured() -> None:
 
 def test_the_report_has_a_table_per_regime_and_goals_at_saturation(tmp_path: Path) -> None:
     from gateway_bench.machine import CpuDefaults, Machine
-    from gateway_bench.mixed_report import MixedReport, markdown, write_report
+    from gateway_bench.mixed_report import MixedReport, write_report
 
     defaults = CpuDefaults(
         device="cpu", requested_dtype="auto", dtype="bfloat16", dtype_reason="-", environment={}
@@ -310,7 +316,7 @@ def test_the_report_has_a_table_per_regime_and_goals_at_saturation(tmp_path: Pat
     report = MixedReport(
         command="c", machine=host, options=MixedOptions(), regimes=[_regime(), overload]
     )
-    text = markdown(report)
+    text = mixed_report(report).markdown()
     assert text.count("| shape | target |") == 2 and text.count("Issue 30's goals") == 1
     assert "| burst | gateway-priority | 10 | 400 ms | 700 ms | 1500 ms | 1.75x | 0.78x |" in text
     assert "- sporadic: batch tok/s >= 0.9x the FCFS gateway: **not met**" in text

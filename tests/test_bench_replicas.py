@@ -27,10 +27,10 @@ pytestmark = [pytest.mark.timeout(1800), pytest.mark.engine]
 def test_the_quick_replicas_scenario_measures_every_target(
     tmp_path: Path, server: RunningServer, ray_address: str
 ) -> None:
-    from gateway_bench.replica_bench import markdown, parse, run_replicas
+    from gateway_bench.replica_bench import SCENARIO, report_of, run_replicas
 
     argv = ["--quick", "--out", str(tmp_path)]
-    options = parse([*argv, "--ray-address", ray_address])
+    options = SCENARIO.parse([*argv, "--ray-address", ray_address])
     command = "llm-gateway bench replicas --quick"
     report = asyncio.run(run_replicas(options, command, in_process_url=server.http))
     assert [t.target for t in report.throughput] == ["in-process", "one-replica"]
@@ -44,12 +44,12 @@ def test_the_quick_replicas_scenario_measures_every_target(
     assert affinity.from_cache == affinity.measured  # its own replica: the blocks are there
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["command"].endswith("--quick")
-    assert "continuation / fresh" in markdown(report)
+    assert "continuation / fresh" in report_of(report).markdown()
 
 
 def test_the_report_gives_each_pair_its_ratio_and_their_median() -> None:
     from gateway_bench import machine
-    from gateway_bench.replica_bench import ReplicaOptions, ReplicaReport, Throughput, markdown
+    from gateway_bench.replica_bench import ReplicaOptions, ReplicaReport, Throughput, report_of
 
     pairs = [("in-process", 200.0), ("one-replica", 180.0), ("in-process", 250.0)]
     pairs += [("one-replica", 200.0), ("in-process", 100.0), ("one-replica", 95.0)]
@@ -61,7 +61,7 @@ def test_the_report_gives_each_pair_its_ratio_and_their_median() -> None:
         continuation=[],
     )
     report.throughput[1].ttft_p50_ms, report.throughput[1].itl_p50_ms = 2490.04, 90.12
-    text = markdown(report)
+    text = report_of(report).markdown()
     assert "| one-replica | 180.0 | 0.90x | 2,490.0 | 90.1 | 0 |" in text  # within its own pair
     assert "| one-replica | 200.0 | 0.80x | - | - | 0 |" in text
     assert "median of 3 pairs: **0.90x** (from 0.80 to 0.95)" in text

@@ -77,6 +77,27 @@ def test_each_refusal_is_djls_error_naming_the_cause(
     _refused(_call(managed, method, path, **query), status, words)
 
 
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"model_name": NAME, "url": "default"}, 409, "already registered"),
+        ({"model_name": "mini", "url": "default"}, 507, "MODEL_LOAD_MEMORY"),
+        ({"model_name": "mini"}, 400, "url"),
+        ({"model_name": "mini", "url": 7}, 400, "$.url"),
+        ({"model_name": "mini", "url": "/nowhere"}, 400, "not a model directory"),
+    ],
+)
+def test_sagemakers_multi_model_load_is_the_same_call_with_a_json_body(
+    managed: RunningServer, body: dict[str, Any], status: int, words: str
+) -> None:
+    """SageMaker's multi-model container contract: POST /models {"model_name", "url"}; 409
+    for a name loaded, 507 for a model the memory cannot take (SageMaker then unloads others)."""
+    answer = web.post(
+        managed.http + "/models", json=body, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    _refused(answer, status, words)
+
+
 def test_only_an_admin_key_manages_models(managed: RunningServer) -> None:
     _refused(_call(managed, "GET", "/models", key=None), 401, "admin key")
     _refused(_call(managed, "POST", "/models", key="not-admin", url="default"), 403, "may not")
@@ -127,6 +148,16 @@ def test_models_from_start_up_and_run_time_serve_until_unregistered(
         oai.embeddings.create(model="mini-three", input=text)
     assert oai.embeddings.create(model=NAME, input=text).data  # the start-up model serves
 
+    # SageMaker's multi-model endpoint: load by a JSON body, invoke by the model's path, unload
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    loaded = web.post(
+        server.http + "/models", json={"model_name": "mme", "url": "default"}, headers=admin
+    )
+    assert loaded.json() == {"status": 'Model "mme" registered.'}
+    invoked = web.post(server.http + "/models/mme/invoke", json={"inputs": text}, headers=admin)
+    assert float(one @ np.array(invoked.json()[0])) >= 0.999
+    assert _call(server, "DELETE", "/models/mme").status_code == 200
+
 
 def _status(server: RunningServer, name: str) -> str | None:
     listed = _call(server, "GET", "/models").json()["models"]
@@ -170,6 +201,8 @@ def test_boto3s_target_model_and_lmis_path_route_to_the_embedding_model(
     assert float(np.array(vector) @ np.array(expected)) >= 0.999
     predicted = web.post(embedding_server.http + f"/predictions/{NAME}", json={"inputs": text})
     assert float(np.array(predicted.json()[0]) @ np.array(expected)) >= 0.999
+    invoked = web.post(embedding_server.http + f"/models/{NAME}/invoke", json={"inputs": text})
+    assert float(np.array(invoked.json()[0]) @ np.array(expected)) >= 0.999
     generated = runtime.invoke_endpoint(
         EndpointName="any",
         TargetModel="model.tar.gz",
@@ -177,3 +210,52 @@ def test_boto3s_target_model_and_lmis_path_route_to_the_embedding_model(
         Body=json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 2}}),
     )
     assert "generated_text" in json.loads(generated["Body"].read())
+
+
+def test_the_control_protocols_config_model_naming_the_embedding_model_is_refused(
+    embedding_server: RunningServer,
+) -> None:
+    """A generation's `config.model` naming the embedding model: refused at `$.model`, saying
+    what that model does; on the REST form too; the connection stays."""
+    import json
+
+    from control_client import config, receive
+
+    from clients import connect
+
+    with connect(embedding_server.ws + "/generate") as ws:
+        ws.send(json.dumps({"type": "config", "prompt": "hi", "model": NAME}))
+        error = receive(ws)
+        assert error["field"] == "$.model" and "embeds; it does not generate" in error["message"]
+        ws.send(config("Once upon a time", max_tokens=2))
+        assert receive(ws)["type"] == "init"
+    rest = web.post(embedding_server.http + "/v1/generate", json={"prompt": "hi", "model": NAME})
+    assert rest.status_code == 422 and rest.json()["field"] == "$.model", rest.text  # its 4xx
+
+
+def test_each_embedding_model_has_its_metrics(embedding_server: RunningServer) -> None:
+    """/metrics counts an embedding model's requests, texts and tokens by its name."""
+
+    def figure(name: str, **labels: str) -> float:
+        text = web.get(embedding_server.http + "/metrics").text
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{") and _labels(line) == wanted:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = figure("gateway_model_requests_total", model=NAME, outcome="ok", task="embed")
+    texts = figure("gateway_model_inputs_total", model=NAME)
+    oai = openai.OpenAI(api_key="k", base_url=embedding_server.http + "/v1", max_retries=0)
+    used = oai.embeddings.create(model=NAME, input=["one text", "and another"]).usage
+    assert figure("gateway_model_requests_total", model=NAME, outcome="ok", task="embed") == (
+        before + 1
+    )
+    assert figure("gateway_model_inputs_total", model=NAME) == texts + 2
+    assert figure("gateway_model_tokens_total", model=NAME) >= used.prompt_tokens
+    assert figure("gateway_model_request_seconds_count", model=NAME) >= before + 1
+
+
+def _labels(line: str) -> str:
+    inside = line[line.index("{") + 1 : line.index("}")]
+    return ",".join(sorted(inside.split(",")))

@@ -44,9 +44,20 @@ def open_paths_of(text: str, *, metrics_public: bool) -> frozenset[str]:
 
 
 def is_open(path: str, open_paths: frozenset[str]) -> bool:
-    """`open_paths` entries are exact paths; one ending in `/*` opens what lies under it."""
-    return path in open_paths or any(
-        p.endswith("/*") and path.startswith(p[:-1]) for p in open_paths
+    """`open_paths` entries are exact paths; one ending in `/*` opens what lies under it; a `+`
+    segment stands for any one segment."""
+    return path in open_paths or any(_matches(p, path) for p in open_paths if "*" in p or "+" in p)
+
+
+def _matches(pattern: str, path: str) -> bool:
+    wanted, given = pattern.split("/"), path.split("/")
+    if wanted[-1] == "*":  # what lies under the rest: one more segment at least
+        wanted = wanted[:-1]
+        if len(given) <= len(wanted):
+            return False
+        given = given[: len(wanted)]
+    return len(wanted) == len(given) and all(
+        w in ("+", g) for w, g in zip(wanted, given, strict=True)
     )
 
 

@@ -96,6 +96,7 @@ class ControlSession:
         send: Callable[[ServerMessage], None],
         protocol: Protocol = Protocol.CONTROL,
         replay: Replay | None = None,
+        task_of: Callable[[str], str | None] = lambda _name: None,
     ) -> None:
         self.settings = settings
         self.service = service
@@ -104,6 +105,7 @@ class ControlSession:
         self.protocol = protocol
         self._deliver: Callable[[ServerMessage], None] | None = send  # None: detached
         self.replay = replay
+        self._task_of = task_of  # what another model the gateway serves does (the registry's)
         # Each message goes out through `send`; without a replay (REATTACH_SECONDS=0) straight
         # to the connection, nothing kept and nothing checked per token.
         self.send: Callable[[ServerMessage], None] = send if replay is None else self._kept
@@ -218,6 +220,11 @@ class ControlSession:
         engine = self.service.holder.engine
         adapters = engine.adapters.names if engine is not None else []
         if config.model is not None and config.model not in (self.model, *adapters):
+            if self._task_of(config.model) == "embed":
+                raise invalid(
+                    f"Model {config.model!r} embeds; it does not generate: ask {self.model!r}",
+                    "$.model",
+                )
             served = "".join(f", {a!r}" for a in adapters)
             raise invalid(
                 f"Model {config.model!r} is not served here; this server serves "

@@ -16,6 +16,7 @@ embedded count towards the caller's tokens a minute.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, NamedTuple
@@ -27,6 +28,7 @@ from gateway.edge.limits import Limiter, RateLimited
 from gateway.engine.holder import EngineHolder
 from gateway.engine.pooling_engine import PoolingEngine
 from gateway.engine_path.admission import Admission
+from gateway.engine_path.metrics import ModelMeter
 from protocols.embedding import (
     EmbeddingInput,
     EmbeddingRequest,
@@ -74,12 +76,14 @@ class EmbeddingModel:
         default_priority: int,
         admission: Admission,
         limiter: Limiter,
+        meter: ModelMeter,
     ) -> None:
         self._holder = holder
         self.name = name
         self.default_priority = default_priority
         self._admission = admission
         self._limiter = limiter  # the chat path's: one key's limits count both
+        self._meter = meter
 
     @property
     def ready(self) -> bool:
@@ -152,24 +156,32 @@ class EmbeddingModel:
         request within the caller's limits and through admission (at the first request's
         priority, or `priority`)."""
         priority = self._priority(priority if priority is not None else requests[0].priority)
-        async with self._limited() as count:
-            engine = await self._holder.wait()
-            work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
-            async with self._admission.slot(priority, current_caller().id):
-                vectors = await asyncio.gather(
-                    *(
-                        engine.pool(
-                            ids,
-                            token_level=r.token_level,
-                            normalize=r.normalize,
-                            dimensions=r.dimensions,
-                            priority=priority,
+        start, outcome, inputs, tokens = time.perf_counter(), "cancelled", 0, 0
+        try:
+            async with self._limited() as count:
+                engine = await self._holder.wait()
+                work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
+                async with self._admission.slot(priority, current_caller().id):
+                    vectors = await asyncio.gather(
+                        *(
+                            engine.pool(
+                                ids,
+                                token_level=r.token_level,
+                                normalize=r.normalize,
+                                dimensions=r.dimensions,
+                                priority=priority,
+                            )
+                            for r, ids in work
                         )
-                        for r, ids in work
                     )
-                )
-            tokens = sum(len(ids) for _, ids in work)
-            count(tokens)
+                inputs, tokens = len(work), sum(len(ids) for _, ids in work)
+                count(tokens)
+            outcome = "ok"
+        except GenerationError as e:
+            outcome = e.kind
+            raise
+        finally:
+            self._meter.ended(outcome, inputs, tokens, time.perf_counter() - start)
         return list(vectors), tokens
 
     @asynccontextmanager

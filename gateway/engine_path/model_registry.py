@@ -24,6 +24,7 @@ from gateway.engine.model_memory import GIB, available_bytes, engine_bytes
 from gateway.engine.pooling_engine import PoolingEngine, default_embedding_model, pooling_loader
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.embedding_model import EmbeddingModel
+from gateway.engine_path.metrics import GatewayMetrics
 from gateway.engine_path.served_model import ServedModel
 
 Task = Literal["generate", "embed"]
@@ -62,12 +63,18 @@ class _Embedder:
 
 class ModelRegistry:
     def __init__(
-        self, chat: ServedModel, settings: Settings, admission: Admission, limiter: Limiter
+        self,
+        chat: ServedModel,
+        settings: Settings,
+        admission: Admission,
+        limiter: Limiter,
+        metrics: GatewayMetrics,
     ) -> None:
         self.chat = chat
         self._settings = settings
         self._admission = admission  # the chat path's, and its limits: embeddings share them
         self._limiter = limiter
+        self._metrics = metrics
         self._embedders: dict[str, _Embedder] = {}
         self._changing = asyncio.Lock()
 
@@ -80,7 +87,8 @@ class ModelRegistry:
 
     def _model(self, holder: EngineHolder[PoolingEngine], name: str) -> EmbeddingModel:
         priority = self._settings.embedding_priority
-        return EmbeddingModel(holder, name, priority, self._admission, self._limiter)
+        meter = self._metrics.model_meter(name, "embed")
+        return EmbeddingModel(holder, name, priority, self._admission, self._limiter, meter)
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
         """The embedding model `name` names; None: the first served (start-up's first)."""

@@ -15,7 +15,8 @@ from gateway.state import gateway_of
 # Open to the API-key check (API_KEYS): these routes check ADMIN_API_KEYS themselves. LMI's
 # adapter management routes (gateway/routes/lmi_adapters.py) are `/adapters...` and
 # `/models/{model_name}/adapters...`, DJL's model management (routes/model_management.py)
-# `/models` and `/models/{model_name}`; nothing else lives under `/models`.
+# `/models` and `/models/{model_name}` (`+`: one path segment); `/models/{model_name}/invoke`
+# (SageMaker's multi-model invocation) is an inference route, behind API_KEYS as the others.
 ADMIN_PATHS = frozenset(
     {
         "/v1/load_lora_adapter",
@@ -23,7 +24,9 @@ ADMIN_PATHS = frozenset(
         "/adapters",
         "/adapters/*",
         "/models",
-        "/models/*",
+        "/models/+",
+        "/models/+/adapters",
+        "/models/+/adapters/*",
     }
 )
 

@@ -100,6 +100,7 @@ async def control_ws(websocket: WebSocket) -> None:
         gateway.feedback_limits,
         deliver,
         replay=gateway.detached.replay(),
+        task_of=gateway.models.task_of,
     )
     connection = _Connection(session)
     ticker = asyncio.create_task(_loading_status(gateway.model, session))
@@ -262,6 +263,7 @@ async def _v1_generate(request: Request) -> Prepared:
         gateway.feedback_limits,
         lambda message: queue.put((message, encode(message))),
         protocol=Protocol.V1_GENERATE,
+        task_of=gateway.models.task_of,
     )
     await session.handle(config)
     unread = gateway.service.metrics.not_reading_closes.labels(Protocol.V1_GENERATE)

@@ -1,5 +1,7 @@
-"""POST `/invocations` and `/predictions/{model_name}`: the LMI schema (lmi-invocations.md),
-answered as gateway/http/invocations.py prepares it."""
+"""POST `/invocations`, `/predictions/{model_name}` and `/models/{model_name}/invoke` (how
+SageMaker's multi-model endpoints call a container's model): the LMI schema
+(lmi-invocations.md), answered as gateway/http/invocations.py prepares it; a path naming an
+embedding model, TEI's answer."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from gateway.state import gateway_of
 
 
 async def invocations(request: Request) -> Response:
-    """LMI's; for an embedding model (`/predictions/{model}` naming one, or TEI's body while
-    one is served) TEI's answer, as its SageMaker image gives it."""
+    """LMI's; for an embedding model (the path naming one, or TEI's body while one is served)
+    TEI's answer, as its SageMaker image gives it."""
     raw = await request.body()
     target = request.path_params.get("model_name")
     embedded = await embedding_invocation(gateway_of(request), raw, target)
@@ -28,8 +30,9 @@ async def invocations(request: Request) -> Response:
 routes = [
     Route("/invocations", invocations, methods=["POST"]),
     Route("/predictions/{model_name}", invocations, methods=["POST"]),
+    Route("/models/{model_name}/invoke", invocations, methods=["POST"]),
 ]
 operations = [
     Op("post", path, "LMI invocation", LMI_BODY, LMI_OK, LMI_ERROR, (*OPENAI_ERRORS, 424))
-    for path in ("/invocations", "/predictions/{model_name}")
+    for path in ("/invocations", "/predictions/{model_name}", "/models/{model_name}/invoke")
 ]

@@ -26,6 +26,7 @@ from protocols.djl_models import (
     ModelList,
     Workflow,
     registration,
+    registration_in_body,
     status_line,
     unregistered,
 )
@@ -78,7 +79,12 @@ async def _models(request: Request) -> Prepared:
             if last < len(entries):
                 listed.nextPageToken = str(last)
             return _json(listed)
-        call = registration(query)
+        body = await request.body()
+        if body:  # SageMaker's multi-model contract: the parameters in a JSON body
+            only(query, frozenset())
+            call = registration_in_body(body)
+        else:
+            call = registration(query)
         await registry.register(call.name, call.url, synchronous=call.synchronous)
     except GenerationError as e:
         return _error(400, e.message)
@@ -142,7 +148,14 @@ _REGISTER = (
 _LISTING = (("limit", {"type": "integer"}), ("next_page_token", {"type": "integer"}))
 operations = [
     _op("get", "/models", "DJL: list the models served (ADMIN_API_KEYS)", ModelList, _LISTING),
-    _op("post", "/models", "DJL: register an embedding model (ADMIN_API_KEYS)", Status, _REGISTER),
+    _op(
+        "post",
+        "/models",
+        "DJL: register an embedding model (ADMIN_API_KEYS); SageMaker multi-model endpoints "
+        'send the parameters as a JSON body instead, {"model_name": ..., "url": ...}',
+        Status,
+        _REGISTER,
+    ),
     _op("get", "/models/{model_name}", "DJL: describe a model (ADMIN_API_KEYS)", list[Workflow]),
     _op("delete", "/models/{model_name}", "DJL: unregister a model (ADMIN_API_KEYS)", Status),
 ]

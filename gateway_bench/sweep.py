@@ -1,4 +1,4 @@
-"""One benchmark run: every target in turn, then the report.
+"""`llm-gateway bench sweep`: every target in turn, then the report.
 
 Order: the in-process ceiling, plain and then with logprobs=0 (its engine is shut down before
 anything else starts), vLLM's OpenAI server (likewise plain, then with logprobs=0), vLLM's
@@ -12,22 +12,23 @@ on with the next.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import msgspec
 from tqdm import tqdm
 
 from gateway.config.settings import served_model_name
 from gateway_bench import chart, goals, machine, targets
 from gateway_bench.connections import connection_scale
 from gateway_bench.continuation import continuation_bench
-from gateway_bench.options import Scenario
+from gateway_bench.options import Options, Positive, Scenario, begin
 from gateway_bench.report import write
 from gateway_bench.results import (
     BenchReport,
@@ -35,27 +36,15 @@ from gateway_bench.results import (
     ContinuationResult,
     EngineDescription,
     StepResult,
+    TargetKind,
     TargetResult,
     WorkloadDescription,
 )
-from gateway_bench.runner import (
-    GATEWAY_CLIENTS,
-    INPROCESS,
-    INPROCESS_LOGPROBS,
-    NO_PROGRESS,
-    VLLM_SERVER,
-    VLLM_SERVER_CHAT,
-    VLLM_SERVER_DEFAULTS,
-    VLLM_SERVER_LOGPROBS,
-    Client,
-    Progress,
-    requests_per_step,
-    run_step,
-)
-from gateway_bench.sweep_options import HELP, QUICK, BenchOptions, check
+from gateway_bench.runner import GATEWAY_CLIENTS, REFERENCES, Client, requests_per_step, run_step
 from gateway_bench.sweep_report import CHART, sweep_report
-from gateway_bench.worker import Context, pooled_connector
+from gateway_bench.worker import Context, session
 from gateway_bench.workload import Workload
+from protocols.names import Protocol
 
 if TYPE_CHECKING:
     from gateway.engine.vllm_engine import VllmEngine
@@ -64,25 +53,104 @@ _FD_MARGIN = 1024
 WARMUP_TOKENS = 8
 
 
+# The gateway protocols the bench measures, by their protocols.names.Protocol value.
+PROTOCOL_NAMES: tuple[Protocol, ...] = tuple(Protocol(c.name) for c in GATEWAY_CLIENTS)
+
+
+class BenchOptions(Options, frozen=True, kw_only=True):
+    # Workload
+    concurrency: tuple[Positive, ...] = (1, 8, 32, 64)
+    output_tokens: Positive = 64  # tokens generated per request
+    prompt_tokens: tuple[Positive, Positive] = (128, 128)
+    rounds: Positive = 2  # requests per step: max(rounds * concurrency, min_requests)
+    min_requests: Positive = 8
+    # Targets
+    ceiling: bool = True
+    vllm_server: bool = True
+    vllm_server_defaults: bool = True  # vLLM's server once more, with vLLM's own defaults
+    gateway: bool = True
+    protocols: tuple[Protocol, ...] = PROTOCOL_NAMES
+    gateway_url: str = ""  # measure this running gateway instead of starting one
+    gateway_pid: int | None = None  # its process, for the memory figure
+    vllm_url: str = ""  # measure this running vLLM server instead of starting one
+    # Continuation
+    continuation: bool = True
+    continuation_lengths: tuple[Positive, ...] = (512, 1024, 1536)
+    continuation_repetitions: Positive = 3
+    continuation_generated: Positive = 16
+    continuation_new_tokens: Positive = 4
+    # Connection scale
+    connections: bool = True
+    idle_connections: Positive = 1000
+    streams: Positive = 256
+    stream_tokens: Positive = 16
+
+
+QUICK = BenchOptions(
+    concurrency=(1, 4),
+    output_tokens=8,
+    prompt_tokens=(32, 32),
+    rounds=1,
+    min_requests=2,
+    continuation_lengths=(160, 288),
+    continuation_repetitions=1,
+    continuation_generated=8,
+    continuation_new_tokens=2,
+    idle_connections=16,
+    streams=8,
+    stream_tokens=4,
+    enforce_eager=True,
+    quick=True,
+)
+HELP = {
+    "concurrency": "comma-separated sweep",
+    "prompt_tokens": "prompt length N or range N-M",
+    "rounds": "requests per step = rounds x concurrency",
+    "min_requests": "at least this many requests per step",
+    "protocols": "gateway protocols",
+    "ceiling": "vLLM in-process",
+    "vllm_server": "vLLM's OpenAI server (all three variants)",
+    "vllm_server_defaults": "the variant of vLLM's server started with vLLM's own defaults",
+    "gateway_url": "measure this running gateway (e.g. http://10.0.0.5:8000)",
+    "gateway_pid": "the running gateway's pid, for memory per connection",
+    "vllm_url": "measure this running vLLM OpenAI server",
+    "continuation_lengths": "history tokens",
+    "idle_connections": "idle WebSockets held at once",
+    "streams": "concurrent short streams",
+    "stream_tokens": "tokens per stream",
+    "enforce_eager": "no torch.compile: engines start faster",
+}
+
+
+def check(options: BenchOptions) -> str | None:
+    unknown = sorted(set(options.protocols) - set(PROTOCOL_NAMES))
+    if unknown:
+        return f"unknown protocol(s) {','.join(unknown)}; known: {','.join(PROTOCOL_NAMES)}"
+    if options.continuation and min(options.continuation_lengths) <= options.continuation_generated:
+        return "continuation lengths must exceed the generated tokens"
+    return None
+
+
 def _failed(protocol: Client, error: BaseException) -> TargetResult:
     return protocol.result([], f"not measured: {type(error).__name__}: {error}")
 
 
 async def sweep(
-    client: Client, context: Context, workload: Workload, o: BenchOptions, progress: Progress
+    client: Client, context: Context, workload: Workload, o: BenchOptions, progress: tqdm[Any]
 ) -> TargetResult:
     """One target: a warm-up at the highest concurrency, then a step at each."""
     peak, limit_s = max(o.concurrency), o.request_timeout
     warmup = workload.requests(client.name, "warmup", peak, min(WARMUP_TOKENS, o.output_tokens))
     progress.set_postfix_str(f"{client.label}: warm-up")
-    warm = await run_step(client, context, warmup, peak, NO_PROGRESS, limit_s)
+    warm = await run_step(client, context, warmup, peak, limit_s=limit_s)
     steps: list[StepResult] = []
     for concurrency in o.concurrency:
         count = requests_per_step(concurrency, o.rounds, o.min_requests)
         requests = workload.requests(client.name, f"c{concurrency}", count)
         progress.set_postfix_str(f"{client.label}: concurrency {concurrency}")
         name = f"{client.name}-c{concurrency}"
-        step = await run_step(client, context, requests, concurrency, progress, limit_s, name)
+        done = partial(progress.update, 1)
+        step = await run_step(client, context, requests, concurrency, done, limit_s, name)
         steps.append(step.figures(concurrency, sum(r.max_new_tokens for r in requests)))
     return client.result(steps, warmup_errors=sum(1 for r in warm.records if r.error))
 
@@ -121,34 +189,27 @@ class _Run:
     def context(self, endpoint: targets.Endpoint, model: str = "") -> Context:
         return endpoint.context(self.session, self.options.profiles(self.out), model)
 
-    async def measure(self, protocol: Client, context: Context, start_s: float | None) -> None:
-        try:
-            result = await sweep(protocol, context, self.workload, self.options, self.bar)
-        except Exception as e:
-            result = _failed(protocol, e)
-            targets.say(f"{protocol.label}: {e}")
-        result.start_s = start_s
-        self.targets.append(result)
-
-    async def group(
-        self,
-        protocols: list[Client],
-        started: Started,
-        extra: Callable[[Context, bool], Awaitable[None]] | None = None,
-    ) -> None:
+    async def group(self, protocols: list[Client], started: Started, gateway: bool = False) -> None:
         """Each of `protocols` on the server `started` gives (the first with its start-up
-        time); `extra(context, before)` before and after them. If it fails, the targets not
-        measured are reported with the error."""
+        time); on the `gateway`, connection scale before them (memory read on a fresh process)
+        and the continuation benchmark after. If the server fails, the targets not measured
+        are reported with the error."""
         done = len(self.targets)
         try:
             async with started as (context, start_s):
-                if extra is not None:
-                    await extra(context, True)
+                if gateway and self.options.connections:
+                    await self.scale(context)
                 for protocol in protocols:
-                    await self.measure(protocol, context, start_s)
-                    start_s = None  # the engine started once, for the first protocol
-                if extra is not None:
-                    await extra(context, False)
+                    try:
+                        o, bar = self.options, self.bar
+                        result = await sweep(protocol, context, self.workload, o, bar)
+                    except Exception as e:
+                        result = _failed(protocol, e)
+                        targets.say(f"{protocol.label}: {e}")
+                    result.start_s, start_s = start_s, None  # the engine started once
+                    self.targets.append(result)
+                if gateway and self.options.continuation:
+                    await self.continue_histories(context)
         except Exception as e:
             measured = {t.name for t in self.targets[done:]}
             self.targets += [_failed(p, e) for p in protocols if p.name not in measured]
@@ -168,11 +229,9 @@ class _Run:
         began = perf_counter()
         settings = self.options.engine_settings(self.defaults.dtype)
         llm = await start_llm(settings, model, self.defaults.environment)
+        start_s = round(perf_counter() - began, 1)
         try:
-            yield (
-                Context(self.session, llm=llm, profiles=profiles),
-                round(perf_counter() - began, 1),
-            )
+            yield Context(self.session, llm=llm, profiles=profiles), start_s
         finally:
             llm.shutdown()
 
@@ -200,23 +259,35 @@ class _Run:
         async with targets.started_gateway(o, self.out) as endpoint:  # its own CPU defaults
             yield self.context(endpoint), endpoint.start_s
 
-    async def scale_and_continuation(self, context: Context, before: bool) -> None:
-        """Connection scale before the protocols (memory read on a fresh process), the
-        continuation benchmark after them."""
+    async def scale(self, context: Context) -> None:
         o = self.options
-        if before and o.connections:
-            self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
-            try:
-                pid = context.pids[0] if context.pids else None
-                self.connections = await connection_scale(context, self.workload, pid, o)
-            except Exception as e:
-                targets.say(f"connection scale not measured: {type(e).__name__}: {e}")
-        if not before and o.continuation:
-            try:
-                run = continuation_bench(context, self.workload, o, self.bar)
-                self.continuation = await run
-            except Exception as e:
-                targets.say(f"continuation not measured: {type(e).__name__}: {e}")
+        self.say(f"{o.idle_connections} idle WebSockets, then {o.streams} streams")
+        try:
+            pid = context.pids[0] if context.pids else None
+            counts = (o.idle_connections, o.streams, o.stream_tokens)
+            scale = connection_scale(context, self.workload, pid, counts, o.request_timeout)
+            self.connections = await scale
+        except Exception as e:
+            targets.say(f"connection scale not measured: {type(e).__name__}: {e}")
+
+    async def continue_histories(self, context: Context) -> None:
+        o = self.options
+        try:
+            self.continuation = await continuation_bench(
+                context,
+                self.workload,
+                o.continuation_lengths,
+                o.continuation_repetitions,
+                (o.continuation_generated, o.continuation_new_tokens),
+                o.request_timeout,
+                self.bar,
+            )
+        except Exception as e:
+            targets.say(f"continuation not measured: {type(e).__name__}: {e}")
+
+
+def _of(*kinds: TargetKind) -> list[Client]:
+    return [REFERENCES[kind] for kind in kinds]
 
 
 def _vllm_defaults(options: BenchOptions) -> bool:
@@ -225,15 +296,10 @@ def _vllm_defaults(options: BenchOptions) -> bool:
 
 
 def _engine_description(options: BenchOptions) -> EngineDescription:
-    settings = options.engine_settings()
-    return EngineDescription(
-        model=options.model or f"{served_model_name(settings)} (embedded)",
-        max_model_len=settings.max_model_len,
-        kv_cache_gib=settings.kv_cache_gib,
-        enforce_eager=settings.enforce_eager,
-        enable_prefix_caching=settings.enable_prefix_caching,
-        dtype=settings.dtype,
-    )
+    settings = msgspec.structs.asdict(options.engine_settings())
+    chosen = {name: settings[name] for name in EngineDescription.__struct_fields__}
+    model = options.model or f"{served_model_name(options.engine_settings())} (embedded)"
+    return EngineDescription(**{**chosen, "model": model})
 
 
 def _workload_description(options: BenchOptions, workload: Workload) -> WorkloadDescription:
@@ -262,10 +328,7 @@ async def run_benchmark(
     directory. `engine` (its vLLM `AsyncLLM`, `engine.llm`, is the in-process target) and
     `gateway` are used as they are when given (the test suite's), instead of starting them."""
     began, started_at = perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    host = await asyncio.to_thread(machine.describe, options.dtype)
-    out = options.out_dir()
-    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
-    targets.raise_file_limit(options.idle_connections + options.streams + _FD_MARGIN)
+    out, host = await begin(options, options.idle_connections + options.streams + _FD_MARGIN)
     # The model directory: for the servers the bench starts, and for the workload's tokenizer.
     needs_model = engine is None or (options.vllm_server and not options.vllm_url)
     needs_model = needs_model or (options.gateway and gateway is None and not options.gateway_url)
@@ -277,22 +340,19 @@ async def run_benchmark(
         prompt_tokens=options.prompt_tokens,
         output_tokens=options.output_tokens,
     )
-    connector = pooled_connector()
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
-    ) as session:
-        run = _Run(options, workload, session, out)
+    async with session() as client_session:
+        run = _Run(options, workload, client_session, out)
         try:
             if options.ceiling:
-                await run.group([INPROCESS, INPROCESS_LOGPROBS], run.ceiling(engine, model))
+                await run.group(_of("ceiling", "ceiling-logprobs"), run.ceiling(engine, model))
             if options.vllm_server:
-                servers = [VLLM_SERVER, VLLM_SERVER_LOGPROBS, VLLM_SERVER_CHAT]
+                servers = _of("vllm-server", "vllm-server-logprobs", "vllm-server-chat")
                 await run.group(servers, run.vllm(model))
             if _vllm_defaults(options):
-                await run.group([VLLM_SERVER_DEFAULTS], run.vllm(model, own_defaults=True))
+                await run.group(_of("vllm-server-defaults"), run.vllm(model, own_defaults=True))
             if options.gateway:
                 chosen = [p for p in GATEWAY_CLIENTS if p.name in options.protocols]
-                await run.group(chosen, run.gateway(gateway), run.scale_and_continuation)
+                await run.group(chosen, run.gateway(gateway), gateway=True)
         finally:
             run.bar.close()
     host.load_end = machine.load()
@@ -335,4 +395,3 @@ SCENARIO = Scenario(
     HELP,
     check,
 )
-parse = SCENARIO.parse  # this scenario's flags alone (the tests')

@@ -1,6 +1,7 @@
-"""A server's GET /metrics as sums by sample name: the one parser of every scenario.
+"""A server's GET /metrics as sums by sample name: the one parser of every scenario, and the
+one "scrape until" loop (`until`).
 
-`parse_counts` reads the engine's own counts: the gateway's `gateway_engine_*` gauges or vLLM's
+`counts_of` reads the engine's own counts: the gateway's `gateway_engine_*` gauges or vLLM's
 server's `vllm:num_preemptions_total` and `vllm:num_requests_running` / `_waiting`. Both count
 a preemption when the preempted request resumes, so a count is complete only once the engine
 has emptied (`drained`).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from time import perf_counter
 
 import aiohttp
@@ -35,6 +37,22 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
         return metric_sums(await response.text())
 
 
+async def until(
+    session: aiohttp.ClientSession,
+    url: str,
+    done: Callable[[dict[str, float]], bool],
+    limit_s: float,
+    interval_s: float = 0.1,
+) -> dict[str, float]:
+    """The sums once `done(sums)`, or as they are after `limit_s`."""
+    deadline = perf_counter() + limit_s
+    while True:
+        sums = await scrape(session, url)
+        if done(sums) or perf_counter() > deadline:
+            return sums
+        await asyncio.sleep(interval_s)
+
+
 class EngineCounts(msgspec.Struct, frozen=True):
     preemptions: int | None  # None: the server does not export it
     running: int | None
@@ -43,10 +61,6 @@ class EngineCounts(msgspec.Struct, frozen=True):
     @property
     def idle(self) -> bool:
         return self.running == 0 and not self.waiting
-
-
-def parse_counts(text: str) -> EngineCounts:
-    return counts_of(metric_sums(text))
 
 
 def counts_of(sums: dict[str, float]) -> EngineCounts:
@@ -64,11 +78,10 @@ def counts_of(sums: dict[str, float]) -> EngineCounts:
 async def drained(session: aiohttp.ClientSession, url: str, limit_s: float) -> EngineCounts | None:
     """The counts once the engine runs and holds nothing; None if it still does after
     `limit_s` (or never says what it runs)."""
-    deadline = perf_counter() + limit_s
-    while True:
-        counts = counts_of(await scrape(session, url))
-        if counts.idle:
-            return counts
-        if counts.running is None or perf_counter() > deadline:
-            return None
-        await asyncio.sleep(0.05)
+    counts = counts_of(await until(session, url, _idle_or_silent, limit_s, 0.05))
+    return counts if counts.idle else None
+
+
+def _idle_or_silent(sums: dict[str, float]) -> bool:
+    counts = counts_of(sums)
+    return counts.idle or counts.running is None
