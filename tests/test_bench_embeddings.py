@@ -20,6 +20,7 @@ from serving import RunningServer, gateway_settings
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 
 
+@pytest.mark.own_engine  # a bench scenario's run (sentence-transformers loads a model): test-all
 def test_a_tiny_embeddings_run_reports_its_table_and_goals(
     tmp_path: Path, embedding_server: RunningServer
 ) -> None:
