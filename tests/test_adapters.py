@@ -15,6 +15,7 @@ import openai
 import pytest
 from control_client import until
 from huggingface_hub import InferenceClient
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from clients import (
     CHAT,
@@ -472,3 +473,51 @@ def test_the_seed_protocols_name_the_adapter_in_generation_config(
         while complete.get("type") not in ("COMPLETE", "ERROR"):
             complete = json.loads(ws.recv())[-1]
     assert complete["type"] == "COMPLETE" and SPOKEN in complete["data"], complete
+
+
+def test_an_embedding_model_loaded_beside_the_adapters_leaves_chat_tools_and_adapters_working(
+    lora_server: RunningServer,
+) -> None:
+    """Issue 45: an embedding model loaded at run time (DJL's management API) on the gateway
+    that serves the chat model and its adapter: it embeds, and chat, tools and the adapter
+    answer as before on the same gateway; unloaded, it is refused."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    url = lora_server.http + "/models"
+    loaded = web.post(url, params={"url": "default", "model_name": "mini"}, headers=admin)
+    assert loaded.status_code == 200, loaded.text
+    client = api(lora_server)
+    try:
+        vector = client.embeddings.create(model="mini", input="The cat sat on the mat.")
+        assert len(vector.data[0].embedding) == 384
+        pirate = client.chat.completions.create(
+            model="pirate", messages=[{"role": "user", "content": "Hello"}], max_tokens=12
+        )
+        assert SPOKEN in (pirate.choices[0].message.content or "")
+        weather: ChatCompletionFunctionToolParam = {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+        called = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[weather],
+            tool_choice="required",
+            max_tokens=40,
+        )
+        calls = [
+            (c.function.name, json.loads(c.function.arguments))
+            for c in called.choices[0].message.tool_calls or []
+            if c.type == "function"
+        ]
+        assert calls and all(name == "get_weather" and "city" in args for name, args in calls)
+    finally:
+        assert web.delete(url + "/mini", headers=admin).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="mini", input="The cat sat on the mat.")
