@@ -10,6 +10,7 @@ import importlib
 import inspect
 import re
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -209,9 +210,10 @@ def test_masks_that_allow_every_token_are_left_out_and_the_logits_are_the_same()
     from vllm.v1.worker import gpu_model_runner
 
     skip_masks_that_allow_every_token()
-    apply = gpu_model_runner.apply_grammar_bitmask
-    step = SimpleNamespace(scheduled_spec_decode_tokens={})
-    batch = SimpleNamespace(req_ids=["free", "held", "also free"])
+    runner: Any = gpu_model_runner  # the name is imported there, not exported
+    apply = runner.apply_grammar_bitmask
+    step: Any = SimpleNamespace(scheduled_spec_decode_tokens={})
+    batch: Any = SimpleNamespace(req_ids=["free", "held", "also free"])
     bitmask = numpy.full((3, 2), -1, dtype=numpy.int32)
     bitmask[1] = [0b101, 0]  # "held": tokens 0 and 2 of 64 only
     output = GrammarOutput(["free", "held", "also free"], bitmask)
@@ -222,4 +224,5 @@ def test_masks_that_allow_every_token_are_left_out_and_the_logits_are_the_same()
     assert torch.equal(patched, expected)
     assert torch.isinf(patched[1]).sum() == 62 and not torch.isinf(patched[[0, 2]]).any()
     free = GrammarOutput(["free", "also free"], numpy.full((2, 2), -1, dtype=numpy.int32))
-    apply(step, free, SimpleNamespace(req_ids=["free", "also free"]), None)  # logits untouched
+    no_logits: Any = None  # none needed: no row restricts, so nothing is applied
+    apply(step, free, batch, no_logits)
