@@ -267,10 +267,11 @@ def discarded_draws_kept_off_cpu_generators() -> bool:
 # step, even where the grammar allows every token (a structural tag's free text: `auto` tools
 # before the call marker), and on CPU it converts the batch's logits to float32 and back to do
 # so: 2-3 ms a step at 32 requests of a 49k vocabulary, most of what a grammar costs a step in
-# free text (filling the masks takes microseconds). xgrammar says when a mask needs no applying, but vLLM's scheduler ships the mask
-# regardless and no setting skips the application. Here the runner's `apply_grammar_bitmask`
-# leaves out the rows that allow every token, and does nothing when none restricts: the logits
-# are the same either way (a float32 round trip of bfloat16 is exact).
+# free text (filling the masks takes microseconds). xgrammar says when a mask needs no
+# applying, but vLLM's scheduler ships the mask regardless and no setting skips the
+# application. Here the runner's `apply_grammar_bitmask` leaves out the rows that allow every
+# token, and does nothing when none restricts: the logits are the same either way (a float32
+# round trip of bfloat16 is exact).
 APPLY_BITMASK = "vllm.v1.worker.gpu_model_runner:apply_grammar_bitmask"
 GRAMMAR_OUTPUT = "vllm.v1.core.sched.output:GrammarOutput"
 
