@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ import pytest
 pytest.importorskip("vllm", reason="the contract is with the installed vLLM")
 
 from gateway.engine.vllm_seam import (
+    APPLY_BITMASK,
     ASYNC_LLM,
     SCHEDULER,
     TOUCHPOINTS,
@@ -23,6 +26,7 @@ from gateway.engine.vllm_seam import (
     StepScheduler,
     Touchpoint,
     Use,
+    skip_masks_that_allow_every_token,
 )
 
 # Public names, but what gateway/engine/constraint_check.py builds on: an upgrade checks them too.
@@ -172,9 +176,53 @@ def test_the_worker_extension_loads_and_patches_the_runner() -> None:
     from gateway.engine.vllm_seam import (
         discarded_draws_kept_off_cpu_generators,
         keep_discarded_draws_off_cpu_generators,
+        masks_that_allow_every_token_skipped,
+        skip_masks_that_allow_every_token,
     )
 
     assert isinstance(resolve_obj_by_qualname(SEEDED_SAMPLING_ON_CPU), type)
     assert discarded_draws_kept_off_cpu_generators()
     keep_discarded_draws_off_cpu_generators()  # again: vLLM may import the module twice
     assert discarded_draws_kept_off_cpu_generators()
+    assert masks_that_allow_every_token_skipped()
+    skip_masks_that_allow_every_token()
+    assert masks_that_allow_every_token_skipped()
+
+
+def test_the_runner_applies_grammar_masks_through_the_name_the_seam_wraps() -> None:
+    """`skip_masks_that_allow_every_token` replaces the runner module's
+    `apply_grammar_bitmask`: the runner must still call it by that name, with these
+    parameters."""
+    from vllm.v1.structured_output import utils
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    parameters = list(inspect.signature(utils.apply_grammar_bitmask).parameters)
+    assert parameters == ["scheduler_output", "grammar_output", "input_batch", "logits"]
+    assert "apply_grammar_bitmask(" in inspect.getsource(GPUModelRunner.sample_tokens)
+    assert APPLY_BITMASK.partition(":")[0] == GPUModelRunner.__module__
+
+
+def test_masks_that_allow_every_token_are_left_out_and_the_logits_are_the_same() -> None:
+    import numpy
+    import torch
+    from vllm.v1.core.sched.output import GrammarOutput
+    from vllm.v1.structured_output.utils import apply_grammar_bitmask
+    from vllm.v1.worker import gpu_model_runner
+
+    skip_masks_that_allow_every_token()
+    runner: Any = gpu_model_runner  # the name is imported there, not exported
+    apply = runner.apply_grammar_bitmask
+    step: Any = SimpleNamespace(scheduled_spec_decode_tokens={})
+    batch: Any = SimpleNamespace(req_ids=["free", "held", "also free"])
+    bitmask = numpy.full((3, 2), -1, dtype=numpy.int32)
+    bitmask[1] = [0b101, 0]  # "held": tokens 0 and 2 of 64 only
+    output = GrammarOutput(["free", "held", "also free"], bitmask)
+    logits = torch.randn(3, 64, dtype=torch.bfloat16)
+    expected, patched = logits.clone(), logits.clone()
+    apply_grammar_bitmask(step, output, batch, expected)  # vLLM's own
+    apply(step, output, batch, patched)
+    assert torch.equal(patched, expected)
+    assert torch.isinf(patched[1]).sum() == 62 and not torch.isinf(patched[[0, 2]]).any()
+    free = GrammarOutput(["free", "also free"], numpy.full((2, 2), -1, dtype=numpy.int32))
+    no_logits: Any = None  # none needed: no row restricts, so nothing is applied
+    apply(step, free, batch, no_logits)

@@ -262,6 +262,71 @@ def discarded_draws_kept_off_cpu_generators() -> bool:
     return GPUModelRunner._sample.__name__ == "sample_from_copies"
 
 
+# --- Masks that allow every token (issue 46: `auto` tools) ----------------------------------
+# vLLM's model runner applies each constrained request's token bitmask to its logits every
+# step, even where the grammar allows every token (a structural tag's free text: `auto` tools
+# before the call marker), and on CPU it converts the batch's logits to float32 and back to do
+# so: 2-3 ms a step at 32 requests of a 49k vocabulary, most of what a grammar costs a step in
+# free text (filling the masks takes microseconds). xgrammar says when a mask needs no
+# applying, but vLLM's scheduler ships the mask regardless and no setting skips the
+# application. Here the runner's `apply_grammar_bitmask` leaves out the rows that allow every
+# token, and does nothing when none restricts: the logits are the same either way (a float32
+# round trip of bfloat16 is exact).
+APPLY_BITMASK = "vllm.v1.worker.gpu_model_runner:apply_grammar_bitmask"
+GRAMMAR_OUTPUT = "vllm.v1.core.sched.output:GrammarOutput"
+
+
+def skip_masks_that_allow_every_token() -> None:
+    """Patch vLLM's model runner, in the worker process that loads it, as described above.
+    With speculative tokens (several rows a request) vLLM's own application runs unchanged.
+    Applying it twice is harmless."""
+    from vllm.v1.worker import gpu_model_runner
+
+    runner: Any = gpu_model_runner  # the name is imported there, not exported
+    apply = runner.apply_grammar_bitmask
+    if apply.__name__ == "apply_restricting_rows":
+        return
+
+    def apply_restricting_rows(
+        scheduler_output: Any, grammar_output: Any, input_batch: Any, logits: Any
+    ) -> None:
+        if not scheduler_output.scheduled_spec_decode_tokens:
+            grammar_output = _restricting_rows(grammar_output)
+        if grammar_output is not None:
+            apply(scheduler_output, grammar_output, input_batch, logits)
+
+    runner.apply_grammar_bitmask = apply_restricting_rows
+
+
+def _restricting_rows(grammar_output: Any) -> Any | None:
+    """`grammar_output` (one row a request) without the rows that allow every token; None when
+    no row is left."""
+    from dataclasses import replace
+
+    bitmask = grammar_output.grammar_bitmask
+    restricting = ~(bitmask == -1).all(axis=1)
+    if restricting.all():
+        return grammar_output
+    if not restricting.any():
+        return None
+    rows = restricting.nonzero()[0].tolist()
+    ids, drafts = grammar_output.structured_output_request_ids, grammar_output.num_acceptable_drafts
+    return replace(
+        grammar_output,
+        structured_output_request_ids=[ids[row] for row in rows],
+        grammar_bitmask=bitmask[restricting],
+        num_acceptable_drafts=None if drafts is None else [drafts[row] for row in rows],
+    )
+
+
+def masks_that_allow_every_token_skipped() -> bool:
+    """Whether this process's model runner has the patch above."""
+    from vllm.v1.worker import gpu_model_runner
+
+    runner: Any = gpu_model_runner
+    return bool(runner.apply_grammar_bitmask.__name__ == "apply_restricting_rows")
+
+
 TOUCHPOINTS = (
     Touchpoint(
         "StepScheduler",
@@ -337,6 +402,15 @@ TOUCHPOINTS = (
             Use("vllm.v1.worker.gpu_input_batch:InputBatch", "generators"),
             Use("vllm.v1.worker.gpu_input_batch:InputBatch", "num_reqs"),
             Use("vllm.v1.worker.gpu_model_runner:CpuGpuBuffer", "np"),
+        ),
+    ),
+    Touchpoint(
+        "skip_masks_that_allow_every_token",
+        (
+            Use(GRAMMAR_OUTPUT, "structured_output_request_ids"),
+            Use(GRAMMAR_OUTPUT, "grammar_bitmask"),
+            Use(GRAMMAR_OUTPUT, "num_acceptable_drafts"),
+            Use("vllm.v1.core.sched.output:SchedulerOutput", "scheduled_spec_decode_tokens"),
         ),
     ),
     Touchpoint(
