@@ -10,7 +10,9 @@ from typing import NamedTuple
 from starlette.requests import Request
 
 from gateway.edge.api_keys import presented_key
+from gateway.http.prepared import JSON, Whole
 from gateway.state import gateway_of
+from protocols.lmi_adapters import error_body
 
 # Open to the API-key check (API_KEYS): these routes check ADMIN_API_KEYS themselves. LMI's
 # adapter management routes (gateway/routes/lmi_adapters.py) are `/adapters...` and
@@ -53,3 +55,13 @@ def admin_refusal(request: Request) -> Refusal | None:
     if not any(hmac.compare_digest(key.encode(), a.encode()) for a in admins):
         return Refusal(403, "This key may not manage adapters or models", "permission_error")
     return None
+
+
+def djl_admin_refusal(request: Request) -> Whole | None:
+    """`admin_refusal` as DJL Serving's management APIs answer it (their `ErrorResponse`):
+    LMI's adapter routes and DJL's model routes."""
+    refusal = admin_refusal(request)
+    if refusal is None:
+        return None
+    kind = "Unauthorized" if refusal.status == 401 else "Forbidden"
+    return Whole(refusal.status, error_body(refusal.status, refusal.message, kind), JSON)

@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
 from gateway.engine_path.served_model import ServedModel
-from gateway.http.admin import admin_refusal
+from gateway.http.admin import djl_admin_refusal
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -57,10 +57,9 @@ def _failed(error: GenerationError) -> Whole:
 
 async def _model(request: Request) -> ServedModel | Whole:
     """The served model, once the caller is an admin and LoRA is on; else DJL's refusal."""
-    refusal = admin_refusal(request)
+    refusal = djl_admin_refusal(request)
     if refusal is not None:
-        kind = "Unauthorized" if refusal.status == 401 else "Forbidden"
-        return _error(refusal.status, refusal.message, kind)
+        return refusal
     model = gateway_of(request).model
     if not await model.adapters_enabled():
         return _error(400, "LoRA is not enabled.")

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.engine_path.model_registry import Entry, ModelRefused, ModelRegistry
-from gateway.http.admin import admin_refusal
+from gateway.http.admin import djl_admin_refusal
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -53,11 +53,7 @@ def _json(value: object, status: int = 200) -> Whole:
 
 
 def _registry(request: Request) -> ModelRegistry | Whole:
-    refusal = admin_refusal(request)
-    if refusal is not None:
-        kind = "Unauthorized" if refusal.status == 401 else "Forbidden"
-        return Whole(refusal.status, error_body(refusal.status, refusal.message, kind), JSON)
-    return gateway_of(request).models
+    return djl_admin_refusal(request) or gateway_of(request).models
 
 
 async def models(request: Request) -> Response:
