@@ -52,6 +52,16 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     "bf16 both-cores step512": {"DTYPE": "bfloat16", "MAX_NUM_BATCHED_TOKENS": "512", **BOTH_CORES},
     "bf16 both-cores step256": {"DTYPE": "bfloat16", "MAX_NUM_BATCHED_TOKENS": "256", **BOTH_CORES},
+    # the tokens a KV-cache block holds (vLLM's CPU default 128; the prefix cache's unit)
+    **{
+        f"bf16 both-cores step512 block{size}": {
+            "DTYPE": "bfloat16",
+            "MAX_NUM_BATCHED_TOKENS": "512",
+            "KV_BLOCK_SIZE": str(size),
+            **BOTH_CORES,
+        }
+        for size in (128, 64, 32)
+    },
 }
 
 
@@ -85,6 +95,7 @@ async def _measure(
         "DTYPE": os.environ["DTYPE"],
         "KV_CACHE_GIB": 2.0,
         "MAX_NUM_BATCHED_TOKENS": int(os.environ.get("MAX_NUM_BATCHED_TOKENS", "0")),
+        "KV_BLOCK_SIZE": int(os.environ.get("KV_BLOCK_SIZE", "0")),
     }
     settings = msgspec.convert(variant, EngineSettings)
     started = time.perf_counter()

@@ -169,15 +169,17 @@ def test_a_constraint_compiles_once_within_its_budget(
     loop_thread: LoopThread, engine: VllmEngine
 ) -> None:
     """Within the size limits: compiled once in the worker (a repeat is answered from its
-    verdict), then generated with; vLLM's own check still refuses what it refuses."""
+    verdict, and vLLM's own check from its acceptance), then generated with; vLLM's own check
+    still refuses what it refuses."""
     from gateway.engine.sampling import sampling_params
 
     checker = engine.constraints
     options = SamplingOptions(json_schema=json.dumps(properties_schema(120)), max_new_tokens=2)
-    before = checker.compiles
+    before, verified = checker.compiles, checker.verifications
     loop_thread.run(checker.check(sampling_params(options)))
     loop_thread.run(checker.check(sampling_params(options)))
     assert checker.compiles == before + 1
+    assert checker.verifications == verified + 1  # vLLM's check too: its acceptance kept
     bad = SamplingOptions(regex="(unclosed")
     with pytest.raises(UncompilableConstraint):
         loop_thread.run(checker.check(sampling_params(bad)))

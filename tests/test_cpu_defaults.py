@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from gateway.config.settings import ConfigError
 from gateway.engine.cpu_defaults import (
     CPU_BULK_MAX_RUNNING,
     CPU_INTERACTIVE_STEP_TOKENS,
+    CPU_KV_BLOCK_SIZE,
     CPU_MAX_NUM_BATCHED_TOKENS,
     cpu_flags,
     engine_environment,
@@ -15,6 +19,7 @@ from gateway.engine.cpu_defaults import (
     resolve_bulk_cap,
     resolve_dtype,
     resolve_interactive_step_tokens,
+    resolve_kv_block_size,
     resolve_max_num_batched_tokens,
 )
 
@@ -88,3 +93,16 @@ def test_every_cpu_step_is_bounded_and_a_gpu_keeps_vllms_budget() -> None:
     assert resolve_max_num_batched_tokens("auto", "cuda") == 0
     assert resolve_max_num_batched_tokens(0, "cpu") == 0
     assert resolve_max_num_batched_tokens(4096, "cpu") == 4096
+
+
+def test_a_cpus_kv_blocks_are_small_enough_to_cache_a_shared_prompt_and_a_gpu_keeps_vllms() -> None:
+    assert resolve_kv_block_size("auto", "cpu") == CPU_KV_BLOCK_SIZE > 0
+    assert resolve_kv_block_size("auto", "cuda") == 0
+    assert resolve_kv_block_size(0, "cpu") == 0
+    assert resolve_kv_block_size(128, "cpu") == 128
+    assert resolve_kv_block_size(16, "cuda") == 16
+
+
+def test_a_kv_block_the_cpu_kernels_cannot_take_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ConfigError, match=r"KV_BLOCK_SIZE=16: .* multiple of 32"):
+        resolve_kv_block_size(16, "cpu")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import logging
 import sys
@@ -55,6 +56,13 @@ MIB = 1 << 20
 class CompileLimits:
     seconds: float = 5.0
     memory_mib: int = 1024
+
+
+def _constraint_key(so: StructuredOutputsParams) -> bytes:
+    """`so`'s request fields (not what vLLM records on it: its backend), hashed."""
+    fields = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
+    public = {name: value for name, value in fields.items() if not name.startswith("_")}
+    return hashlib.sha256(msgspec.msgpack.encode(public)).digest()
 
 
 def job_of(so: StructuredOutputsParams) -> Job | None:
@@ -118,18 +126,21 @@ class _Worker:
 
 class ConstraintChecker:
     """The compile budget of one engine: its worker, and the verdicts so far. `compiles` and
-    `killed` count compiles run and workers killed (deadline, memory, request gone)."""
+    `killed` count compiles run and workers killed (deadline, memory, request gone);
+    `verifications` vLLM's own checks run (a constraint it accepted is not checked again)."""
 
     def __init__(self, llm: AsyncLLM, limits: CompileLimits) -> None:
         self._llm = llm
         self.limits = limits
         self._verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
         self._lock = asyncio.Lock()
         self._setup: Setup | None = None
         self._worker: asyncio.Task[_Worker] | None = None
         self._closed = False
         self.compiles = 0
         self.killed = 0
+        self.verifications = 0
 
     def start(self) -> None:
         """Starts the worker now (it takes seconds: it imports xgrammar), not at first use."""
@@ -230,9 +241,16 @@ class ConstraintChecker:
         # verify() records the backend it chose on the constraint: a copy keeps `params` as
         # it was.
         assert params.structured_outputs is not None
+        # Every request offering the same tools carries the same grammar: vLLM's check (an
+        # EBNF parse) is deterministic for one engine, so an acceptance is kept.
+        key = _constraint_key(params.structured_outputs)
+        if key in self._accepted:
+            self._accepted.move_to_end(key)
+            return
         alone = SamplingParams(structured_outputs=copy.copy(params.structured_outputs))
         llm = self._llm
         config = llm.vllm_config
+        self.verifications += 1
         try:
             await asyncio.to_thread(
                 alone.verify,
@@ -244,3 +262,6 @@ class ConstraintChecker:
         except VLLMValidationError as e:
             message = f"The engine refused the request: {e}"
             raise UncompilableConstraint(ErrorKind.UNPROCESSABLE, message) from e
+        self._accepted[key] = None
+        if len(self._accepted) > _VERDICTS_KEPT:
+            self._accepted.popitem(last=False)

@@ -11,6 +11,8 @@ import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
+from gateway.config.settings import ConfigError
+
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
@@ -131,3 +133,25 @@ def engine_environment(
         defaults["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     present = {} if environ is None else environ
     return {k: v for k, v in defaults.items() if k not in present}
+
+
+# Tokens a CPU engine's KV-cache block holds (KV_BLOCK_SIZE=auto; vLLM's CPU default is 128).
+# The prefix cache keeps whole blocks only: with 128, a prompt's shared head (a system turn,
+# tools' definitions) is computed again for every request up to its last 127 tokens. On 2
+# cores (AVX-512 BF16) 32 cached them, raised tok/s for repeated prompts, and cost nothing
+# with unique prompts of ~17 and ~1,000 tokens at 1-64 at once (docs/BENCHMARKS.md, issue 46).
+# A GPU's default (16) is smaller already: vLLM's there.
+CPU_KV_BLOCK_SIZE = 32
+# vLLM's CPU attention kernels take blocks of a multiple of 32 tokens only.
+CPU_KV_BLOCK_MULTIPLE = 32
+
+
+def resolve_kv_block_size(requested: int | str, device: str = "cpu") -> int:
+    """KV_BLOCK_SIZE as a number: `auto` is CPU_KV_BLOCK_SIZE on a CPU, else 0 (vLLM's own)."""
+    size = _on_cpu(requested, CPU_KV_BLOCK_SIZE, device)
+    if device == "cpu" and size % CPU_KV_BLOCK_MULTIPLE:
+        raise ConfigError(
+            f"KV_BLOCK_SIZE={size}: vLLM's CPU backend takes a multiple of "
+            f"{CPU_KV_BLOCK_MULTIPLE} tokens (or 0 for its own, 128)"
+        )
+    return size

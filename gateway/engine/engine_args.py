@@ -17,6 +17,7 @@ from gateway.engine.cpu_defaults import (
     resolve_bulk_cap,
     resolve_dtype,
     resolve_interactive_step_tokens,
+    resolve_kv_block_size,
     resolve_max_num_batched_tokens,
 )
 
@@ -37,6 +38,7 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         kv_cache_memory_bytes=int(settings.kv_cache_gib * GIB),
         enforce_eager=settings.enforce_eager,
         enable_prefix_caching=settings.enable_prefix_caching,
+        block_size=resolve_kv_block_size(settings.kv_block_size, device_type()) or None,
         tensor_parallel_size=settings.tensor_parallel_size,
         pipeline_parallel_size=settings.pipeline_parallel_size,
         dtype=settings.dtype,
