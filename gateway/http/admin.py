@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 from typing import NamedTuple
 
+import msgspec
 from starlette.requests import Request
 
 from gateway.edge.api_keys import presented_key
@@ -57,6 +58,16 @@ def admin_refusal(request: Request) -> Refusal | None:
     return None
 
 
+def djl_json(value: object, status: int = 200) -> Whole:
+    """An answer of DJL Serving's management APIs."""
+    return Whole(status, msgspec.json.encode(value), JSON)
+
+
+def djl_error(status: int, message: str, kind: str) -> Whole:
+    """An error of DJL Serving's management APIs (their `ErrorResponse`, `kind` its `type`)."""
+    return Whole(status, error_body(status, message, kind), JSON)
+
+
 def djl_admin_refusal(request: Request) -> Whole | None:
     """`admin_refusal` as DJL Serving's management APIs answer it (their `ErrorResponse`):
     LMI's adapter routes and DJL's model routes."""
@@ -64,4 +75,4 @@ def djl_admin_refusal(request: Request) -> Whole | None:
     if refusal is None:
         return None
     kind = "Unauthorized" if refusal.status == 401 else "Forbidden"
-    return Whole(refusal.status, error_body(refusal.status, refusal.message, kind), JSON)
+    return djl_error(refusal.status, refusal.message, kind)

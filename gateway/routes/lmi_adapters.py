@@ -10,14 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
 from gateway.engine_path.served_model import ServedModel
-from gateway.http.admin import djl_admin_refusal
+from gateway.http.admin import djl_admin_refusal, djl_error, djl_json
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -31,7 +30,6 @@ from protocols.lmi_adapters import (
     ErrorResponse,
     Status,
     djl_field,
-    error_body,
     load_options,
     not_found,
     only,
@@ -40,12 +38,8 @@ from protocols.lmi_adapters import (
 )
 
 
-def _json(value: object) -> Whole:
-    return Whole(200, msgspec.json.encode(value), JSON)
-
-
-def _error(status: int, message: str, kind: str = "BadRequestException") -> Whole:
-    return Whole(status, error_body(status, message, kind), JSON)
+def _error(status: int, message: str) -> Whole:
+    return djl_error(status, message, "BadRequestException")
 
 
 def _failed(error: GenerationError) -> Whole:
@@ -98,14 +92,14 @@ async def _adapters(request: Request) -> Prepared:
             listed = AdapterList([AdapterItem(n, str(paths[n])) for n in names[first:last]])
             if last < len(names):
                 listed.nextPageToken = str(last)
-            return _json(listed)
+            return djl_json(listed)
         only(query, REGISTER_PARAMETERS)
         name, src = required(query, "name"), required(query, "src")
         load_options(query)
         await model.load_adapter(name, Path(src))
     except GenerationError as e:
         return _failed(djl_field(e))
-    return _json(Status(f"Adapter {name} registered"))
+    return djl_json(Status(f"Adapter {name} registered"))
 
 
 async def adapter(request: Request) -> Response:
@@ -119,14 +113,14 @@ async def _adapter(request: Request) -> Prepared:
         return named
     model, found = named
     if request.method == "GET":
-        return _json(found)
+        return djl_json(found)
     try:
         unloaded = await model.unload_adapter(found.name)
     except GenerationError as e:
         return _failed(djl_field(e))
     if not unloaded:  # unloaded meanwhile by another call
         return Whole(404, not_found(found.name), JSON)
-    return _json(Status(f"Adapter {found.name} unregistered"))
+    return djl_json(Status(f"Adapter {found.name} unregistered"))
 
 
 async def update(request: Request) -> Response:
@@ -150,7 +144,7 @@ async def _update(request: Request) -> Prepared:
     if src and Path(src) != Path(found.src):
         message = "Updating adapter path is not supported: unregister it and register it again"
         return _error(400, message)
-    return _json(Status(f"Adapter {found.name} updated"))
+    return djl_json(Status(f"Adapter {found.name} updated"))
 
 
 def _routes(prefix: str) -> list[Route]:

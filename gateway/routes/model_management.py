@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.engine_path.model_registry import Entry, ModelRefused, ModelRegistry
-from gateway.http.admin import djl_admin_refusal
+from gateway.http.admin import djl_admin_refusal, djl_error, djl_json
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -35,7 +34,6 @@ from protocols.lmi_adapters import (
     LIST_PARAMETERS,
     ErrorResponse,
     Status,
-    error_body,
     only,
     page,
 )
@@ -45,11 +43,7 @@ _KINDS = {400: "BadRequestException", 404: "ModelNotFoundException", 409: "BadRe
 
 def _error(status: int, message: str) -> Whole:
     kind = _KINDS.get(status, "ServiceUnavailableException" if status == 507 else "ServerError")
-    return Whole(status, error_body(status, message, kind), JSON)
-
-
-def _json(value: object, status: int = 200) -> Whole:
-    return Whole(status, msgspec.json.encode(value), JSON)
+    return djl_error(status, message, kind)
 
 
 def _registry(request: Request) -> ModelRegistry | Whole:
@@ -74,7 +68,7 @@ async def _models(request: Request) -> Prepared:
             listed = ModelList([_listed(e) for e in entries[first:last]])
             if last < len(entries):
                 listed.nextPageToken = str(last)
-            return _json(listed)
+            return djl_json(listed)
         body = await request.body()
         if body:  # SageMaker's multi-model contract: the parameters in a JSON body
             only(query, frozenset())
@@ -87,7 +81,7 @@ async def _models(request: Request) -> Prepared:
     except ModelRefused as e:
         return _error(e.status, e.message)
     scheduled = not call.synchronous
-    return _json(Status(status_line(call.name, scheduled=scheduled)), 202 if scheduled else 200)
+    return djl_json(Status(status_line(call.name, scheduled=scheduled)), 202 if scheduled else 200)
 
 
 async def model(request: Request) -> Response:
@@ -104,12 +98,12 @@ async def _model(request: Request) -> Prepared:
         found = [e for e in registry.entries() if e.name == name]
         if not found:
             return _error(404, f'Model or workflow not found: "{name}"')
-        return _json([Workflow(name, [_described(found[0])])])
+        return djl_json([Workflow(name, [_described(found[0])])])
     try:
         await registry.unregister(name)
     except ModelRefused as e:
         return _error(e.status, e.message)
-    return _json(Status(unregistered(name)))
+    return djl_json(Status(unregistered(name)))
 
 
 def _listed(entry: Entry) -> ListedModel:
