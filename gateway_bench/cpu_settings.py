@@ -1,10 +1,11 @@
 """`llm-gateway bench cpu-settings`: vLLM's CPU engine settings, measured side by side.
 
-Each variant (dtype, OpenMP thread binding, allocator and OpenMP runtime preloaded or not)
-runs in a fresh process that builds an in-process `AsyncLLM` (eager, the default model) and
-sends 64-token greedy requests with `ignore_eos` at each concurrency. Variants run in turn,
-`--repeats` times in interleaved order, so slow drift on a shared machine spreads over all.
-The figures decide the gateway's CPU defaults (gateway/engine/cpu_defaults.py, docs/BENCHMARKS.md).
+Each variant (dtype, OpenMP thread binding, allocator and OpenMP runtime preloaded or not,
+step budget, KV block size) runs in a fresh process that builds an in-process `AsyncLLM`
+(eager, the default model) and sends 64-token greedy requests with `ignore_eos` at each
+concurrency. Variants run in turn, `--repeats` times in interleaved order, so slow drift on a
+shared machine spreads over all. The figures decide the gateway's CPU defaults
+(gateway/engine/cpu_defaults.py, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ def _check(options: CpuSettingsOptions) -> str | None:
 
 SCENARIO = Scenario(
     "cpu-settings",
-    "vLLM's CPU engine settings (dtype, thread binding, allocator, step budget), each variant "
-    "in a fresh in-process engine, side by side.",
+    "vLLM's CPU engine settings (dtype, thread binding, allocator, step budget, KV block "
+    "size), each variant in a fresh in-process engine, side by side.",
     CpuSettingsOptions,
     QUICK,
     _run,

@@ -27,7 +27,7 @@ import aiohttp
 import msgspec
 
 from gateway.config.settings import EngineSettings, served_model_name
-from gateway.engine.cpu_defaults import resolve_max_num_batched_tokens
+from gateway.engine.cpu_defaults import resolve_kv_block_size, resolve_max_num_batched_tokens
 from gateway_bench import machine
 from gateway_bench.options import Options
 from gateway_bench.worker import Context
@@ -80,8 +80,8 @@ async def served_model(session: aiohttp.ClientSession, url: str) -> str:
 def vllm_server_command(
     settings: EngineSettings, model: str, name: str, port: int, dtype: str | None
 ) -> list[str]:
-    """`dtype` None: vLLM's own defaults (the "defaults" target); otherwise the gateway's dtype
-    and step budget for this machine (gateway/engine/cpu_defaults.py)."""
+    """`dtype` None: vLLM's own defaults (the "defaults" target); otherwise the gateway's dtype,
+    step budget and KV block size for this machine (gateway/engine/cpu_defaults.py)."""
     caching = (
         "--enable-prefix-caching"
         if settings.enable_prefix_caching
@@ -94,9 +94,13 @@ def vllm_server_command(
     command += ["--seed", str(settings.seed), caching, "--uvicorn-log-level", "warning"]
     if dtype is not None:
         command += ["--dtype", dtype]
-        budget = resolve_max_num_batched_tokens(settings.max_num_batched_tokens, machine.device())
+        device = machine.device()
+        budget = resolve_max_num_batched_tokens(settings.max_num_batched_tokens, device)
         if budget:
             command += ["--max-num-batched-tokens", str(budget)]
+        block = resolve_kv_block_size(settings.kv_block_size, device)
+        if block:
+            command += ["--block-size", str(block)]
     if settings.enforce_eager:
         command.append("--enforce-eager")
     return command

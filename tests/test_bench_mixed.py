@@ -26,7 +26,7 @@ import pytest
 from clients import scrape, wait_ready
 from gateway.config.priorities import BULK, DEFAULT_CLASSES, INTERACTIVE
 from gateway.config.settings import served_model_name
-from gateway.engine.cpu_defaults import CPU_MAX_NUM_BATCHED_TOKENS
+from gateway.engine.cpu_defaults import CPU_KV_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS
 from gateway_bench.mixed import SCENARIO, SCHEDULES, planned_chats, sporadic_gap
 from gateway_bench.mixed_report import (
     SHAPES,
@@ -157,6 +157,7 @@ def test_the_overload_regime_limits_what_each_started_engine_runs() -> None:
             # the gateway's CPU step budget, as the gateways have it (MAX_NUM_BATCHED_TOKENS=auto)
             budget = calm[calm.index("--max-num-batched-tokens") + 1]
             assert budget == str(CPU_MAX_NUM_BATCHED_TOKENS)
+            assert calm[calm.index("--block-size") + 1] == str(CPU_KV_BLOCK_SIZE)
         else:
             assert "MAX_RUNNING_REQUESTS" not in calm_env
             assert busy_env["MAX_RUNNING_REQUESTS"] == limit

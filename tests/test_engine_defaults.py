@@ -1,6 +1,6 @@
-"""The engine's dtype and step budget follow the settings and the device, and the server says
-which dtype it chose and why. (The test engine asks for float32, tests/serving.py; what "auto"
-picks on each kind of CPU is tests/test_cpu_defaults.py.)"""
+"""The engine's dtype, step budget and KV block size follow the settings and the device, and
+the server says which dtype it chose and why. (The test engine asks for float32,
+tests/serving.py; what "auto" picks on each kind of CPU is tests/test_cpu_defaults.py.)"""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from clients import web
 from gateway.engine.cpu_defaults import (
+    CPU_KV_BLOCK_SIZE,
     CPU_MAX_NUM_BATCHED_TOKENS,
     cpu_flags,
     reported_flags,
@@ -36,3 +37,11 @@ def test_a_cpu_engines_steps_take_the_gateways_budget(
     assert server.gateway.settings.engine.max_num_batched_tokens == "auto"
     budget = engine.llm.vllm_config.scheduler_config.max_num_batched_tokens
     assert budget == CPU_MAX_NUM_BATCHED_TOKENS < 2048  # vLLM's own on a CPU
+
+
+def test_a_cpu_engines_kv_blocks_take_the_gateways_size(
+    server: RunningServer, engine: VllmEngine
+) -> None:
+    assert server.gateway.settings.engine.kv_block_size == "auto"
+    block = engine.llm.vllm_config.cache_config.block_size
+    assert block == CPU_KV_BLOCK_SIZE < 128  # vLLM's own on a CPU
