@@ -381,9 +381,13 @@ def test_bulk_past_the_cap_under_kv_pressure_is_answered_with_its_own_greedy_tex
     cache = engine.llm.vllm_config.cache_config
     blocks, block = int(cache.num_gpu_blocks or 0), int(cache.block_size)
     bulk_requests = 2 * cap
-    per_request = blocks // (bulk_requests + 1)
+    # The prompts fill all but a block or so per request; each answer needs `extra` blocks
+    # more, so together they overflow the cache by at least a block per request whatever the
+    # block size (vLLM's 128 or the gateway's 32 on a CPU, which holds four times the blocks).
+    per_request = blocks // bulk_requests - 1
+    extra = max(2, -(-(blocks + bulk_requests - bulk_requests * per_request) // bulk_requests))
     prompt_tokens = per_request * block - 8
-    new_tokens = block + 16  # each bulk request needs two more blocks than its prompt's
+    new_tokens = (extra - 1) * block + 16  # 8 end the prompt's last block, then `extra` more
     assert prompt_tokens + new_tokens < MAX_MODEL_LEN, "the test's KV cache is too large"
 
     def prompt(n: int) -> str:
