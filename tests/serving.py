@@ -58,6 +58,9 @@ def gateway_settings(**env: str) -> Settings:
         # that a long prompt takes many steps (tests/test_priorities.py: prompts first).
         "INTERACTIVE_STEP_TOKENS": str(STEP_TOKENS),
         "FEEDBACK_DB": str(SCRATCH / "feedback.sqlite3"),
+        # No grammar refused for time on a slow or loaded machine (the default's 5 s is a
+        # server's bound, not a test's): test_constraint_budget.py sets its own deadline.
+        "CONSTRAINT_COMPILE_SECONDS": "600",
     }
     return load_settings({**base, **env}, dotenv_path=None)
 
