@@ -12,6 +12,7 @@ from msgspec import Meta
 
 from protocols.errors import invalid
 from protocols.openai_requests import ChatMessage, chat_message, decode_body
+from protocols.tool_calls import Tools, decode_tool_use
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -26,9 +27,10 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool | None = False
-    # vLLM's, refused: this server renders the model's own template, and no tools
+    # Rendered into the template with `messages`, as the chat route renders them
+    tools: Tools | None = None
+    # vLLM's, refused: this server renders the model's own template
     chat_template: str | None = None
-    tools: list[dict[str, Any]] | None = None
 
     @property
     def special_tokens(self) -> bool:
@@ -38,6 +40,11 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [chat_message(m, i) for i, m in enumerate(self.messages or ())]
+
+    def tool_definitions(self) -> tuple[dict[str, Any], ...] | None:
+        """`tools` as the chat template receives them (the chat route's decoding and checks)."""
+        use = decode_tool_use(self.tools, None, None)
+        return use.tools if use is not None else None
 
 
 class TokenizeResponse(msgspec.Struct):
@@ -68,8 +75,10 @@ def decode_tokenize(raw: bytes) -> TokenizeRequest:
             )
         if body.chat_template is not None:
             raise invalid("This server renders the model's own chat template", "chat_template")
-        if body.tools:
-            raise invalid("Tools are not supported: this server parses no tool calls", "tools")
+    elif body.tools is not None:
+        raise invalid(
+            "`tools` are rendered with `messages`: a prompt is tokenized as it is", "tools"
+        )
     return body
 
 

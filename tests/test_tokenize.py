@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import openai
+
 from clients import CHAT, MAX_MODEL_LEN, web
 from serving import RunningServer
 
@@ -48,6 +50,46 @@ def test_messages_are_tokenized_in_the_chat_template(server: RunningServer) -> N
     assert text.endswith("<|im_start|>assistant\nHel")  # inside the last message, not closed
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city today.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_tools_are_rendered_as_the_chat_route_renders_them(server: RunningServer) -> None:
+    """`tools` with `messages`, as vLLM's server takes them: the count is the prompt a chat
+    completion with the same messages and tools is billed for."""
+    messages = [{"role": "user", "content": "Is it raining in Oslo?"}]
+    plain = post(server, "/tokenize", {"messages": messages}).json()
+    answer = post(server, "/tokenize", {"messages": messages, "tools": [WEATHER]})
+    assert answer.status_code == 200, answer.text
+    counted = answer.json()
+    text = post(server, "/detokenize", {"tokens": counted["tokens"]}).json()["prompt"]
+    assert "get_weather" in text and "The weather in a city today." in text
+    assert counted["count"] > plain["count"]
+    client = openai.OpenAI(base_url=server.http + "/v1", api_key="none", max_retries=0)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Is it raining in Oslo?"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The weather in a city today.",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                },
+            }
+        ],
+        max_tokens=1,
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == counted["count"]
+
+
 def test_refusals_name_the_field_in_openais_shape(server: RunningServer) -> None:
     def refused(path: str, body: dict[str, Any], status: int = 400) -> dict[str, Any]:
         answer = post(server, path, body)
@@ -60,6 +102,14 @@ def test_refusals_name_the_field_in_openais_shape(server: RunningServer) -> None
     assert refused("/tokenize", {})["message"] == "Send either `prompt` or `messages`"
     both = {"messages": [{"role": "user", "content": "Hi"}], "continue_final_message": True}
     assert refused("/tokenize", both)["param"] == "continue_final_message"
+    hi = [{"role": "user", "content": "Hi"}]
+    assert refused("/tokenize", {"prompt": "Hi", "tools": [WEATHER]})["param"] == "tools"
+    unnamed = {**WEATHER, "function": {"name": "get weather"}}
+    assert refused("/tokenize", {"messages": hi, "tools": [unnamed]})["param"] == (
+        "tools[0].function.name"
+    )
+    twice = refused("/tokenize", {"messages": hi, "tools": [WEATHER, WEATHER]})
+    assert twice["param"] == "tools[1].function.name"
     unknown = refused("/tokenize", {"model": "gpt-9", "prompt": "Hi"}, 404)
     assert unknown["code"] == "model_not_found"
 

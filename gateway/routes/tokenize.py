@@ -49,6 +49,7 @@ async def _tokenized(request: Request) -> Prepared:
                 body.conversation(),
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final_message=body.continue_final_message,
+                tools=body.tool_definitions(),
             )
         ids = await model.tokenize(text or "", special_tokens=body.special_tokens)
         strings = await model.token_strings(ids) if body.return_token_strs else None
