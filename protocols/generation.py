@@ -40,6 +40,7 @@ RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
 NumBeams = Annotated[int, Meta(ge=1, le=MAX_SEQUENCES)]
 MinTokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+TypicalP = Annotated[float, Meta(gt=0.0, le=1.0)]  # 1: off (transformers' default)
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Count = Annotated[int, Meta(ge=1, le=MAX_SEQUENCES)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # an int64: what the engine carries
@@ -109,6 +110,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: MinTokens = 0
     # Beyond the batch specs' generation_config: set by the protocols that expose them.
     min_p: MinP = 0.0
+    typical_p: TypicalP = 1.0  # typical sampling (gateway/engine/typical_sampling.py)
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     n: Count = 1  # sequences to return (non-streaming)

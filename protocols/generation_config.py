@@ -27,6 +27,7 @@ from protocols.generation import (
     Temperature,
     TopK,
     TopP,
+    TypicalP,
     check_stop_count,
 )
 from protocols.transformers_fields import strip_ignored
@@ -42,6 +43,7 @@ class GenerationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     temperature: Temperature | UnsetType = UNSET
     top_p: TopP | UnsetType = UNSET
     top_k: TopK | UnsetType = UNSET
+    typical_p: TypicalP | UnsetType = UNSET
     max_new_tokens: MaxNewTokens | UnsetType = UNSET
     repetition_penalty: RepetitionPenalty | UnsetType = UNSET
     length_penalty: LengthPenalty | UnsetType = UNSET

@@ -32,6 +32,7 @@ from protocols.generation import (
     TopK,
     TopP,
     Truncate,
+    TypicalP,
 )
 
 Output = Literal["json", "jsonlines", "sse"]
@@ -64,6 +65,7 @@ class LmiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stop_sequences: list[NonEmpty] | None = None
     decoder_input_details: bool | None = None
     min_p: MinP | None = None
+    typical_p: TypicalP | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     n: Count | None = None

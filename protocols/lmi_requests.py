@@ -89,6 +89,7 @@ _SAMPLING_NO_OPS: dict[str, tuple[object, ...]] = {
     "top_k": (None, 0, -1),
     "top_p": (None, 1.0),
     "min_p": (None, 0.0),
+    "typical_p": (None, 1.0),
 }
 
 
@@ -292,6 +293,7 @@ def lmi_options(
         stop=tuple(p.stop_sequences or ()),
         ignore_eos=bool(p.ignore_eos_token),
         min_p=p.min_p or 0.0,
+        typical_p=p.typical_p or 1.0,
         presence_penalty=p.presence_penalty or 0.0,
         frequency_penalty=p.frequency_penalty or 0.0,
         stop_token_ids=tuple(p.stop_token_ids or ()),

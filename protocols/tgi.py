@@ -52,6 +52,7 @@ class TgiParameters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     frequency_penalty: Penalty | None = None
     top_k: Annotated[int, Meta(gt=0, le=2**31 - 1)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
+    typical_p: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
     do_sample: bool | None = None
     max_new_tokens: MaxNewTokens | None = None
     return_full_text: bool | None = None
@@ -105,7 +106,11 @@ def decode_tgi(
     streaming = bool(payload.stream) if stream is None else stream
     best_of = p.best_of or 1
     # TGI samples when asked to, or when any sampling filter differs from its neutral value.
-    sampling = bool(p.do_sample) or p.temperature not in (None, 1.0) or bool(p.top_k or p.top_p)
+    sampling = (
+        bool(p.do_sample)
+        or p.temperature not in (None, 1.0)
+        or bool(p.top_k or p.top_p or p.typical_p)
+    )
     prefill = bool(p.decoder_input_details)
     if p.watermark:
         raise refuse("watermark", "watermarking is not supported by this server")
@@ -130,6 +135,7 @@ def decode_tgi(
         temperature=p.temperature or 1.0,
         top_p=p.top_p or 1.0,
         top_k=p.top_k or 0,
+        typical_p=p.typical_p or 1.0,
         repetition_penalty=p.repetition_penalty or 1.0,
         frequency_penalty=p.frequency_penalty or 0.0,
         seed=p.seed,

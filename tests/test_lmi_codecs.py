@@ -79,7 +79,7 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
         "prompt_logprobs": 1,
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
-        "typical_p": 1.0,
+        "typical_p": 0.95,
         "truncate": 100,
         "length_penalty": 1.0,
         "early_stopping": False,
@@ -87,6 +87,7 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
     request = lmi({"inputs": PROMPT, "parameters": params})
     o = request.options
     assert (o.do_sample, o.seed, o.temperature, o.top_k, o.top_p) == (True, 7, 0.5, 5, 0.9)
+    assert o.typical_p == 0.95
     assert (o.repetition_penalty, o.min_p, o.presence_penalty, o.frequency_penalty) == (
         1.2,
         0.05,
@@ -97,8 +98,10 @@ def test_every_parameter_maps_onto_the_engine_options() -> None:
     assert o.include_stop_str_in_output and o.ignore_eos
     assert (o.logprobs, o.prompt_logprobs, request.top_n) == (3, 1, 3)
     assert not o.skip_special_tokens and not o.spaces_between_special_tokens
-    # typical_p is a GenerationConfig field vLLM cannot honour: accepted and ignored.
-    ignored = lmi({"inputs": PROMPT, "parameters": {"typical_p": 0.5, "early_stopping": True}})
+    # epsilon_cutoff is a GenerationConfig field vLLM cannot honour: accepted and ignored.
+    ignored = lmi(
+        {"inputs": PROMPT, "parameters": {"epsilon_cutoff": 0.01, "early_stopping": True}}
+    )
     assert ignored.options.early_stopping is True
     assert request.truncate == 100
 
@@ -307,6 +310,7 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
     assert call(temperature=0.5).options.do_sample
     assert not call(temperature=1.0).options.do_sample
     assert call(top_k=3).options.do_sample
+    assert call(typical_p=0.5).options.do_sample and call(typical_p=0.5).options.typical_p == 0.5
     sampled = call(best_of=2, do_sample=True, details=True)
     assert sampled.options.n == 2
     # best_of names itself for MAX_BEST_OF, a setting held on the engine path.
@@ -317,6 +321,7 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"temperature": 0}, "temperature"),
         ({"top_p": 1.0}, "top_p"),
+        ({"typical_p": 1.0}, "typical_p"),
         ({"best_of": 2}, "sampling"),
         ({"best_of": 2, "do_sample": True, "seed": 1}, "seed"),
         ({"watermark": True}, "watermark"),
@@ -332,7 +337,7 @@ def test_tgi_decoding_infers_sampling_and_enforces_its_limits() -> None:
     with pytest.raises(GenerationError, match="decoder_input_details"):
         call(stream=True, decoder_input_details=True)
     # transformers' GenerationConfig fields are accepted; those vLLM cannot honour, ignored.
-    assert call(typical_p=0.5, num_beams=4).options.num_beams == 1
+    assert call(epsilon_cutoff=0.01, num_beams=4).options.num_beams == 1
     streamed = json.dumps({"inputs": PROMPT, "stream": True, "parameters": {"best_of": 2}})
     with pytest.raises(GenerationError, match="streaming"):
         decode_tgi(streamed, stream=None, full_text_default=True, max_new_tokens=20)

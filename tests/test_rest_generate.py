@@ -109,13 +109,13 @@ def test_one_bad_prompt_fails_alone_in_a_batch(server: RunningServer) -> None:
 def test_generation_config_fields_vllm_lacks_are_accepted_and_logged(
     server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = greedy(4, typical_p=0.5, no_repeat_ngram_size=None, early_stopping=False)
+    config = greedy(4, epsilon_cutoff=0.01, no_repeat_ngram_size=None, early_stopping=False)
     answer = web.post(
         server.http + "/api/generate-one",
         json=one("hf", stream_response=False, generation_config=config),
     )
     assert answer.status_code == 200 and answer.text
-    assert "typical_p" in caplog.text and "no_repeat_ngram_size" not in caplog.text  # null
+    assert "epsilon_cutoff" in caplog.text and "no_repeat_ngram_size" not in caplog.text  # null
     typo = one("typo", generation_config=greedy(4, typical_q=0.5))
     refused = web.post(server.http + "/api/generate-one", json=typo)
     assert refused.status_code == 422

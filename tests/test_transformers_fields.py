@@ -41,11 +41,14 @@ def test_every_protocol_takes_a_generation_config_as_it_is(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING)
-    config = passed_through(max_new_tokens=7, temperature=0.5, typical_p=0.9, num_beams=1)
+    config = passed_through(
+        max_new_tokens=7, temperature=0.5, typical_p=0.9, epsilon_cutoff=0.01, num_beams=1
+    )
     prompts = [{"request_id": "a", "prompt": "p"}]
     batch = decode_batch(json.dumps({"prompts": prompts, "generation_config": config}), DEFAULTS)
     assert not batch.rejected and batch.options.max_new_tokens == 7
     assert batch.options.temperature == 0.5 and batch.options.top_k == DEFAULTS.top_k  # null
+    assert batch.options.typical_p == 0.9
     one = {"request_id": "a", "prompt": "p", "generation_config": config}
     assert decode_one(json.dumps(one).encode(), DEFAULTS).options.max_new_tokens == 7
     start = {"type": "START", "id": "s", "data": "p", "parameters": config}
@@ -61,7 +64,7 @@ def test_every_protocol_takes_a_generation_config_as_it_is(
         tgi_compat=False,
         max_new_tokens=30,
     )
-    assert lmi.options.max_new_tokens == 7
+    assert lmi.options.max_new_tokens == 7 and lmi.options.typical_p == 0.9
     tgi = decode_tgi(
         json.dumps({"inputs": "p", "parameters": config}),
         stream=False,
@@ -69,8 +72,11 @@ def test_every_protocol_takes_a_generation_config_as_it_is(
         max_new_tokens=30,
     )
     assert tgi.options.max_new_tokens == 7 and tgi.options.temperature == 0.5
+    assert tgi.options.typical_p == 0.9
     warnings = [r.getMessage() for r in caplog.records if "GenerationConfig" in r.getMessage()]
-    assert len(warnings) == 7 and all("typical_p" in w for w in warnings)
+    assert len(warnings) == 7 and all("epsilon_cutoff" in w for w in warnings)
+    # typical_p is honoured where a protocol has it; the control protocol's has no such field.
+    assert sum("typical_p" in w for w in warnings) == 2
     assert not any("transformers_version" in w for w in warnings)  # its metadata: silent
 
 

@@ -20,6 +20,7 @@ from gateway.engine.cpu_defaults import (
     resolve_kv_block_size,
     resolve_max_num_batched_tokens,
 )
+from gateway.engine.typical_sampling import TYPICAL_SAMPLING
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -56,6 +57,7 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         async_scheduling=False if own_scheduler else None,
         # Seeded requests longer than a step would kill a CPU worker without it.
         worker_extension_cls=SEEDED_SAMPLING_ON_CPU,
+        logits_processors=[TYPICAL_SAMPLING],
         enable_lora=lora_enabled(settings),
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,

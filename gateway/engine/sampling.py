@@ -7,6 +7,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from gateway.engine.engine_errors import refusal
+from gateway.engine.typical_sampling import Filters
 from protocols.generation import SamplingOptions
 
 
@@ -17,14 +18,19 @@ def sampling_params(
     keep_stop_strings: bool = False,
 ) -> SamplingParams:
     sample = options.do_sample and options.temperature > 0
+    # vLLM has no typical sampling: a processor of the gateway's applies it with the other
+    # filters in transformers' order (typical_sampling.py), vLLM's own then off.
+    typical = sample and options.typical_p < 1.0
+    own_filters = sample and not typical
     return SamplingParams(
         n=options.n,
         max_tokens=options.max_new_tokens,
         min_tokens=options.min_tokens,
         temperature=options.temperature if sample else 0.0,
-        top_p=options.top_p if sample else 1.0,
-        top_k=max(options.top_k, 0) if sample else 0,
-        min_p=options.min_p if sample else 0.0,
+        top_p=options.top_p if own_filters else 1.0,
+        top_k=max(options.top_k, 0) if own_filters else 0,
+        min_p=options.min_p if own_filters else 0.0,
+        extra_args=_typical(options) if typical else None,
         repetition_penalty=options.repetition_penalty,
         presence_penalty=options.presence_penalty,
         frequency_penalty=options.frequency_penalty,
@@ -54,6 +60,11 @@ def checked_params(
         return sampling_params(options, kind, keep_stop_strings=keep_stop_strings)
     except VLLMValidationError as e:
         raise refusal(e) from e
+
+
+def _typical(options: SamplingOptions) -> dict[str, object]:
+    top_k = max(options.top_k, 0)
+    return Filters(options.typical_p, top_k, options.top_p, options.min_p).extra_args()
 
 
 def _structured(options: SamplingOptions) -> StructuredOutputsParams | None:
