@@ -22,19 +22,24 @@ NEW_TOKENS = 24
 
 
 def _transformers_warped(scores: torch.Tensor, **given: Any) -> torch.Tensor:
-    from transformers import GenerationConfig
-    from transformers.generation.utils import GenerationMixin
-
-    config: Any = GenerationConfig(do_sample=True, **given)  # type: ignore[no-untyped-call]
-    mixin: Any = GenerationMixin()
-    warpers: Any = GenerationMixin._get_logits_processor(  # transformers' own choice and order
-        mixin,
-        generation_config=config,
-        input_ids_seq_length=1,
-        encoder_input_ids=None,
-        prefix_allowed_tokens_fn=None,
-        logits_processor=None,
+    """transformers' warpers for these fields, in the order its `generate` applies them
+    (temperature, top-k, top-p, min-p, typical: GenerationMixin's logits processor list)."""
+    from transformers import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+        TypicalLogitsWarper,
     )
+
+    warpers: Any = LogitsProcessorList()
+    if given.get("top_k"):
+        warpers.append(TopKLogitsWarper(top_k=given["top_k"]))
+    if given.get("top_p", 1.0) < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=given["top_p"]))
+    if given.get("min_p"):
+        warpers.append(MinPLogitsWarper(min_p=given["min_p"]))
+    warpers.append(TypicalLogitsWarper(mass=given["typical_p"]))
     warped: torch.Tensor = warpers(None, scores)
     return warped
 
