@@ -150,10 +150,13 @@ def test_validation_errors_reach_the_client(
 def test_generation_config_fields_vllm_lacks_are_accepted_and_ignored(
     server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    greedy = client(server).text_generation(SHORT, max_new_tokens=8)
-    typical = client(server).text_generation(SHORT, max_new_tokens=8, typical_p=0.5)
-    assert typical == greedy  # typical sampling asks nothing of vLLM: ignored, and logged
-    assert "typical_p" in caplog.text
+    greedy = client(server).text_generation(SHORT, max_new_tokens=8, return_full_text=False)
+    epsilon = post(
+        server, "/generate", inputs=SHORT, parameters={"max_new_tokens": 8, "epsilon_cutoff": 0.01}
+    )
+    # epsilon sampling (transformers') has no TGI parameter: ignored, and logged
+    assert epsilon.status_code == 200 and epsilon.json()["generated_text"] == greedy
+    assert "epsilon_cutoff" in caplog.text
     unknown = post(server, "/generate", inputs=SHORT, parameters={"typical_q": 0.5})
     assert unknown.status_code == 422 and "unknown field `typical_q`" in unknown.json()["error"]
 
