@@ -21,6 +21,7 @@ from gateway.engine.cpu_defaults import (
     resolve_interactive_step_tokens,
     resolve_kv_block_size,
     resolve_max_num_batched_tokens,
+    resolve_typical_sampling,
 )
 
 AVX2_ONLY = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})
@@ -101,6 +102,13 @@ def test_a_cpus_kv_blocks_are_small_enough_to_cache_a_shared_prompt_and_a_gpu_ke
     assert resolve_kv_block_size(0, "cpu") == 0
     assert resolve_kv_block_size(128, "cpu") == 128
     assert resolve_kv_block_size(16, "cuda") == 16
+
+
+def test_typical_sampling_is_on_by_default_on_a_cpu_only() -> None:
+    assert resolve_typical_sampling("auto", "cpu") is True
+    assert resolve_typical_sampling("auto", "cuda") is False
+    assert resolve_typical_sampling(True, "cuda") is True
+    assert resolve_typical_sampling(False, "cpu") is False
 
 
 def test_a_kv_block_the_cpu_kernels_cannot_take_is_refused_naming_the_setting() -> None:

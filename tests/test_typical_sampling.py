@@ -3,6 +3,7 @@ processor (gateway/engine/typical_sampling.py) against transformers' own warpers
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -143,3 +144,28 @@ def test_typical_p_out_of_range_is_refused_naming_it(server: RunningServer) -> N
         server.http + "/invocations", json={"inputs": "Hi", "parameters": {"typical_p": 0}}
     )
     assert lmi.status_code == 424 and "typical_p" in lmi.text
+
+
+def test_without_the_processor_typical_p_is_ignored_and_logged(
+    server: RunningServer, engine: VllmEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TYPICAL_SAMPLING off (a GPU's default): the engine samples as if typical_p were not
+    given, and says so in the log. On this CPU it is on (`auto`)."""
+    assert engine.typical_sampling
+    caplog.set_level(logging.WARNING, logger="gateway.engine.vllm_engine")
+
+    def text(**given: Any) -> str:
+        parameters = {"do_sample": True, "seed": 5, "max_new_tokens": 12} | given
+        body = {"inputs": PROMPT, "parameters": parameters}
+        answer = web.post(server.http + "/invocations", json=body)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["generated_text"])
+
+    plain = text()
+    assert text(typical_p=0.2) != plain  # honoured
+    engine.typical_sampling = False
+    try:
+        assert text(typical_p=0.2) == plain
+    finally:
+        engine.typical_sampling = True
+    assert "typical_p ignored: TYPICAL_SAMPLING is off" in caplog.text

@@ -53,6 +53,9 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # Tokens a KV-cache block holds, the prefix cache's unit (0: vLLM's own; auto: by the
     # device, gateway/engine/cpu_defaults.py; a multiple of 32 on a CPU).
     kv_block_size: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
+    # typical_p honoured by the gateway's logits processor (auto: on a CPU; off, typical_p is
+    # ignored and logged: gateway/engine/typical_sampling.py says why not on a GPU by default).
+    typical_sampling: bool | Literal["auto"] = "auto"
     # LoRA adapters (docs/ADAPTERS.md): `name=path` pairs, or a directory of adapter
     # directories; with none and ENABLE_LORA off, LoRA is off and the base model keeps
     # torch.compile. MAX_LORAS adapters share one batch, each of rank <= MAX_LORA_RANK.

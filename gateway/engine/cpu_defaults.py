@@ -146,6 +146,11 @@ CPU_KV_BLOCK_SIZE = 32
 CPU_KV_BLOCK_MULTIPLE = 32
 
 
+def resolve_typical_sampling(requested: bool | str, device: str = "cpu") -> bool:
+    """TYPICAL_SAMPLING as a flag: `auto` is on on a CPU (typical_sampling.py)."""
+    return device == "cpu" if requested == "auto" else bool(requested)
+
+
 def resolve_kv_block_size(requested: int | str, device: str = "cpu") -> int:
     """KV_BLOCK_SIZE as a number: `auto` is CPU_KV_BLOCK_SIZE on a CPU, else 0 (vLLM's own)."""
     size = _on_cpu(requested, CPU_KV_BLOCK_SIZE, device)

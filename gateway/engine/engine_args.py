@@ -19,6 +19,7 @@ from gateway.engine.cpu_defaults import (
     resolve_interactive_step_tokens,
     resolve_kv_block_size,
     resolve_max_num_batched_tokens,
+    resolve_typical_sampling,
 )
 from gateway.engine.typical_sampling import TYPICAL_SAMPLING
 
@@ -57,7 +58,9 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         async_scheduling=False if own_scheduler else None,
         # Seeded requests longer than a step would kill a CPU worker without it.
         worker_extension_cls=SEEDED_SAMPLING_ON_CPU,
-        logits_processors=[TYPICAL_SAMPLING],
+        logits_processors=[TYPICAL_SAMPLING]
+        if resolve_typical_sampling(settings.typical_sampling, device_type())
+        else None,
         enable_lora=lora_enabled(settings),
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,

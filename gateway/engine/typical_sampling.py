@@ -8,6 +8,12 @@ applies all four in transformers' order (top-k, top-p, min-p, typical; TGI's is 
 the temperature, to the rows of the requests that sample. vLLM calls it for sampled rows only
 (`is_argmax_invariant`): greedy requests never see it, as transformers applies its warpers only
 when sampling.
+
+TYPICAL_SAMPLING (auto) loads it on a CPU only: with any custom logits processor vLLM keeps
+every request's output tokens for it, and under a GPU's asynchronous scheduling it then waits,
+each step, for the previous step's tokens to reach the host before sampling: a cost for every
+request, not measured here (no GPU). Without it, typical_p is ignored and logged, as any
+GenerationConfig field the engine cannot honour.
 """
 
 from __future__ import annotations

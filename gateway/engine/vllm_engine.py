@@ -74,6 +74,14 @@ class VllmEngine:
         self.dtype = str(llm.model_config.dtype).removeprefix("torch.")
         self.dtype_reason = dtype_reason
         self._closing = False
+        self.typical_sampling = False  # the logits processor loaded (TYPICAL_SAMPLING)
+
+    def _honoured(self, options: SamplingOptions) -> SamplingOptions:
+        """`options` less typical_p where the engine has no typical sampling (ignored, logged)."""
+        if options.typical_p == 1.0 or self.typical_sampling:
+            return options
+        log.warning("typical_p ignored: TYPICAL_SAMPLING is off on this engine")
+        return msgspec.structs.replace(options, typical_p=1.0)
 
     @classmethod
     async def start(cls, settings: EngineSettings, model: str) -> VllmEngine:
@@ -96,6 +104,7 @@ class VllmEngine:
             settings.constraint_compile_seconds, settings.constraint_compile_memory_mib
         )
         engine = cls(llm, llm.model_config.max_model_len, reason, view, adapters, limits)
+        engine.typical_sampling = bool(args.logits_processors)
         engine.constraints.start()
         return engine
 
@@ -181,7 +190,7 @@ class VllmEngine:
         """
         request_id = f"gw-{next(self._ids)}"
         stops = self._stop_strings(options)
-        params = checked_params(options, keep_stop_strings=stops.kept_by_engine)
+        params = checked_params(self._honoured(options), keep_stop_strings=stops.kept_by_engine)
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         first = True
         constrained = params.structured_outputs is not None
@@ -226,7 +235,7 @@ class VllmEngine:
         """Every sequence of a request (options.n of them), each as one final step: one that
         ended at a stop string with only the tokens of its text."""
         request_id = f"gw-{next(self._ids)}"
-        params = checked_params(options, RequestOutputKind.FINAL_ONLY)
+        params = checked_params(self._honoured(options), RequestOutputKind.FINAL_ONLY)
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         constrained = params.structured_outputs is not None
         stops = self._stop_strings(options)
