@@ -4,8 +4,9 @@ model (docs/EMBEDDINGS.md): its name and task, whether it is ready, and protocol
 
 Inputs are tokenized and cut here, so every family's truncation means the same: an input
 longer than the model takes is cut at the side asked for (the special tokens kept) or refused
-naming its field; `max_tokens` keeps at most that many tokens. Scores are a bi-encoder's: the
-cosine of the two texts' embeddings, as vLLM's score does for an embedding model.
+naming its field, tokenized only as far as that needs (bounded_tokens.py); `max_tokens` keeps
+at most that many tokens. Scores are a bi-encoder's: the cosine of the two texts' embeddings,
+as vLLM's score does for an embedding model.
 
 Every request goes through the chat model's admission (its bound on waiting work; one slot a
 request) at its priority, `priority` (EMBEDDING_PRIORITY: bulk) when it names none, so chats
@@ -28,6 +29,7 @@ from gateway.edge.limits import Limiter, RateLimited
 from gateway.engine.holder import EngineHolder
 from gateway.engine.pooling_engine import PoolingEngine
 from gateway.engine_path.admission import Admission
+from gateway.engine_path.bounded_tokens import bounded_encode
 from gateway.engine_path.metrics import ModelMeter
 from protocols.embedding import (
     EmbeddingInput,
@@ -210,14 +212,17 @@ class EmbeddingModel:
     async def _token_ids(self, engine: PoolingEngine, request: EmbeddingRequest) -> list[list[int]]:
         if request.prompt_name is not None:
             raise invalid("This model has no prompts: leave out `prompt_name`", "prompt_name")
-        texts = [i.text for i in request.inputs if i.text is not None]
-        encoded = iter(await asyncio.to_thread(_encode_all, engine.tokenizer, texts))
         vocabulary = len(engine.tokenizer)
         limit = engine.max_model_len
         if request.max_tokens is not None:
             limit = min(limit, request.max_tokens)
         prefix, suffix = engine.special_prefix, engine.special_suffix
         special = len(prefix) + len(suffix)
+        texts = [i.text for i in request.inputs if i.text is not None]
+        room = max(limit - special, 0)
+        encoded = iter(
+            await asyncio.to_thread(_encode_all, engine.tokenizer, texts, room, request.side)
+        )
         inputs = []
         for item in request.inputs:
             if item.token_ids is not None:
@@ -248,9 +253,10 @@ def _pieces(tokenizer: Any, text: str, special_tokens: bool) -> list[Piece]:
     return pieces
 
 
-def _encode_all(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Each text's tokens without the special tokens, which are added after any cut."""
-    return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+def _encode_all(tokenizer: Any, texts: Sequence[str], room: int, side: Side) -> list[list[int]]:
+    """Each text's tokens without the special tokens, which are added after any cut; a text
+    with more than `room` tokens is tokenized only as far as its cut at `side` needs."""
+    return [bounded_encode(tokenizer, t, room, side) for t in texts]
 
 
 def _check_length(ids: list[int], limit: int, request: EmbeddingRequest, field: str) -> list[int]:
