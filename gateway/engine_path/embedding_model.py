@@ -79,6 +79,7 @@ class EmbeddingModel:
         admission: Admission,
         limiter: Limiter,
         meter: ModelMeter,
+        max_token_vectors: int,
     ) -> None:
         self._holder = holder
         self.name = name
@@ -86,6 +87,8 @@ class EmbeddingModel:
         self._admission = admission
         self._limiter = limiter  # the chat path's: one key's limits count both
         self._meter = meter
+        # A token-level answer holds a vector per token: bounded, as the engine's batch is
+        self._max_token_vectors = max_token_vectors
 
     @property
     def ready(self) -> bool:
@@ -163,6 +166,7 @@ class EmbeddingModel:
             async with self._limited() as count:
                 engine = await self._holder.wait()
                 work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
+                self._check_token_vectors(requests[0], sum(len(ids) for _, ids in work))
                 async with self._admission.slot(priority, current_caller().id):
                     vectors = await asyncio.gather(
                         *(
@@ -205,6 +209,19 @@ class EmbeddingModel:
             yield count
         finally:
             self._limiter.release(caller.id, caller.limits, embedded[0])
+
+    def _check_token_vectors(self, request: EmbeddingRequest, tokens: int) -> None:
+        """A vector per token past EMBEDDING_MAX_NUM_BATCHED_TOKENS is refused naming the
+        inputs: 2,048 inputs of 256 tokens would be half a billion floats, gigabytes of lists
+        and of JSON."""
+        if request.token_level and tokens > self._max_token_vectors:
+            field = request.inputs[0].field.split("[", 1)[0]
+            raise invalid(
+                f"`{field}` has {tokens} tokens, and a vector per token is asked for; at most "
+                f"{self._max_token_vectors} a request (EMBEDDING_MAX_NUM_BATCHED_TOKENS): send "
+                "fewer or shorter inputs",
+                field,
+            )
 
     def _priority(self, asked: int | None) -> int:
         return self.default_priority if asked is None else asked

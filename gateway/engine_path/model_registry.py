@@ -88,7 +88,15 @@ class ModelRegistry:
     def _model(self, holder: EngineHolder[PoolingEngine], name: str) -> EmbeddingModel:
         priority = self._settings.embedding_priority
         meter = self._metrics.model_meter(name, "embed")
-        return EmbeddingModel(holder, name, priority, self._admission, self._limiter, meter)
+        return EmbeddingModel(
+            holder,
+            name,
+            priority,
+            self._admission,
+            self._limiter,
+            meter,
+            max_token_vectors=self._settings.embedding_max_num_batched_tokens,
+        )
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
         """The embedding model `name` names; None: the first served (start-up's first)."""
