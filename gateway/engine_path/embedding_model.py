@@ -11,7 +11,9 @@ as vLLM's score does for an embedding model.
 Every request goes through the chat model's admission (its bound on waiting work; one slot a
 request) at its priority, `priority` (EMBEDDING_PRIORITY: bulk) when it names none, so chats
 stay fast; and through the caller's limits: a request counts as a prompt, and the tokens it
-embedded count towards the caller's tokens a minute.
+embedded count towards the caller's tokens a minute. A request keeps at most two engine
+batches of its inputs (2 x EMBEDDING_MAX_NUM_SEQS) in the engine at a time, so another caller's
+embedding waits two batches, not a request of 2,048 inputs.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class EmbeddingModel:
         limiter: Limiter,
         meter: ModelMeter,
         max_token_vectors: int,
+        max_in_flight: int,
     ) -> None:
         self._holder = holder
         self.name = name
@@ -89,6 +92,7 @@ class EmbeddingModel:
         self._meter = meter
         # A token-level answer holds a vector per token: bounded, as the engine's batch is
         self._max_token_vectors = max_token_vectors
+        self._max_in_flight = max_in_flight  # a request's inputs in the engine at once
 
     @property
     def ready(self) -> bool:
@@ -168,18 +172,7 @@ class EmbeddingModel:
                 work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
                 self._check_token_vectors(requests[0], sum(len(ids) for _, ids in work))
                 async with self._admission.slot(priority, current_caller().id):
-                    vectors = await asyncio.gather(
-                        *(
-                            engine.pool(
-                                ids,
-                                token_level=r.token_level,
-                                normalize=r.normalize,
-                                dimensions=r.dimensions,
-                                priority=priority,
-                            )
-                            for r, ids in work
-                        )
-                    )
+                    vectors = await self._pool_all(engine, work, priority)
                 inputs, tokens = len(work), sum(len(ids) for _, ids in work)
                 count(tokens)
             outcome = "ok"
@@ -209,6 +202,28 @@ class EmbeddingModel:
             yield count
         finally:
             self._limiter.release(caller.id, caller.limits, embedded[0])
+
+    async def _pool_all(
+        self, engine: PoolingEngine, work: list[tuple[EmbeddingRequest, list[int]]], priority: int
+    ) -> list[Any]:
+        """Each input pooled, in order, at most `max_in_flight` of them in the engine at a time
+        (two engine batches: one running, the next queued, so the engine never waits for the
+        window). The engine serves requests of one priority in their order of arrival: 2,048
+        inputs queued at once would keep every other caller's embeddings behind all of them;
+        the window lets theirs in after two batches."""
+        window = asyncio.Semaphore(self._max_in_flight)
+
+        async def pooled(request: EmbeddingRequest, ids: list[int]) -> Any:
+            async with window:
+                return await engine.pool(
+                    ids,
+                    token_level=request.token_level,
+                    normalize=request.normalize,
+                    dimensions=request.dimensions,
+                    priority=priority,
+                )
+
+        return list(await asyncio.gather(*(pooled(r, ids) for r, ids in work)))
 
     def _check_token_vectors(self, request: EmbeddingRequest, tokens: int) -> None:
         """A vector per token past EMBEDDING_MAX_NUM_BATCHED_TOKENS is refused naming the

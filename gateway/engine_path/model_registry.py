@@ -96,6 +96,7 @@ class ModelRegistry:
             self._limiter,
             meter,
             max_token_vectors=self._settings.embedding_max_num_batched_tokens,
+            max_in_flight=2 * self._settings.embedding_max_num_seqs,
         )
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
