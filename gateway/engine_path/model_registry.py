@@ -138,7 +138,10 @@ class ModelRegistry:
             if self.task_of(name) is not None:
                 raise ModelRefused(409, f'Model "{name}" is already registered')
             directory = _model_directory(source)
-            need = engine_bytes(directory, self._settings.embedding_kv_cache_gib)
+            # Off the event loop: the weights' sizes are a walk of the directory's tree
+            need = await asyncio.to_thread(
+                engine_bytes, directory, self._settings.embedding_kv_cache_gib
+            )
             self._check_memory(name, need)
             settings = msgspec.structs.replace(
                 self._settings, embedding_model=source, embedding_served_model_name=name
