@@ -22,6 +22,10 @@ from protocols.errors import invalid
 from protocols.json_body import decode_json_object
 from protocols.lmi_adapters import flag, required
 
+# A model's name is a path segment of /models/{model_name} (to describe and unregister it), a
+# label of its metrics, and in every status line: bounded, printable, no `/`.
+MAX_MODEL_NAME_CHARS = 256
+
 # DJL's, then the gateway's own `task`.
 REGISTER_PARAMETERS = frozenset(
     {
@@ -89,7 +93,19 @@ def registration(query: Mapping[str, str]) -> Registration:
         message = f"task={task} is not supported: only embedding models load at run time"
         raise invalid(message, "task")
     name = query.get("model_name") or url.rstrip("/").rsplit("/", 1)[-1]
+    check_model_name(name)
     return Registration(name, url, flag(query, "synchronous", default=True))
+
+
+def check_model_name(name: str) -> None:
+    """A name the other calls can address: 1 to MAX_MODEL_NAME_CHARS printable characters,
+    no `/` (uvicorn decodes `%2F`, so such a name could never be described or unregistered)."""
+    if not 0 < len(name) <= MAX_MODEL_NAME_CHARS or "/" in name or not name.isprintable():
+        raise invalid(
+            f"The parameter model_name must be 1 to {MAX_MODEL_NAME_CHARS} printable "
+            "characters without `/`, a path segment of /models/{model_name}",
+            "model_name",
+        )
 
 
 def registration_in_body(raw: bytes) -> Registration:

@@ -1,13 +1,16 @@
 """Every embedding family on the real engines: the clients that call them unchanged
 (langchain-openai's `OpenAIEmbeddings`, `litellm.embedding`), and bad input answered in the
 family's own shape, never a 5xx: no input, 10,000 inputs, a text past the context (cut where
-the request asks, refused otherwise), an unknown model, the chat model asked to embed."""
+the request asks, refused otherwise; a text of megabytes too), an unknown model, the chat
+model asked to embed, a vector per token past the batch's tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
 
 from clients import web
@@ -180,3 +183,45 @@ def test_the_shared_paths_keep_the_chat_models_protocols(embedding_server: Runni
     assert info["model_id"] != SERVED and "max_total_tokens" in info  # TGI's, the chat model's
     tei_info = web.get(http + "/info", params={"model": SERVED}).json()
     assert tei_info["served_model_name"] == SERVED and tei_info["max_input_length"] == 256
+
+
+def test_a_text_of_megabytes_is_refused_or_cut_as_a_short_one_is(
+    embedding_server: RunningServer,
+) -> None:
+    """A 3.6 MB input (700,000 tokens) is refused with OpenAI's context error naming it, as
+    a text just past the context is; cut at the left, its vector is its last tokens' own, as
+    the whole text's tokenization gives them (it is tokenized only as far as the cut needs:
+    tests/test_bounded_tokens.py)."""
+    client = openai.OpenAI(api_key="k", base_url=embedding_server.http + "/v1", max_retries=0)
+    ending = " The cat sat on the mat."
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=SERVED, input="alpha " * 600_000 + ending)
+    error: Any = refused.value.body
+    assert error["param"] == "input" and error["code"] == "context_length_exceeded"
+    cut = {"truncate_prompt_tokens": -1, "truncation_side": "left"}
+    vectors = [
+        client.embeddings.create(model=SERVED, input=text, encoding_format="float", extra_body=cut)
+        for text in ("alpha " * 600_000 + ending, "alpha " * 300 + ending)
+    ]
+    assert [v.usage.prompt_tokens for v in vectors] == [256, 256]
+    assert np.allclose(vectors[0].data[0].embedding, vectors[1].data[0].embedding, atol=1e-6)
+
+
+def test_a_vector_per_token_is_bounded_by_the_batch_tokens(
+    make_embedding_server: Callable[..., RunningServer],
+) -> None:
+    """TEI's `/embed_all` and vLLM's `token_embed` answer a vector per token: past
+    EMBEDDING_MAX_NUM_BATCHED_TOKENS tokens in one request (TEI's max_batch_tokens, as /info
+    reports it) they are refused in the family's shape naming the inputs, where a vector per
+    input is still answered."""
+    server = make_embedding_server(EMBEDDING_MAX_NUM_BATCHED_TOKENS="64")
+    texts = ["word " * 40] * 2  # 84 tokens with the special ones
+    tei = web.post(server.http + "/embed_all", json={"inputs": texts})
+    assert tei.status_code == 422 and _tei_shape(tei.json()), tei.text
+    assert "`inputs`" in tei.json()["error"] and "EMBEDDING_MAX_NUM_BATCHED_TOKENS" in tei.text
+    vllm = web.post(server.http + "/pooling", json={"input": texts, "task": "token_embed"})
+    assert vllm.status_code == 400 and vllm.json()["error"]["param"] == "input", vllm.text
+    one = web.post(server.http + "/embed_all", json={"inputs": texts[0]})
+    assert one.status_code == 200 and len(one.json()[0]) == 42
+    pooled = web.post(server.http + "/embed", json={"inputs": texts})
+    assert pooled.status_code == 200 and len(pooled.json()) == 2

@@ -5,14 +5,18 @@ computes for the same model directory."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import openai
 import pytest
 
-from clients import web
+from clients import wait_for, web
 from serving import RunningServer
+
+if TYPE_CHECKING:
+    from gateway.engine.pooling_engine import PoolingEngine
 
 CAT, FELINE, STOCKS = (
     "The cat sat on the mat.",
@@ -168,3 +172,21 @@ def test_a_chat_naming_the_embedding_model_is_refused_naming_model(oai: openai.O
     with pytest.raises(openai.BadRequestError) as completion:
         oai.completions.create(model=NAME, prompt="Hi", max_tokens=2)
     assert completion.value.body["param"] == "model"  # type: ignore[index]
+
+
+def test_many_inputs_in_one_request_let_another_callers_embedding_through(
+    embedding_server: RunningServer, embedding_engine: PoolingEngine
+) -> None:
+    """2,048 inputs in one request are in the engine two engine batches at a time (2 x
+    EMBEDDING_MAX_NUM_SEQS, 64): another caller's embedding, sent while they run, is answered
+    before they end, rather than behind all of them."""
+    client = openai.OpenAI(api_key="k", base_url=embedding_server.http + "/v1", max_retries=0)
+    many = [f"{i} " + "word " * 30 for i in range(2048)]
+    with ThreadPoolExecutor(1) as pool:
+        flood = pool.submit(client.embeddings.create, model=NAME, input=many)
+        wait_for(lambda: embedding_engine.unfinished_requests() > 0)
+        assert embedding_engine.unfinished_requests() <= 128
+        other = client.embeddings.create(model=NAME, input=CAT)
+        assert len(other.data) == 1
+        assert not flood.done()
+        assert len(flood.result().data) == 2048

@@ -4,13 +4,16 @@ model (docs/EMBEDDINGS.md): its name and task, whether it is ready, and protocol
 
 Inputs are tokenized and cut here, so every family's truncation means the same: an input
 longer than the model takes is cut at the side asked for (the special tokens kept) or refused
-naming its field; `max_tokens` keeps at most that many tokens. Scores are a bi-encoder's: the
-cosine of the two texts' embeddings, as vLLM's score does for an embedding model.
+naming its field, tokenized only as far as that needs (bounded_tokens.py); `max_tokens` keeps
+at most that many tokens. Scores are a bi-encoder's: the cosine of the two texts' embeddings,
+as vLLM's score does for an embedding model.
 
 Every request goes through the chat model's admission (its bound on waiting work; one slot a
 request) at its priority, `priority` (EMBEDDING_PRIORITY: bulk) when it names none, so chats
 stay fast; and through the caller's limits: a request counts as a prompt, and the tokens it
-embedded count towards the caller's tokens a minute.
+embedded count towards the caller's tokens a minute. A request keeps at most two engine
+batches of its inputs (2 x EMBEDDING_MAX_NUM_SEQS) in the engine at a time, so another caller's
+embedding waits two batches, not a request of 2,048 inputs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from gateway.edge.limits import Limiter, RateLimited
 from gateway.engine.holder import EngineHolder
 from gateway.engine.pooling_engine import PoolingEngine
 from gateway.engine_path.admission import Admission
+from gateway.engine_path.bounded_tokens import bounded_encode
 from gateway.engine_path.metrics import ModelMeter
 from protocols.embedding import (
     EmbeddingInput,
@@ -77,6 +81,8 @@ class EmbeddingModel:
         admission: Admission,
         limiter: Limiter,
         meter: ModelMeter,
+        max_token_vectors: int,
+        max_in_flight: int,
     ) -> None:
         self._holder = holder
         self.name = name
@@ -84,6 +90,9 @@ class EmbeddingModel:
         self._admission = admission
         self._limiter = limiter  # the chat path's: one key's limits count both
         self._meter = meter
+        # A token-level answer holds a vector per token: bounded, as the engine's batch is
+        self._max_token_vectors = max_token_vectors
+        self._max_in_flight = max_in_flight  # a request's inputs in the engine at once
 
     @property
     def ready(self) -> bool:
@@ -161,19 +170,9 @@ class EmbeddingModel:
             async with self._limited() as count:
                 engine = await self._holder.wait()
                 work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
+                self._check_token_vectors(requests[0], sum(len(ids) for _, ids in work))
                 async with self._admission.slot(priority, current_caller().id):
-                    vectors = await asyncio.gather(
-                        *(
-                            engine.pool(
-                                ids,
-                                token_level=r.token_level,
-                                normalize=r.normalize,
-                                dimensions=r.dimensions,
-                                priority=priority,
-                            )
-                            for r, ids in work
-                        )
-                    )
+                    vectors = await self._pool_all(engine, work, priority)
                 inputs, tokens = len(work), sum(len(ids) for _, ids in work)
                 count(tokens)
             outcome = "ok"
@@ -204,20 +203,58 @@ class EmbeddingModel:
         finally:
             self._limiter.release(caller.id, caller.limits, embedded[0])
 
+    async def _pool_all(
+        self, engine: PoolingEngine, work: list[tuple[EmbeddingRequest, list[int]]], priority: int
+    ) -> list[Any]:
+        """Each input pooled, in order, at most `max_in_flight` of them in the engine at a time
+        (two engine batches: one running, the next queued, so the engine never waits for the
+        window). The engine serves requests of one priority in their order of arrival: 2,048
+        inputs queued at once would keep every other caller's embeddings behind all of them;
+        the window lets theirs in after two batches."""
+        window = asyncio.Semaphore(self._max_in_flight)
+
+        async def pooled(request: EmbeddingRequest, ids: list[int]) -> Any:
+            async with window:
+                return await engine.pool(
+                    ids,
+                    token_level=request.token_level,
+                    normalize=request.normalize,
+                    dimensions=request.dimensions,
+                    priority=priority,
+                )
+
+        return list(await asyncio.gather(*(pooled(r, ids) for r, ids in work)))
+
+    def _check_token_vectors(self, request: EmbeddingRequest, tokens: int) -> None:
+        """A vector per token past EMBEDDING_MAX_NUM_BATCHED_TOKENS is refused naming the
+        inputs: 2,048 inputs of 256 tokens would be half a billion floats, gigabytes of lists
+        and of JSON."""
+        if request.token_level and tokens > self._max_token_vectors:
+            field = request.inputs[0].field.split("[", 1)[0]
+            raise invalid(
+                f"`{field}` has {tokens} tokens, and a vector per token is asked for; at most "
+                f"{self._max_token_vectors} a request (EMBEDDING_MAX_NUM_BATCHED_TOKENS): send "
+                "fewer or shorter inputs",
+                field,
+            )
+
     def _priority(self, asked: int | None) -> int:
         return self.default_priority if asked is None else asked
 
     async def _token_ids(self, engine: PoolingEngine, request: EmbeddingRequest) -> list[list[int]]:
         if request.prompt_name is not None:
             raise invalid("This model has no prompts: leave out `prompt_name`", "prompt_name")
-        texts = [i.text for i in request.inputs if i.text is not None]
-        encoded = iter(await asyncio.to_thread(_encode_all, engine.tokenizer, texts))
         vocabulary = len(engine.tokenizer)
         limit = engine.max_model_len
         if request.max_tokens is not None:
             limit = min(limit, request.max_tokens)
         prefix, suffix = engine.special_prefix, engine.special_suffix
         special = len(prefix) + len(suffix)
+        texts = [i.text for i in request.inputs if i.text is not None]
+        room = max(limit - special, 0)
+        encoded = iter(
+            await asyncio.to_thread(_encode_all, engine.tokenizer, texts, room, request.side)
+        )
         inputs = []
         for item in request.inputs:
             if item.token_ids is not None:
@@ -248,9 +285,10 @@ def _pieces(tokenizer: Any, text: str, special_tokens: bool) -> list[Piece]:
     return pieces
 
 
-def _encode_all(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Each text's tokens without the special tokens, which are added after any cut."""
-    return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+def _encode_all(tokenizer: Any, texts: Sequence[str], room: int, side: Side) -> list[list[int]]:
+    """Each text's tokens without the special tokens, which are added after any cut; a text
+    with more than `room` tokens is tokenized only as far as its cut at `side` needs."""
+    return [bounded_encode(tokenizer, t, room, side) for t in texts]
 
 
 def _check_length(ids: list[int], limit: int, request: EmbeddingRequest, field: str) -> list[int]:

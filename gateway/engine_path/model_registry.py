@@ -88,7 +88,16 @@ class ModelRegistry:
     def _model(self, holder: EngineHolder[PoolingEngine], name: str) -> EmbeddingModel:
         priority = self._settings.embedding_priority
         meter = self._metrics.model_meter(name, "embed")
-        return EmbeddingModel(holder, name, priority, self._admission, self._limiter, meter)
+        return EmbeddingModel(
+            holder,
+            name,
+            priority,
+            self._admission,
+            self._limiter,
+            meter,
+            max_token_vectors=self._settings.embedding_max_num_batched_tokens,
+            max_in_flight=2 * self._settings.embedding_max_num_seqs,
+        )
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
         """The embedding model `name` names; None: the first served (start-up's first)."""
@@ -129,7 +138,10 @@ class ModelRegistry:
             if self.task_of(name) is not None:
                 raise ModelRefused(409, f'Model "{name}" is already registered')
             directory = _model_directory(source)
-            need = engine_bytes(directory, self._settings.embedding_kv_cache_gib)
+            # Off the event loop: the weights' sizes are a walk of the directory's tree
+            need = await asyncio.to_thread(
+                engine_bytes, directory, self._settings.embedding_kv_cache_gib
+            )
             self._check_memory(name, need)
             settings = msgspec.structs.replace(
                 self._settings, embedding_model=source, embedding_served_model_name=name
