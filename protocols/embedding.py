@@ -165,7 +165,7 @@ def decode_struct(raw: Body, kind: type[T]) -> T:
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     except MALFORMED as e:
-        raise malformed(e) from e
+        raise malformed(e, raw) from e
 
 
 def check_dimensions(dimensions: int | None, supported: bool, field: str) -> None:

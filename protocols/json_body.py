@@ -21,12 +21,31 @@ MALFORMED: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError, U
 JSON_DECODER = msgspec.json.Decoder(float_hook=float)
 
 
-def malformed(error: Exception) -> GenerationError:
-    """One of MALFORMED as the invalid request it is, at `$`."""
+def _not_utf8_at(raw: object) -> str | None:
+    """Where `raw` stops being UTF-8 (a str: where it holds a lone surrogate), or None.
+
+    Asked of the body itself, not of msgspec's error: the releases word and type that error
+    differently (0.23 raises a DecodeError saying "Invalid UTF-8", earlier ones a UnicodeError)."""
+    try:
+        if isinstance(raw, bytes):
+            raw.decode("utf-8")
+        elif isinstance(raw, str):
+            raw.encode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"byte {e.start}"
+    except UnicodeEncodeError as e:
+        return f"character {e.start}"
+    return None
+
+
+def malformed(error: Exception, raw: object = None) -> GenerationError:
+    """One of MALFORMED, raised reading `raw`, as the invalid request it is, at `$`."""
     if isinstance(error, RecursionError):
         reason = "nested too deeply"
+    elif (where := _not_utf8_at(raw)) is not None:
+        reason = f"not valid UTF-8 (at {where})"
     elif isinstance(error, UnicodeError):
-        reason = f"not valid UTF-8 ({getattr(error, 'reason', error)})"
+        reason = "not valid UTF-8"
     else:
         reason = str(error)
     return invalid(f"Malformed JSON: {reason}", "$")
@@ -37,7 +56,7 @@ def decode_json_object(raw: bytes | str) -> dict[str, Any]:
     try:
         doc = JSON_DECODER.decode(raw)
     except MALFORMED as e:
-        raise malformed(e) from e
+        raise malformed(e, raw) from e
     if not isinstance(doc, dict):
         raise invalid(f"Expected `object`, got `{type(doc).__name__}` - at `$`", "$")
     return doc

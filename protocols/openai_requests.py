@@ -268,7 +268,7 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
     except msgspec.ValidationError as e:
         raise validation_error(e) from e
     except MALFORMED as e:
-        raise malformed(e) from e
+        raise malformed(e, raw) from e
 
 
 def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def decode_starts(
     try:
         doc: Any = JSON_DECODER.decode(raw)
     except MALFORMED as e:
-        return [], [Refused(0, Error(None, malformed(e).message, "$"))]
+        return [], [Refused(0, Error(None, malformed(e, raw).message, "$"))]
     entries, prefix = (doc, "$") if isinstance(doc, list) else ([doc], "")
     if not entries:
         return [], [Refused(0, Error(None, "Expected at least one START event - at `$`", "$"))]

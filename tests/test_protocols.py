@@ -79,7 +79,7 @@ def test_errors_name_the_json_path() -> None:
         "$.prompts[1].request_id",
         "$.prompts[2].prompt",
     ]
-    assert batch.rejected[1].error.message == "Expected `str`, got `int` - at `$.prompts[2].prompt`"
+    assert batch.rejected[1].error.message.endswith(" - at `$.prompts[2].prompt`")
 
 
 def test_a_bad_generation_config_fails_every_prompt_by_its_id() -> None:
@@ -206,17 +206,18 @@ def test_a_request_id_twice_refuses_the_whole_ws_payload_once_per_id() -> None:
     assert not batch.items
     frames = PayloadFrames(batch.items, batch.rejected, only_new_tokens=True).frames([])
     twice = "request_id 'a' appears more than once in the payload: none of its prompts ran"
-    assert [[msgspec.to_builtins(e) for e in frame] for frame in frames] == [
-        [
-            {"type": "ERROR", "request_id": request_id, "error": error}
-            for request_id, error in (
-                ("a", twice),
-                ("b", "Expected `str`, got `int` - at `$.prompts[1].prompt`"),
-                ("c", twice),
-                ("", "Object missing required field `request_id` - at `$.prompts[4]`"),
-            )
-        ]
+    [events] = [[msgspec.to_builtins(e) for e in frame] for frame in frames]
+    assert [(e["type"], e["request_id"]) for e in events] == [
+        ("ERROR", "a"),
+        ("ERROR", "b"),
+        ("ERROR", "c"),
+        ("ERROR", ""),
     ]
+    assert events[0]["error"] == events[2]["error"] == twice
+    # the rest are msgspec's reasons (its wording is its own), placed by the gateway
+    assert events[1]["error"].endswith(" - at `$.prompts[1].prompt`")
+    assert events[3]["error"].endswith(" - at `$.prompts[4]`")
+    assert "request_id" in events[3]["error"]
     once = decode_batch(body(prompts=prompts[3:4]), DEFAULTS)
     assert refuse_repeated_ids(once) is once
 

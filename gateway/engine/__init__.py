@@ -4,3 +4,7 @@ engine, and engine replicas on Ray.
 
 The only folder that imports vLLM, torch or Ray. May import: config/, protocols/.
 """
+
+from gateway.engine.torch_extras import hide_unloadable
+
+hide_unloadable()  # before anything here imports transformers or vLLM
