@@ -1,6 +1,6 @@
 """The soak's amplification parts (issues 31 and 43): another key's TTFT while one key asks for
 the most engine sequences it may, then sends the hostile probe's constraints (docs/BENCHMARKS.md,
-"Soak": the goals' table and "Amplification by constraints")."""
+"Soak": the goals' table; docs/BENCHMARKS-HISTORY.md, "Amplification by constraints")."""
 
 from __future__ import annotations
 

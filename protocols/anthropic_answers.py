@@ -19,6 +19,7 @@ from msgspec import UNSET, UnsetType
 from protocols.errors import ErrorKind, GenerationError, named
 from protocols.events import Delta, Finished, GeneratedSequence
 from protocols.openai_requests import OpenAICall
+from protocols.sse import sse_event
 from protocols.tool_calls import ToolAnswers, ToolCall, ToolCallDelta, read_step
 
 _ENCODER = msgspec.json.Encoder()
@@ -127,7 +128,7 @@ def not_found(message: str) -> bytes:
 
 def error_event(error: GenerationError) -> bytes:
     """A failure after the stream began: Anthropic's `error` event."""
-    return _sse("error", error_of(error)[1])
+    return sse_event(error_of(error)[1], "error")
 
 
 def encode_token_count(input_tokens: int) -> bytes:
@@ -155,14 +156,10 @@ def _status(kind: ErrorKind) -> tuple[int, str]:
             assert_never(kind)
 
 
-def _sse(name: str, data: bytes) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
-
-
 def _event(event: Event) -> bytes:
     tag = type(event).__struct_config__.tag
     assert isinstance(tag, str)
-    return _sse(tag, _ENCODER.encode(event))
+    return sse_event(_ENCODER.encode(event), tag)
 
 
 def _arguments(text: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from msgspec import UNSET, UnsetType
 from protocols.errors import GenerationError, named
 from protocols.events import Delta, Finished, GeneratedSequence
 from protocols.openai_requests import OpenAICall
+from protocols.sse import sse_event
 from protocols.tool_calls import ToolAnswers, ToolCallDelta, read_step
 
 FinishReason = Literal["COMPLETE", "STOP_SEQUENCE", "MAX_TOKENS", "TOOL_CALL", "ERROR"]
@@ -178,13 +179,13 @@ Event = (
     | ToolCallEnd
     | MessageEnd
 )
-DONE = b"data: [DONE]\n\n"
+DONE = sse_event(b"[DONE]")
 
 
 def _event(event: Event) -> bytes:
     tag = type(event).__struct_config__.tag
     assert isinstance(tag, str)
-    return b"event: " + tag.encode() + b"\ndata: " + _ENCODER.encode(event) + b"\n\n"
+    return sse_event(_ENCODER.encode(event), tag)
 
 
 class CohereChatEncoder:

@@ -17,7 +17,7 @@ from protocols.openai_requests import OpenAICall
 from protocols.sse import sse_event
 from protocols.tool_calls import ToolAnswers
 
-DONE = b"data: [DONE]\n\n"
+DONE = sse_event(b"[DONE]")
 _ENCODER = msgspec.json.Encoder()
 
 

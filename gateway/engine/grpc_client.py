@@ -6,7 +6,7 @@ what this setting still does for them is not measured (docs/BENCHMARKS.md). grpc
 EventEngine client reads every message on a thread pool of its own and hands it on: 2.5 to 3.3
 thread wake-ups a message in the gateway, against 1.25 with gRPC's older poller, which reads
 on the thread that waits for completions. On a machine whose cores the model's threads fill,
-each wake-up can stall them (docs/BENCHMARKS.md, "Engine replicas"). gRPC reads the setting
+each wake-up can stall them (docs/BENCHMARKS-HISTORY.md, "Engine replicas"). gRPC reads the setting
 once, when it starts: it must be in the environment before anything imports gRPC (Ray does).
 An operator's own GRPC_EXPERIMENTS is kept. A gRPC that no longer has the experiment logs
 "Unknown experiment" once and goes on with its default client.
