@@ -240,7 +240,7 @@ def similarity(sentences: list[str]) -> dict[str, Any]:
         ("/embed", {"inputs": "a", "truncation_direction": "up"}, 422, VALIDATION, DIRECTION),
         ("/embed", {"inputs": "a", "dimensions": 4}, 422, "Validation", "dimensions"),
         ("/embed", {"inputs": TOO_LONG}, 422, "Validation", "inputs"),
-        ("/embed", {}, 422, "Validation", "inputs"),
+        ("/embed", {}, 422, "Validation", "$"),  # at the object lacking `inputs`: named below
         ("/rerank", {"query": "q", "texts": []}, 400, "Empty", "texts"),
         ("/rerank", {"query": 1, "texts": ["a"]}, 422, "Validation", "query"),
         ("/similarity", similarity([]), 400, "Empty", SENTENCES),
@@ -280,6 +280,13 @@ def test_tei_decoding_keeps_teis_defaults() -> None:
     auto = tei.decode_embed(b'{"inputs": "a"}', dimensions_supported=False, auto_truncate=True)
     assert auto.truncate
     assert tei.decode_embed_all(b'{"inputs": "a"}').token_level
+
+
+def test_a_tei_body_without_inputs_is_refused_naming_the_key() -> None:
+    with pytest.raises(GenerationError) as caught:
+        tei.decode_embed(b"{}", dimensions_supported=False)
+    assert caught.value.field == "$.inputs" and "inputs" in caught.value.message
+    assert tei.error_of(caught.value)[0] == 422
 
 
 # --- Cohere: the `cohere` SDK ------------------------------------------------------------------

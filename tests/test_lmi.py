@@ -290,18 +290,20 @@ def test_spec_parameters_are_accepted_and_those_vllm_lacks_ignored_with_a_warnin
 
 
 def test_payload_validation_answers_424_naming_the_field(server: RunningServer) -> None:
-    cases: list[tuple[dict[str, Any], str]] = [
-        ({"inputs": PROMPT, "parameters": {"top_k": "x"}}, "$.parameters.top_k"),
-        ({"inputs": PROMPT, "parameters": {"do_sample": True, "nn": 2}}, "field `nn`"),
-        ({"input": PROMPT}, "field `input`"),
-        ({"inputs": "word " * 3000}, "$.inputs"),  # longer than the context
+    # The body, the key its error names, and where the gateway's " - at `...`" places it: the
+    # field, or the object that holds an unknown key.
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"inputs": PROMPT, "parameters": {"top_k": "x"}}, "top_k", "$.parameters.top_k"),
+        ({"inputs": PROMPT, "parameters": {"do_sample": True, "nn": 2}}, "nn", "$.parameters"),
+        ({"input": PROMPT}, "input", "$"),
+        ({"inputs": "word " * 3000}, "inputs", "$.inputs"),  # longer than the context
     ]
-    for body, field in cases:
+    for body, name, at in cases:
         response = invoke(server, body)
         assert response.status_code == 424, body
         answer = response.json()
         assert set(answer) == {"error", "code"} and answer["code"] == 424
-        assert field in answer["error"], answer
+        assert name in answer["error"] and answer["error"].endswith(f" - at `{at}`"), answer
     not_json = web.post(server.http + "/invocations", content=b"{oops")
     assert not_json.status_code == 424 and "Malformed JSON" in not_json.json()["error"]
     dynamic = invoke(server, {"inputs": [PROMPT, 3]})

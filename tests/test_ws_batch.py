@@ -169,7 +169,9 @@ def test_malformed_json_and_bad_fields_get_errors_and_the_connection_stays_usabl
 
         ws.send(payload(("u", "hi"), generation_config={"top_q": 1}))
         [error] = json.loads(ws.recv())
-        assert "unknown field `top_q`" in error["error"]
+        assert error["type"] == "ERROR" and error["request_id"] == "u"
+        assert "top_q" in error["error"]  # named, at the object that holds it
+        assert error["error"].endswith(" - at `$.generation_config`")
 
         ws.send(
             json.dumps(
