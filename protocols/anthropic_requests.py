@@ -73,7 +73,9 @@ class InputMessage(msgspec.Struct, kw_only=True):
 
 class CustomTool(msgspec.Struct, kw_only=True):
     name: ToolName
-    input_schema: dict[str, Any]
+    # required of a custom tool; optional here so a server tool, which has none, is refused
+    # naming its `type`
+    input_schema: dict[str, Any] | None = None
     description: str | None = None
     type: str | None = None  # `custom`, or left out; anything else is a server tool
 
@@ -242,11 +244,16 @@ def _tool_use(body: _Conversation) -> ToolUse | None:
                 f"The server tool `{tool.type}` is not served here: only custom tools",
                 f"tools[{i}].type",
             )
+        if tool.input_schema is None:
+            raise invalid(
+                f"A custom tool needs its `input_schema` - at `tools[{i}].input_schema`",
+                f"tools[{i}].input_schema",
+            )
     tools = [
         Tool(
             type="function",
             function=FunctionSpec(
-                name=t.name, description=t.description, parameters=t.input_schema
+                name=t.name, description=t.description, parameters=t.input_schema or {}
             ),
         )
         for t in body.tools

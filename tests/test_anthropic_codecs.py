@@ -128,6 +128,8 @@ def test_a_named_tool_choice_and_the_token_count_request() -> None:
             {"tools": [{"type": "web_search_20250305", "name": "web_search", "input_schema": {}}]},
             "tools[0].type",
         ),
+        ({"tools": [{"name": "f", "type": "bash_20250124"}]}, "tools[0].type"),  # no schema
+        ({"tools": [{"name": "f", "description": "no schema"}]}, "tools[0].input_schema"),
         (
             {
                 "tools": [{"name": "a", "input_schema": {}}],
