@@ -137,6 +137,12 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
     token_prompts: bool = False  # some prompts are token ids, their text yet to spell
     tool_use: ToolUse | None = None  # the chat's tools: calls parsed from its answers
 
+    @property
+    def names_token_ids(self) -> bool:
+        """Its prompts or its `logit_bias` name token ids, to check against the vocabulary
+        (`spelled`)."""
+        return self.token_prompts or any(r.options.logit_bias for r in self.requests)
+
 
 def decode_chat(raw: bytes, context: int) -> OpenAICall:
     body = decode_body(raw, ChatRequest)

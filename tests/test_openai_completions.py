@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from clients import web
 from serving import RunningServer
@@ -120,3 +121,28 @@ def test_a_seeded_prompt_longer_than_a_step_samples_and_repeats(server: RunningS
     assert first.json()["usage"]["prompt_tokens"] > 512
     assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
     assert choices(server, prompt=PROMPT, max_tokens=2)[0]["text"]  # the engine still serves
+
+
+def test_a_logit_bias_id_outside_the_vocabulary_is_refused_naming_logit_bias(
+    server: RunningServer,
+) -> None:
+    """OpenAI's 400 with `param`, on both routes, before the engine sees it (vLLM's own check
+    would be an unprocessable request); the SDK raises its BadRequestError."""
+    client = openai.OpenAI(base_url=server.http + "/v1", api_key="-", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=1,
+            logit_bias={"49152": 5},
+        )
+    with pytest.raises(openai.BadRequestError) as completion:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logit_bias={"49152": 5})
+    for refused in (chat.value, completion.value):
+        error = refused.body
+        assert isinstance(error, dict) and error["param"] == "logit_bias", error
+        assert error["type"] == "invalid_request_error"
+    biased = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=1, logit_bias={"49151": -5}
+    )
+    assert biased.usage is not None and biased.usage.completion_tokens == 1

@@ -61,7 +61,7 @@ async def resolve(model: ServedModel, call: OpenAICall, component: str | None = 
     (SageMaker's inference component header) an adapter for a request whose `model` names
     none. Raises GenerationError (a refusal) or ModelNotServed (404, its message the why)."""
     tools: ToolAnswers | None = None
-    if call.token_prompts:
+    if call.names_token_ids:
         call = await model.spell(call)
     if call.tool_use is not None:  # its parsers read the engine's tokenizer
         tools, held = await model.tool_calling(call.tool_use, call.requests)
