@@ -114,6 +114,19 @@ def test_redis_down_fails_what_needs_it_and_nothing_else(
         json={"inputs": "Hello", "parameters": {"max_new_tokens": 3}},
     )
     assert tgi.status_code == 200 and json.loads(tgi.text)["generated_text"]
+    # The Responses API: `store: false` keeps nothing and is served; `store: true` (OpenAI's
+    # default) is refused before any engine work, naming the store and the field.
+    unstored = web.post(
+        server.http + "/v1/responses",
+        json={"input": "Hello", "max_output_tokens": 3, "temperature": 0, "store": False},
+    )
+    assert unstored.status_code == 200 and unstored.json()["status"] == "completed", unstored.text
+    stored = web.post(
+        server.http + "/v1/responses", json={"input": "Hello", "max_output_tokens": 3}
+    )
+    assert stored.status_code == 503, stored.text
+    assert stored.json()["error"]["param"] == "store"
+    assert stored.json()["error"]["message"].startswith(named)
 
     redis_server.start()  # back, empty: the same request_id starts afresh
     assert web.get(server.http + "/health").json() == {"status": "ready"}

@@ -33,7 +33,7 @@ from gateway.http.prepared import (
 from gateway.http.responses_events import Answer, answer_events
 from gateway.http.streaming import collect, ended, has_output
 from gateway.state import Gateway, gateway_of
-from protocols.errors import GenerationError, invalid
+from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.events import Failed
 from protocols.names import Protocol
 from protocols.openai_answers import ErrorBody
@@ -78,6 +78,11 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
             if previous is None:
                 missing = not_found(call.previous_response_id, "previous_response_id")
                 return Whole(404, missing, JSON)
+        if call.store and previous is None and (down := await responses.store.problem()):
+            # asked before the engine's work, not after it: `store: true` (OpenAI's default)
+            # can only be honoured where the response can be kept
+            message = f"{down}; but `store: true` keeps the response there: send `store: false`"
+            raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message, "store")
         if call.tool_use is not None:
             tools, [held] = await served.tool_calling(call.tool_use, [call.request])
             call = msgspec.structs.replace(call, request=held)
