@@ -8,6 +8,8 @@ not installed. Every test that uses the engine, directly or through a server, is
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +52,20 @@ ENGINE_FIXTURES = {
 OWN_ENGINE_FIXTURES = {"vllm_server", "ray_address"}
 
 
+# The embedding engine is built beside the chat engine, not after it, when the session will
+# use both: two engine starts overlap (imports, a process each, their waits) where one after
+# the other they add up (issue 55: the suite's time on the slowest CPU).
+_EMBEDDING_WANTED: list[bool] = [False]
+_EARLY_EMBEDDING: list[concurrent.futures.Future[PoolingEngine]] = []
+
+
+@pytest.hookimpl(trylast=True)  # once `-m` and `-k` have chosen what runs
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _EMBEDDING_WANTED[0] = any(
+        "embedding_engine" in getattr(item, "fixturenames", ()) for item in session.items
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on the marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -73,9 +89,16 @@ def engine(loop_thread: LoopThread) -> Iterator[VllmEngine]:
     from gateway.engine.vllm_engine import VllmEngine
 
     model = str(prepare_default_model())
+    if _EMBEDDING_WANTED[0]:
+        from gateway.engine.pooling_engine import PoolingEngine
+
+        early = PoolingEngine.start(embedding_settings())
+        _EARLY_EMBEDDING.append(asyncio.run_coroutine_threadsafe(early, loop_thread.loop))
     built = loop_thread.run(VllmEngine.start(gateway_settings().engine, model))
     yield built
     loop_thread.call(built.shutdown)
+    for unclaimed in _EARLY_EMBEDDING:  # built, and no test took it
+        loop_thread.call(unclaimed.result().shutdown)
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +120,10 @@ def embedding_engine(loop_thread: LoopThread) -> Iterator[PoolingEngine]:
     """The shipped embedding model's pooling engine: one for the session."""
     from gateway.engine.pooling_engine import PoolingEngine
 
-    built = loop_thread.run(PoolingEngine.start(embedding_settings()))
+    if _EARLY_EMBEDDING:
+        built = _EARLY_EMBEDDING.pop().result()
+    else:
+        built = loop_thread.run(PoolingEngine.start(embedding_settings()))
     yield built
     loop_thread.call(built.shutdown)
 

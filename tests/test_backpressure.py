@@ -344,6 +344,8 @@ def test_a_v1_generate_stream_that_is_not_read_has_its_generation_ended(
     assert "MAX_QUEUED_BYTES_PER_CONNECTION" in last["message"]
 
 
+# Until the sockets' buffers fill: make test's unread streams are /v1/generate's and TGI's.
+@pytest.mark.long
 def test_an_sse_stream_that_is_not_read_waits_in_uvicorn_and_its_engine_request_ends(
     slow_server: Callable[..., RunningServer], engine_requests: Callable[[], int]
 ) -> None:

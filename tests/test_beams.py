@@ -95,7 +95,19 @@ def transformers_beams(engine: VllmEngine, prompt: str) -> str:
     return engine.decode(out[0, ids.shape[1] :].tolist()).replace("<|im_end|>", "")
 
 
-@pytest.mark.parametrize("prompt", PROMPTS, ids=["raw", "capital", "haiku"])
+# One prompt in `make test`; the two slowest (transformers' own beam search on the CPU) in
+# `make test-all`: the same comparison on other text.
+LONG = pytest.mark.long
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        pytest.param(PROMPTS[0], id="raw", marks=LONG),
+        pytest.param(PROMPTS[1], id="capital"),
+        pytest.param(PROMPTS[2], id="haiku", marks=LONG),
+    ],
+)
 def test_beams_answer_what_transformers_answers(server: RunningServer, prompt: str) -> None:
     engine = server.gateway.service.holder.engine
     assert engine is not None

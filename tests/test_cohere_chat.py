@@ -87,6 +87,7 @@ def test_chat_stream_delivers_the_whole_answers_text(server: RunningServer) -> N
     assert [e.type for e in raw] == [e.type for e in events]
 
 
+@pytest.mark.long  # Cohere's tool calls in make test: the two-turn loop
 def test_a_required_tool_call_whole_and_streamed(server: RunningServer) -> None:
     body: Any = {
         "model": MODEL,

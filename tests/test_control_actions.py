@@ -124,6 +124,7 @@ def test_modify_while_paused_applies_on_resume(server: RunningServer) -> None:
         assert until(ws, "completion")[-1]["usage"]["completion_tokens"] == 8
 
 
+@pytest.mark.long  # 200 tokens twice; regenerate in `make test`: test_control_stops.py
 def test_regenerate_restarts_under_a_new_request_id(server: RunningServer) -> None:
     with connect(server.ws + "/generate") as ws:
         ws.send(config(STORY, max_tokens=200, temperature=0))

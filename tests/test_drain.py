@@ -89,6 +89,7 @@ def test_past_drain_seconds_each_stream_ends_with_one_terminal_error(
 
 
 @pytest.mark.engine  # a real `llm-gateway serve`, engine and all
+@pytest.mark.own_engine  # its own process: `make test-all`
 def test_sigterm_exits_zero(tmp_path: Path) -> None:
     """The real signal on a real process (an engine that cannot load keeps it light)."""
     env = {

@@ -174,6 +174,7 @@ def test_a_chat_naming_the_embedding_model_is_refused_naming_model(oai: openai.O
     assert completion.value.body["param"] == "model"  # type: ignore[index]
 
 
+@pytest.mark.long  # 2,048 inputs through the embedding engine
 def test_many_inputs_in_one_request_let_another_callers_embedding_through(
     embedding_server: RunningServer, embedding_engine: PoolingEngine
 ) -> None:
