@@ -42,6 +42,7 @@ from clients import (
     scrape,
     value,
     wait_for,
+    web,
 )
 from protocols.batch_events import PayloadFrames
 from protocols.batch_payload import Rejected
@@ -309,11 +310,16 @@ def sse_messages(body: str) -> list[dict[str, Any]]:
     return [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
 
 
-def post_unread(server: RunningServer, path: str, body: dict[str, Any]) -> HTTPConnection:
-    """A POST whose answer nobody reads until `getresponse()`."""
+def post_unread(
+    server: RunningServer, path: str, body: dict[str, Any], key: str | None = None
+) -> HTTPConnection:
+    """A POST (with `key`, as a bearer token) whose answer nobody reads until `getresponse()`."""
     http = HTTPConnection("127.0.0.1", server.port)
     http.sock = small_socket(server.port)
-    http.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    http.request("POST", path, json.dumps(body), headers)
     return http
 
 
@@ -383,3 +389,48 @@ def test_an_sse_stream_that_is_not_read_waits_in_uvicorn_and_its_engine_request_
     # Nothing lost: every token is there (steps the client had not read arrive merged).
     assert sum(len((c["logprobs"] or {}).get("content") or []) for c in choices) == tokens
     assert choices[-1]["finish_reason"] == "length"
+
+
+KEY = "sk-one-sequence-at-once-0"
+
+
+@pytest.mark.parametrize("path", ["/generate_stream", "/"])
+def test_a_tgi_stream_that_is_not_read_ends_and_frees_its_slot_and_its_keys_concurrency(
+    slow_server: Callable[..., RunningServer], engine_requests: Callable[[], int], path: str
+) -> None:
+    """TGI's streams take the one engine path's hand-off, as chat's do: while nothing of the
+    answer is read, its generation goes on to its end in the engine and leaves its admission
+    slot and the one sequence its key may run at once, so the key's next request runs."""
+    server = slow_server(API_KEYS=KEY, LIMIT_CONCURRENT_REQUESTS="1", METRICS_PUBLIC="true")
+    tokens = 300  # each event carries five top tokens: the answer is far past every buffer
+    parameters = {
+        "max_new_tokens": tokens,
+        "ignore_eos_token": True,
+        "do_sample": False,
+        "top_n_tokens": 5,
+        "details": True,
+    }
+    body: dict[str, Any] = {"inputs": ESSAY, "parameters": parameters}
+    if path == "/":
+        body["stream"] = True
+    http = post_unread(server, path, body, KEY)
+    try:
+        finished = {"protocol": "tgi", "kind": "finished"}
+        wait_for(lambda: value(scrape(server.http), "gateway_terminal_events_total", **finished))
+        assert engine_requests() == 0  # ended in the engine, nothing read yet
+        assert value(scrape(server.http), "gateway_running_requests") == 0  # its slot left
+        short = {"inputs": ESSAY, "parameters": {"max_new_tokens": 2}}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        after = web.post(server.http + "/generate", json=short, headers=headers)
+        assert after.status_code == 200, after.text  # the key's one sequence is free again
+        answer = http.getresponse()
+        assert answer.status == 200
+        text = answer.read().decode()
+    finally:
+        http.close()
+    # The route's writer waited for the client: more than every buffer could hold.
+    assert len(text) > 2 * SEND_BUFFER + 64 * 1024 + 2 * 4096
+    *steps, last = sse_messages(text)
+    assert len(steps) + 1 == tokens and all(len(m["top_tokens"]) == 5 for m in steps)
+    assert last["details"]["generated_tokens"] == tokens
+    assert last["details"]["finish_reason"] == "length"

@@ -395,6 +395,27 @@ def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(tmp_path: Path
     assert "parrot" not in engine.adapters and all(not r.loaded for r in replicas)
 
 
+def test_a_replica_engine_is_an_engine_set_up_as_the_local_one_is() -> None:
+    """Issue 55: ReplicaEngine is set up by the `__init__` VllmEngine's is (TokenizerSide), so
+    a field added there is set for both, and has every member of `Engine` (whose types mypy
+    checks where the loader returns it)."""
+    from gateway.engine.contract import Engine, TokenizerSide
+    from gateway.engine.replica_actor import ReplicaInfo
+    from gateway.engine.replicas import Fleet, ReplicaEngine
+
+    class Tokenizer:
+        all_special_ids: tuple[int, ...] = ()
+
+    info = ReplicaInfo(Tokenizer(), 2048, "float32", "cpu", frozenset({2}))
+    engine = ReplicaEngine(Fleet([], "affinity"), info, lambda: None)
+    members = {m for m in vars(Engine) if not m.startswith("_")} | set(Engine.__annotations__)
+    assert {m for m in members if not hasattr(ReplicaEngine, m) and m not in vars(engine)} == set()
+    side = TokenizerSide(info.tokenizer, frozenset(), 1, "", "", engine.adapters, engine.scheduler)
+    assert set(vars(side)) <= set(vars(engine))
+    assert (engine.max_model_len, engine.dtype, engine.dtype_reason) == (2048, "float32", "cpu")
+    assert engine.eos_token_ids == {2} and engine.tokenizer is info.tokenizer
+
+
 def test_the_router_moves_only_a_stopped_replicas_keys_and_back() -> None:
     from gateway.engine.replicas import Fleet
 

@@ -16,6 +16,8 @@ from protocols.names import Protocol
 INTERACTIVE, STANDARD, BULK = 0, 1, 2
 MAX_PRIORITY = 9  # bounds the labels a per-class metric can have
 
+# Every protocol has its row (tests/test_protocol_tables.py): `PriorityClasses.of` has no
+# fallback, so a protocol without one would fail each of its requests.
 DEFAULT_CLASSES: Mapping[Protocol, int] = {
     Protocol.CONTROL: INTERACTIVE,
     Protocol.WS_EVENTS: INTERACTIVE,

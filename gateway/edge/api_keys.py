@@ -136,7 +136,8 @@ def subprotocol_key(scope: Scope) -> str | None:
 
 
 def presented_key(scope: Scope) -> str | None:
-    """The key a request presents, however its protocol's clients send it."""
+    """The key a request presents, however its protocol's clients send it: a protocol whose
+    clients send it another way adds that way here (tests/test_protocol_tables.py)."""
     authorization = _header(scope, b"authorization")
     if authorization is not None:
         scheme, _, token = authorization.partition(" ")

@@ -31,20 +31,22 @@ _OPENAI = (
     "/tokenize",
     "/detokenize",
 )
-_LMI = ("/invocations", "/predictions/", "/endpoints/")
+_LMI = ("/invocations", "/predictions/", "/endpoints/")  # and /models/{model}/invoke
 _TGI = frozenset({"/", "/generate", "/generate_stream", "/info"})
 _DJL_MANAGEMENT = ("/adapters", "/models/")  # DJL's adapter API, which has its own error shape
 
 
 def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
-    """The status and body the route at `path` answers `error` with."""
+    """The status and body the route at `path` answers `error` with. A protocol's paths each
+    need their branch here (tests/test_protocol_tables.py): one without answers in the REST
+    routes' shape."""
     if path.startswith("/v1/messages"):
         return anthropic_answers.error_of(error)
     if path.startswith("/v2/"):
         return cohere.error_of(error)
     if path.startswith(_OPENAI) or (path.startswith("/v1/") and path != "/v1/generate"):
         return openai_answers.error_of(error)  # an unknown /v1/ path too: OpenAI's clients
-    if path.startswith(_LMI):
+    if path.startswith(_LMI) or (path.startswith("/models/") and path.endswith("/invoke")):
         status = lmi.lmi_status(error.kind)
         return status, lmi.payload_error(named(error), status, dynamic=False)
     if path in _TGI:

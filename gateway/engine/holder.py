@@ -19,15 +19,15 @@ from typing import Generic, Protocol
 
 from typing_extensions import TypeVar
 
+from gateway.engine.contract import Engine
 from gateway.engine.cpu_defaults import cpu_flags, reported_flags
-from gateway.engine.vllm_engine import VllmEngine
 from protocols.errors import ErrorKind, GenerationError
 
 log = logging.getLogger(__name__)
 
 
 class HeldEngine(Protocol):
-    """What the holder needs of an engine: the chat model's (VllmEngine) or an embedding
+    """What the holder needs of an engine: the chat model's (an `Engine`) or an embedding
     model's (PoolingEngine)."""
 
     dtype: str
@@ -43,7 +43,7 @@ class HeldEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
-E = TypeVar("E", bound=HeldEngine, default=VllmEngine)
+E = TypeVar("E", bound=HeldEngine, default=Engine)
 
 
 class EngineHolder(Generic[E]):

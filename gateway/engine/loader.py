@@ -1,4 +1,5 @@
-"""How an engine is built: `EngineLoader`, and the one for an engine in this process."""
+"""How an engine is built: `EngineLoader` (any `Engine`), and the one for an engine in this
+process (a `VllmEngine`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from gateway.config.settings import Settings, served_model_name
+from gateway.engine.contract import Engine
 from gateway.engine.vllm_engine import VllmEngine
 
-EngineLoader = Callable[[], Awaitable[VllmEngine]]
+EngineLoader = Callable[[], Awaitable[Engine]]
 
 
-def local_loader(settings: Settings) -> EngineLoader:
+def local_loader(settings: Settings) -> Callable[[], Awaitable[VllmEngine]]:
     """The engine in this process: the configured model, or the default one prepared once."""
 
     async def load() -> VllmEngine:

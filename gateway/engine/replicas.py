@@ -4,8 +4,8 @@ object refs, `ray.cancel`, `ray.get_actor`, `ray.kill`), and one setting of Ray'
 replicas' environment (gateway/engine/ray_seam.py).
 
 The replicas are N named actors (`EngineReplica`, gateway/engine/replica_actor.py) that the
-gateway creates, or finds when another gateway did. The gateway holds a `ReplicaEngine`: a
-`VllmEngine` whose tokenizer is the replicas' own (sent once) and whose engine calls go to the
+gateway creates, or finds when another gateway did. The gateway holds a `ReplicaEngine`: an
+`Engine` whose tokenizer is the replicas' own (sent once) and whose engine calls go to the
 replica it picks itself (`Fleet.pick`): by the prompt's continuation key
 (gateway/engine/affinity.py) with rendezvous hashing, so every continuation of a key reaches
 the replica whose prefix cache holds its blocks; a prompt with no key to any replica.
@@ -37,13 +37,13 @@ from ray.exceptions import RayActorError, RayError
 
 from gateway.config.settings import Settings
 from gateway.engine.affinity import AFFINITY
+from gateway.engine.contract import Engine, TokenizerSide
 from gateway.engine.lora import Adapter, Adapters
 from gateway.engine.meter import Meter
-from gateway.engine.outputs import EngineStep, OutputReader
+from gateway.engine.outputs import EngineStep
 from gateway.engine.ray_seam import REPLICA_ENV
 from gateway.engine.replica_actor import EngineReplica, ReplicaFailure, ReplicaInfo
 from gateway.engine.scheduler_view import SchedulerView
-from gateway.engine.vllm_engine import VllmEngine
 from protocols.constraints import UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError, invalid
 from protocols.generation import SamplingOptions
@@ -142,26 +142,28 @@ def _raised(item: object) -> None:
         raise kind(item.kind, item.message, item.field)
 
 
-class ReplicaEngine(VllmEngine):
-    """The gateway's side: a `VllmEngine` whose engines are the replicas. Tokenizing and chat
-    templates run here; only engine requests cross to a replica."""
+class ReplicaEngine(TokenizerSide):
+    """The gateway's side: an `Engine` (gateway/engine/contract.py) whose engines are the
+    replicas. Tokenizing and chat templates run here (`TokenizerSide`, on the replicas'
+    tokenizer); only engine requests cross to a replica."""
 
     def __init__(self, fleet: Fleet, info: ReplicaInfo, on_shutdown: Callable[[], None]) -> None:
-        # No engine of its own: VllmEngine.__init__ would want one. What it sets, set here.
+        adapters = Adapters({}, enabled=info.lora, base=info.base_model)
+        for name, path in info.adapters.items():  # by the replicas' ids
+            adapters.add(name, path, info.adapter_ids.get(name))
+        super().__init__(
+            info.tokenizer,
+            info.eos_token_ids,
+            info.max_model_len,
+            info.dtype,
+            info.dtype_reason,
+            adapters,
+            SchedulerView(),  # stays empty: each replica's engine counts its own
+        )
         self.fleet = fleet
-        self.tokenizer = info.tokenizer
-        self._reader = OutputReader(self.tokenizer)
-        self.eos_token_ids = info.eos_token_ids
-        self.max_model_len = info.max_model_len
-        self.dtype = info.dtype
-        self.dtype_reason = info.dtype_reason
         self._closing = False
         self._on_shutdown = on_shutdown
         self._running = 0
-        self.scheduler = SchedulerView()  # stays empty: each replica's engine counts its own
-        self.adapters = Adapters({}, enabled=info.lora, base=info.base_model)
-        for name, path in info.adapters.items():  # by the replicas' ids
-            self.adapters.add(name, path, info.adapter_ids.get(name))
         self._managing = asyncio.Lock()  # one load or unload at a time, on every replica
 
     async def load_adapter(self, name: str, path: Path, lora_id: int | None = None) -> None:
@@ -222,19 +224,22 @@ class ReplicaEngine(VllmEngine):
         return True
 
     def _call(
-        self, method: str, token_ids: list[int], options: SamplingOptions, args: Any, kwargs: Any
+        self,
+        method: str,
+        token_ids: list[int],
+        options: SamplingOptions,
+        priority: int,
+        adapter: str | None,
     ) -> tuple[int, Any]:
         """`method` called on the replica the request goes to: its index, and the call's
         object ref (a generator's refs for a stream). The request's adapter goes whole (name,
         path, id), not by its name: whichever replica serves it knows it then."""
         key = AFFINITY.get()
         index = self.fleet.pick(key)
-        name = kwargs.get("adapter")
-        adapter = self.adapters.find(name) if isinstance(name, str) else None
-        if adapter is not None:
-            kwargs = {**kwargs, "adapter": adapter}
+        found = self.adapters.find(adapter) if adapter is not None else None
         call = getattr(self.fleet.actors[index], method)
-        return index, call.remote(key, list(token_ids), options, *args, **kwargs)
+        named = found if found is not None else adapter
+        return index, call.remote(key, list(token_ids), options, priority, adapter=named)
 
     @asynccontextmanager
     async def _remote(
@@ -268,10 +273,10 @@ class ReplicaEngine(VllmEngine):
         token_ids: list[int],
         options: SamplingOptions,
         meter: Meter | None = None,
-        *args: Any,
-        **kwargs: Any,
+        priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
-        replica, steps = self._call("stream", token_ids, options, args, kwargs)
+        replica, steps = self._call("stream", token_ids, options, priority, adapter)
         async with self._remote(replica, len(token_ids), meter, steps):
             async for ref in steps:
                 item = await ref
@@ -287,10 +292,10 @@ class ReplicaEngine(VllmEngine):
         token_ids: list[int],
         options: SamplingOptions,
         meter: Meter | None,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        priority: int,
+        adapter: str | None,
     ) -> list[EngineStep]:
-        replica, answer = self._call(method, token_ids, options, args, kwargs)
+        replica, answer = self._call(method, token_ids, options, priority, adapter)
         async with self._remote(replica, len(token_ids), meter, answer):
             found = await answer
             _raised(found)
@@ -305,20 +310,20 @@ class ReplicaEngine(VllmEngine):
         token_ids: list[int],
         options: SamplingOptions,
         meter: Meter | None = None,
-        *args: Any,
-        **kwargs: Any,
+        priority: int = 0,
+        adapter: str | None = None,
     ) -> list[EngineStep]:
-        return await self._whole("complete", token_ids, options, meter, args, kwargs)
+        return await self._whole("complete", token_ids, options, meter, priority, adapter)
 
     async def beam_search(
         self,
         token_ids: list[int],
         options: SamplingOptions,
         meter: Meter | None = None,
-        *args: Any,
-        **kwargs: Any,
+        priority: int = 0,
+        adapter: str | None = None,
     ) -> list[EngineStep]:
-        return await self._whole("beam_search", token_ids, options, meter, args, kwargs)
+        return await self._whole("beam_search", token_ids, options, meter, priority, adapter)
 
     def unfinished_requests(self) -> int:
         """The engine requests this gateway has running on the replicas."""
@@ -388,7 +393,7 @@ def remove_replicas(count: int) -> None:
 
 
 def replica_loader(settings: Settings) -> Callable[[], Any]:
-    async def load() -> VllmEngine:
+    async def load() -> Engine:
         actors, shutdown = await asyncio.to_thread(_connect, settings)
         log.info("waiting for %d engine replicas on Ray", len(actors))
         # Retried through restarts: Ray may restart a replica that has not started yet (its

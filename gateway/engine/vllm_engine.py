@@ -16,14 +16,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import msgspec
-from jinja2.exceptions import TemplateError
 from vllm import RequestOutput, SamplingParams
 from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import RequestOutputKind
@@ -34,6 +32,7 @@ from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine import death_watch, lora_loading
 from gateway.engine.beam_requests import searched
 from gateway.engine.constraint_check import CompileLimits, ConstraintChecker
+from gateway.engine.contract import TokenizerSide
 from gateway.engine.engine_args import engine_args, engine_dtype
 from gateway.engine.engine_errors import engine_failure, translated
 from gateway.engine.lora import Adapters
@@ -42,16 +41,15 @@ from gateway.engine.outputs import EngineStep, OutputReader, eos_token_ids
 from gateway.engine.sampling import checked_params
 from gateway.engine.scheduler_view import SchedulerView
 from gateway.engine.vllm_seam import SchedulerStatsLogger
-from protocols.errors import ErrorKind, GenerationError, invalid
-from protocols.events import TokenInfo
+from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
 from protocols.stop_strings import StopStrings
 
 log = logging.getLogger(__name__)
 
 
-class VllmEngine:
-    """One vLLM engine, shared by every protocol."""
+class VllmEngine(TokenizerSide):
+    """One vLLM engine, shared by every protocol: an `Engine` (gateway/engine/contract.py)."""
 
     def __init__(
         self,
@@ -62,17 +60,20 @@ class VllmEngine:
         adapters: Adapters | None = None,
         limits: CompileLimits | None = None,
     ) -> None:
+        tokenizer = llm.get_tokenizer()
+        super().__init__(
+            tokenizer,
+            eos_token_ids(llm, tokenizer),
+            max_model_len,
+            str(llm.model_config.dtype).removeprefix("torch."),
+            dtype_reason,
+            adapters or Adapters({}, enabled=False),
+            scheduler or SchedulerView(),
+        )
         self.llm = llm
         self.constraints = ConstraintChecker(llm, limits or CompileLimits())
-        self.adapters = adapters or Adapters({}, enabled=False)
-        self.scheduler = scheduler or SchedulerView()
         self._ids = itertools.count()
-        self.tokenizer: Any = llm.get_tokenizer()
-        self._reader = OutputReader(self.tokenizer)
-        self.eos_token_ids = eos_token_ids(llm, self.tokenizer)
-        self.max_model_len = max_model_len
-        self.dtype = str(llm.model_config.dtype).removeprefix("torch.")
-        self.dtype_reason = dtype_reason
+        self._reader = OutputReader(tokenizer)
         self._closing = False
         self.typical_sampling = False  # the logits processor loaded (TYPICAL_SAMPLING)
 
@@ -115,52 +116,6 @@ class VllmEngine:
     async def unload_adapter(self, name: str) -> bool:
         """gateway/engine/lora_loading.py's `unload_adapter`, from this engine."""
         return await lora_loading.unload_adapter(self.llm, self.adapters, name)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
-
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        chat_template: str | None = None,
-    ) -> str:
-        """The conversation as a prompt, in the model's own chat template (or `chat_template`,
-        CHAT_TEMPLATE's), which receives `tools`: ending with the assistant's turn, or
-        (`continue_final_message`) inside the last message."""
-        if not chat_template and not getattr(self.tokenizer, "chat_template", None):
-            raise invalid(
-                "This model has no chat template: send `prompt` instead of `messages`", "messages"
-            )
-        try:
-            rendered = self.tokenizer.apply_chat_template(
-                list(messages),
-                tools=list(tools) if tools is not None else None,
-                chat_template=chat_template,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-            )
-        except (ValueError, TemplateError) as e:  # no message, or one the template refuses
-            raise invalid(f"The chat template cannot render these messages: {e}", "messages") from e
-        return str(rendered)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids)))
-
-    @property
-    def vocabulary(self) -> int:
-        """How many token ids the tokenizer knows (0 to this less one)."""
-        return len(self.tokenizer)
-
-    def retokenize(self, text: str) -> list[TokenInfo]:
-        """`text`'s own tokens, with no log-probability: what is left of a token a stop string
-        split (protocols/stop_strings.py)."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return [TokenInfo(i, str(self.tokenizer.decode([i])), float("nan")) for i in ids]
 
     def _stop_strings(self, options: SamplingOptions) -> StopStrings:
         spell = partial(self._reader.piece, skip_special_tokens=options.skip_special_tokens)

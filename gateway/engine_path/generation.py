@@ -27,9 +27,9 @@ from gateway.config.priorities import PriorityClasses
 from gateway.config.settings import Settings
 from gateway.edge.caller import current_caller
 from gateway.edge.limits import Limiter, RateLimited
+from gateway.engine.contract import Engine
 from gateway.engine.holder import EngineHolder
 from gateway.engine.outputs import EngineStep
-from gateway.engine.vllm_engine import VllmEngine
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
@@ -174,7 +174,7 @@ class GenerationService:
 
 
 async def _history(
-    engine: VllmEngine, request: GenerationRequest, chat_template: str | None = None
+    engine: Engine, request: GenerationRequest, chat_template: str | None = None
 ) -> History:
     """The sequence to submit: the request's history, or its prompt tokenized, within context."""
     history = request.history
@@ -229,7 +229,7 @@ async def tokenized(text: str, encode: Callable[[str], list[int]]) -> list[int]:
     return encode(text)
 
 
-def _longest_token(engine: VllmEngine) -> int:
+def _longest_token(engine: Engine) -> int:
     """The most characters one token stands for: a prompt longer than the context times this
     cannot fit, and is refused before the tokenizer spends seconds on megabytes of it."""
     return _longest_in(engine.tokenizer)
@@ -241,7 +241,7 @@ def _longest_in(tokenizer: Any) -> int:
 
 
 async def _engine_events(
-    engine: VllmEngine,
+    engine: Engine,
     request: GenerationRequest,
     history: History,
     meter: StreamMeter,

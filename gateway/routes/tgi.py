@@ -3,6 +3,8 @@
 GET `/health` is served by routes/health.py (200 once ready, 503 before), which is all
 `InferenceClient.health_check()` reads. As in TGI, a streamed request answers 200 whatever
 happens: a failure, validation included, is a `data:` event carrying `{error, error_type}`.
+The one prompt runs through `BatchRunner`, as every route's does: a stream nobody reads goes
+on to its end, and leaves its admission slot and its caller's concurrency.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config.version import version
+from gateway.http.chat import refused_with
 from gateway.http.embedding_answers import tei_body_of, tei_info, tei_invocation
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import (
@@ -29,11 +32,11 @@ from gateway.http.prepared import (
     streamed,
     to_response,
 )
-from gateway.http.streaming import chained, collect
+from gateway.http.streaming import Step, chained, collect, ended, has_output
 from gateway.state import gateway_of
 from protocols import tei
 from protocols.errors import GenerationError
-from protocols.events import Delta, Event, Failed, Finished, TokenInfo
+from protocols.events import Delta, Failed, Finished, TokenInfo
 from protocols.generation import GenerationRequest
 from protocols.json_body import MALFORMED
 from protocols.names import Protocol
@@ -71,8 +74,7 @@ def _json_error(error: GenerationError) -> Whole:
     return Whole(status, body, JSON)
 
 
-def _refusal(head: list[Event]) -> Whole | None:
-    return _sse_error(head[-1].error()) if isinstance(head[-1], Failed) else None
+_refusal = refused_with(_sse_error)  # a failure before any text: its error event alone
 
 
 async def _serve(
@@ -103,20 +105,20 @@ async def _serve(
         adapter=call.adapter,
         adapter_field="$.parameters.adapter_id",
     )
-    events = gateway.service.generate(generation, Protocol.TGI)
+    # The one engine path's hand-off: an unread stream's generation goes on to its end.
+    steps = gateway.batches.run([generation], Protocol.TGI)
     if not call.stream:
-        collected = await collect(request, events)
+        collected = await collect(request, steps)
         if collected is None:
             return CLIENT_GONE
-        last = collected[-1]
+        last = ended(collected)
         if isinstance(last, Failed):
             return _json_error(last.error())
-        assert isinstance(last, Finished)
         return Whole(200, encoder.document(last, listed=listed), JSON)
     return await streamed(
         request,
-        events,
-        ready=lambda e: isinstance(e, Delta | Finished | Failed),
+        steps,
+        ready=has_output,
         refuse=_refusal,
         chunks=partial(_events, encoder=encoder),
         media_type=SSE,
@@ -125,19 +127,20 @@ async def _serve(
 
 
 async def _events(
-    head: list[Event], rest: AsyncIterator[Event], encoder: TgiEncoder
+    head: list[Step], rest: AsyncIterator[Step], encoder: TgiEncoder
 ) -> AsyncGenerator[Chunk, None]:
     last: list[TokenInfo] = []  # the last step's tokens wait for the Finished that follows
-    async for event in chained(head, rest):
-        match event:
-            case Delta(tokens=tokens, finish_reason=None):
-                yield Chunk(encoder.events(tokens or [], None))
-            case Delta(tokens=tokens):
-                last = tokens or []
-            case Finished():
-                yield Chunk(encoder.events(last, event))
-            case Failed():
-                yield Chunk(error_event(event.error()), event.message)
+    async for step in chained(head, rest):
+        for event in step:
+            match event:
+                case Delta(tokens=tokens, finish_reason=None):
+                    yield Chunk(encoder.events(tokens or [], None))
+                case Delta(tokens=tokens):
+                    last = tokens or []
+                case Finished():
+                    yield Chunk(encoder.events(last, event))
+                case Failed():
+                    yield Chunk(error_event(event.error()), event.message)
 
 
 async def compat_generate(request: Request) -> Response:
