@@ -120,7 +120,8 @@ def test_redis_down_fails_what_needs_it_and_nothing_else(
         server.http + "/v1/responses",
         json={"input": "Hello", "max_output_tokens": 3, "temperature": 0, "store": False},
     )
-    assert unstored.status_code == 200 and unstored.json()["status"] == "completed", unstored.text
+    assert unstored.status_code == 200, unstored.text
+    assert unstored.json()["output"][0]["content"][0]["text"], unstored.text
     stored = web.post(
         server.http + "/v1/responses", json={"input": "Hello", "max_output_tokens": 3}
     )
