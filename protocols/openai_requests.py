@@ -200,7 +200,15 @@ def spelled(
     call: OpenAICall, vocabulary: int, decode: Callable[[Sequence[int]], str]
 ) -> OpenAICall:
     """`call` with its token-id prompts checked against the model's `vocabulary` (its number of
-    token ids) and given their text, decoded as vLLM's server decodes them."""
+    token ids) and given their text, decoded as vLLM's server decodes them; its `logit_bias` ids
+    checked too (OpenAI's 400 naming `logit_bias`, where vLLM's own check would be a 422)."""
+    for token_id in sorted({t for r in call.requests for t, _ in r.options.logit_bias}):
+        if token_id >= vocabulary:
+            raise invalid(
+                f"logit_bias names token id {token_id}, out of vocabulary: this model's token "
+                f"ids are 0 to {vocabulary - 1}",
+                "logit_bias",
+            )
     per_prompt = call.choices if call.stream else 1
     echoed = list(call.echo_prompts) if call.echo_prompts is not None else None
     texts: dict[int, str] = {}
