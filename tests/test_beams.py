@@ -109,8 +109,10 @@ LONG = pytest.mark.long
     ],
 )
 def test_beams_answer_what_transformers_answers(server: RunningServer, prompt: str) -> None:
+    from gateway.engine.vllm_engine import VllmEngine
+
     engine = server.gateway.service.holder.engine
-    assert engine is not None
+    assert isinstance(engine, VllmEngine)
     expected = transformers_beams(engine, prompt)
     assert expected.strip()
     config = {"num_beams": 2, "do_sample": False, "max_new_tokens": NEW_TOKENS}

@@ -62,8 +62,10 @@ def generated_ids(messages: list[Message]) -> list[int]:
 
 
 def engine_of(server: RunningServer) -> VllmEngine:
+    from gateway.engine.vllm_engine import VllmEngine
+
     engine = server.gateway.service.holder.engine
-    assert engine is not None
+    assert isinstance(engine, VllmEngine)
     return engine
 
 

@@ -74,8 +74,10 @@ def own_engine_server(
 
 
 def engine_of(server: RunningServer) -> VllmEngine:
+    from gateway.engine.vllm_engine import VllmEngine
+
     engine = server.gateway.service.holder.engine
-    assert engine is not None
+    assert isinstance(engine, VllmEngine)
     return engine
 
 

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import psutil
@@ -39,9 +39,6 @@ from clients import (
 )
 from gateway_bench.adapter_recipe import PHRASE
 from serving import LoopThread, RunningServer, gateway_settings, start_server
-
-if TYPE_CHECKING:
-    from gateway.engine.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.timeout(1800)  # the first test also waits for 2 engines to build
 REPLICAS = 2  # on the session's Ray cluster (tests/ray_cluster.py: `ray_address`)
@@ -72,7 +69,8 @@ def replicas(
     settings = gateway_settings(**env, REDIS_URL=redis_server.url)
     loader = default_loader(settings)
 
-    async def load() -> VllmEngine:  # the gateway's engine, kept: its router is what the tests ask
+    # the gateway's engine, kept: its router is what the tests ask
+    async def load() -> ReplicaEngine:
         engine = await loader()
         assert isinstance(engine, ReplicaEngine)
         _fleets.append(engine.fleet)
