@@ -67,7 +67,8 @@ _BLOCK_TYPES = frozenset(b.__struct_config__.tag for b in Block.__args__)
 
 
 class InputMessage(msgspec.Struct, kw_only=True):
-    role: Literal["user", "assistant"]
+    # `system` among the messages, as Claude Code sends it: folded into the system prompt
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 
@@ -160,13 +161,36 @@ def decode_count_tokens(raw: bytes) -> Conversation:
 
 
 def _conversation(body: _Conversation) -> Conversation:
-    messages: list[dict[str, Any]] = []
+    """The chat: one system message first, `system` and then every `system` message among the
+    messages in their order (the chat templates take one system turn, at the start)."""
+    system: list[str] = []
     if body.system is not None:
-        system = body.system if isinstance(body.system, str) else _joined(body.system)
-        messages.append({"role": "system", "content": system})
+        system.append(body.system if isinstance(body.system, str) else _joined(body.system))
+    said: list[dict[str, Any]] = []
     for i, message in enumerate(body.messages):
-        messages.extend(_chat_messages(message, i))
+        if message.role == "system":
+            system.append(_system_text(message, i))
+        else:
+            said.extend(_chat_messages(message, i))
+    if not said:
+        raise invalid("messages needs a user or assistant message", "messages")
+    messages = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    messages.extend(said)
     return Conversation(model=body.model, messages=tuple(messages), tool_use=_tool_use(body))
+
+
+def _system_text(message: InputMessage, index: int) -> str:
+    """A `system` message's text: a string or text blocks, nothing else."""
+    if isinstance(message.content, str):
+        return message.content
+    texts: list[TextBlock] = []
+    for j, raw_block in enumerate(message.content):
+        field = f"messages[{index}].content[{j}]"
+        block = _block(raw_block, field)
+        if not isinstance(block, TextBlock):
+            raise invalid("A system message holds only `text` blocks", f"{field}.type")
+        texts.append(block)
+    return _joined(texts)
 
 
 def _chat_messages(message: InputMessage, index: int) -> list[dict[str, Any]]:

@@ -35,6 +35,36 @@ def _refused(raw: bytes) -> GenerationError:
     return caught.value
 
 
+def test_system_messages_among_the_messages_fold_into_the_system_prompt_in_order() -> None:
+    """What Claude Code sends: `system` messages inside `messages` (and to count_tokens)."""
+    messages = [
+        {"role": "system", "content": "You are Claude Code."},
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "Be terse.", "cache_control": {}}]},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "bye"},
+    ]
+    call = decode_messages(_body(system="Top.", messages=messages))
+    assert call.requests[0].messages == (
+        {"role": "system", "content": "Top.\n\nYou are Claude Code.\n\nBe terse."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "bye"},
+    )
+    counted = decode_count_tokens(_body(messages=messages))
+    assert counted.messages[0] == {
+        "role": "system",
+        "content": "You are Claude Code.\n\nBe terse.",
+    }
+    only_system = [{"role": "system", "content": "x"}]
+    assert _refused(_body(messages=only_system)).field == "messages"
+    tool_in_system = [
+        {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": "hi"},
+    ]
+    assert _refused(_body(messages=tool_in_system)).field == "messages[0].content[0].type"
+
+
 def test_a_conversation_with_tools_becomes_the_chat_templates_messages() -> None:
     call = decode_messages(
         _body(
