@@ -229,6 +229,13 @@ class ResponseEvent(msgspec.Struct):
     sequence_number: int
 
 
+class InputTokenCount(msgspec.Struct, kw_only=True):
+    """`POST /v1/responses/input_tokens`' answer."""
+
+    input_tokens: int
+    object: str = "response.input_tokens"
+
+
 class DeletedResponse(msgspec.Struct):
     id: str
     object: str = "response.deleted"

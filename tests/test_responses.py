@@ -66,6 +66,41 @@ def test_a_response_whole(server: RunningServer) -> None:
     assert usage.input_tokens_details.cached_tokens >= 0
 
 
+def test_input_tokens_count_equals_the_responses_input_tokens(server: RunningServer) -> None:
+    """`responses.input_tokens.count` (what Codex asks before a turn) on the same body as the
+    response: instructions, tools, and a turn continued by previous_response_id."""
+    tool: FunctionToolParam = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": CITY_SCHEMA,
+        "strict": False,
+    }
+    first_body: dict[str, Any] = {
+        "model": MODEL,
+        "input": "What is the weather in Paris?",
+        "instructions": "Be brief.",
+        "tools": [tool],
+        "tool_choice": "none",
+    }
+    counted = client(server).responses.input_tokens.count(**first_body)
+    assert counted.object == "response.input_tokens"
+    first = client(server).responses.create(**first_body, max_output_tokens=4, temperature=0)
+    assert first.usage is not None and counted.input_tokens == first.usage.input_tokens
+    second_body: dict[str, Any] = {
+        "model": MODEL,
+        "input": "And in Rome?",
+        "previous_response_id": first.id,
+    }
+    again = client(server).responses.input_tokens.count(**second_body)
+    second = client(server).responses.create(**second_body, max_output_tokens=4, temperature=0)
+    assert second.usage is not None and again.input_tokens == second.usage.input_tokens
+    alone = client(server).responses.input_tokens.count(model=MODEL, input="And in Rome?")
+    assert again.input_tokens > alone.input_tokens  # the first turn is in its prompt
+    with pytest.raises(openai.NotFoundError):
+        client(server).responses.input_tokens.count(model="no-such-model", input="hi")
+
+
 def test_a_response_streamed_as_the_sdks_typed_events(server: RunningServer) -> None:
     stream = client(server).responses.create(
         model=MODEL, input="Say hello.", max_output_tokens=48, temperature=0, stream=True

@@ -10,13 +10,14 @@ gateway/http/responses_background.py's.
 from __future__ import annotations
 
 from functools import partial
+from typing import NamedTuple
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.engine_path.responses import Responses, StoredResponse
+from gateway.engine_path.responses import Responses, StoredResponse, Turn
 from gateway.http import responses_background
 from gateway.http.chat import error_answer, refusal
 from gateway.http.openapi import OPENAI_ERRORS, Events, Op
@@ -42,6 +43,7 @@ from protocols.openai_requests import unknown_model
 from protocols.responses_answers import (
     DeletedResponse,
     InputItems,
+    InputTokenCount,
     ResponseEvent,
     ResponseObject,
     deleted,
@@ -49,7 +51,7 @@ from protocols.responses_answers import (
     input_items,
     not_found,
 )
-from protocols.responses_requests import ResponsesRequest, decode_responses
+from protocols.responses_requests import ResponsesCall, ResponsesRequest, decode_responses
 from protocols.tool_calls import ToolAnswers
 
 
@@ -57,36 +59,53 @@ def _responses(gateway: Gateway) -> Responses:
     return Responses(gateway.batches.store, gateway.model)
 
 
+class _Turn(NamedTuple):
+    call: ResponsesCall
+    turn: Turn
+    model: str  # the name the answer reports
+    tools: ToolAnswers | None
+    previous: StoredResponse | None
+
+
+async def _turn(gateway: Gateway, responses: Responses, raw: bytes) -> _Turn | Whole:
+    """The body's turn as the engine will be given it (its prompt rendered and tokenized),
+    or the answer that refuses it. GenerationError: a refusal in OpenAI's shape."""
+    served = gateway.model
+    tools: ToolAnswers | None = None
+    call = decode_responses(raw, served.context_length())
+    adapters = await served.adapter_names()
+    why = unknown_model(call.model, served.name, adapters)
+    if why is not None:
+        return Whole(404, model_not_found(why), JSON)
+    model = call.model or served.name
+    if call.model is not None and call.model in adapters:
+        adapted = msgspec.structs.replace(call.request, adapter=call.model)
+        call = msgspec.structs.replace(call, request=adapted)
+    previous: StoredResponse | None = None
+    if call.previous_response_id is not None:
+        previous = await responses.load(call.previous_response_id)
+        if previous is None:
+            missing = not_found(call.previous_response_id, "previous_response_id")
+            return Whole(404, missing, JSON)
+    if call.tool_use is not None:
+        tools, [held] = await served.tool_calling(call.tool_use, [call.request])
+        call = msgspec.structs.replace(call, request=held)
+    return _Turn(call, await responses.turn(call, previous), model, tools, previous)
+
+
 async def prepare(request: Request, raw: bytes) -> Prepared:
     gateway = gateway_of(request)
     responses = _responses(gateway)
-    served = gateway.model
-    tools: ToolAnswers | None = None
     try:
-        call = decode_responses(raw, served.context_length())
-        adapters = await served.adapter_names()
-        why = unknown_model(call.model, served.name, adapters)
-        if why is not None:
-            return Whole(404, model_not_found(why), JSON)
-        model = call.model or served.name
-        if call.model is not None and call.model in adapters:
-            adapted = msgspec.structs.replace(call.request, adapter=call.model)
-            call = msgspec.structs.replace(call, request=adapted)
-        previous: StoredResponse | None = None
-        if call.previous_response_id is not None:
-            previous = await responses.load(call.previous_response_id)
-            if previous is None:
-                missing = not_found(call.previous_response_id, "previous_response_id")
-                return Whole(404, missing, JSON)
+        decoded = await _turn(gateway, responses, raw)
+        if isinstance(decoded, Whole):
+            return decoded
+        call, turn, model, tools, previous = decoded
         if call.store and previous is None and (down := await responses.store.problem()):
             # asked before the engine's work, not after it: `store: true` (OpenAI's default)
             # can only be honoured where the response can be kept
             message = f"{down}; but `store: true` keeps the response there: send `store: false`"
             raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message, "store")
-        if call.tool_use is not None:
-            tools, [held] = await served.tool_calling(call.tool_use, [call.request])
-            call = msgspec.structs.replace(call, request=held)
-        turn = await responses.turn(call, previous)
     except GenerationError as e:
         return error_answer(e)
     answer = Answer(call, turn, model, responses, tools)
@@ -118,6 +137,21 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
 
 async def create(request: Request) -> Response:
     return to_response(await prepare(request, await request.body()))
+
+
+async def count_input_tokens(request: Request) -> Response:
+    """`responses.input_tokens.count`: the prompt tokens the same body's response would
+    report as `usage.input_tokens` (the turn is rendered and tokenized as `create` does it;
+    nothing is generated or stored)."""
+    gateway = gateway_of(request)
+    try:
+        decoded = await _turn(gateway, _responses(gateway), await request.body())
+    except GenerationError as e:
+        return to_response(error_answer(e))
+    if isinstance(decoded, Whole):
+        return to_response(decoded)
+    count = InputTokenCount(input_tokens=len(decoded.turn.prompt.token_ids))
+    return to_response(Whole(200, msgspec.json.encode(count), JSON))
 
 
 async def _stored(request: Request) -> tuple[str, StoredResponse | None]:
@@ -200,6 +234,7 @@ def _limit(given: str) -> int:
 
 routes = [
     Route("/v1/responses", create, methods=["POST"]),
+    Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
     Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
@@ -214,6 +249,15 @@ operations = [
         "OpenAI Responses API: one turn, whole or as typed events",
         ResponsesRequest,
         RESPONSE,
+        ErrorBody,
+        OPENAI_ERRORS,
+    ),
+    Op(
+        "post",
+        "/v1/responses/input_tokens",
+        "OpenAI Responses API: the input tokens a response to this body would count",
+        ResponsesRequest,
+        {JSON: InputTokenCount},
         ErrorBody,
         OPENAI_ERRORS,
     ),
