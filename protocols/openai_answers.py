@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 import uuid
@@ -110,22 +111,47 @@ class ErrorBody(msgspec.Struct):
 
 class Model(msgspec.Struct, kw_only=True):
     """One model GET `/v1/models` lists: the served model, or a LoRA adapter (as vLLM lists
-    it: `root` where it was loaded from, `parent` the base model). `object`, `created` and
-    `owned_by` are always there: the openai SDK's `Model` requires them."""
+    it: `root` where it was loaded from, `parent` the base model). One shape both families'
+    SDKs accept (each ignores the other's fields): `object`, `created` and `owned_by` for the
+    openai SDK's `Model`; `type`, `display_name`, `created_at` and `lifecycle` for the
+    anthropic SDK's `ModelInfo` (`max_input_tokens`: the context)."""
 
     id: str
     max_model_len: int
     created: int
     object: str = "model"
     owned_by: str = "llm-gateway"
+    type: str = "model"
+    display_name: str = ""
+    created_at: str = ""  # RFC 3339, `created`'s
+    lifecycle: str = "active"
+    max_input_tokens: int | UnsetType = UNSET
     root: str | UnsetType = UNSET
     parent: str | UnsetType = UNSET
     task: str | UnsetType = UNSET  # set for a model that does not generate (`embed`)
 
+    def __post_init__(self) -> None:
+        self.display_name = self.display_name or self.id
+        if not self.created_at:
+            when = datetime.datetime.fromtimestamp(self.created, datetime.UTC)
+            self.created_at = when.isoformat().replace("+00:00", "Z")
+        if self.max_input_tokens is UNSET:
+            self.max_input_tokens = self.max_model_len
 
-class ModelList(msgspec.Struct):
+
+class ModelList(msgspec.Struct, kw_only=True):
+    """OpenAI's list (`object`, `data`) and Anthropic's page (`has_more`, `first_id`,
+    `last_id`: every model on one page)."""
+
     data: list[Model]
     object: str = "list"
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.data:
+            self.first_id, self.last_id = self.data[0].id, self.data[-1].id
 
 
 def error_of(error: GenerationError) -> tuple[int, bytes]:

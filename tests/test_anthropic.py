@@ -207,3 +207,17 @@ def test_a_wrong_key_raises_authentication_error(
         model=MODEL, max_tokens=4, messages=QUESTION
     )
     assert message.usage.output_tokens > 0
+
+
+def test_models_list_and_retrieve_in_the_sdks_types(server: RunningServer) -> None:
+    """`/v1/models` in one shape both families' SDKs validate: Anthropic's `ModelInfo` and
+    its page (`has_more`, `first_id`, `last_id`) here, OpenAI's in tests/test_sdk_strict.py."""
+    page = client(server).models.list()
+    assert [m.id for m in page.data][:1] == [MODEL] and not page.has_more
+    assert page.first_id == MODEL and page.last_id == page.data[-1].id
+    raw = web.get(server.http + "/v1/models", headers={"anthropic-version": "2023-06-01"})
+    for entry in raw.json()["data"]:
+        info = at.ModelInfo.model_validate_json(json.dumps(entry), strict=True)
+        assert info.type == "model" and info.display_name and info.lifecycle == "active"
+    one = client(server).models.retrieve(MODEL)
+    assert one.id == MODEL and one.max_input_tokens is not None and one.max_input_tokens > 0

@@ -51,7 +51,7 @@ def _listed(request: Request) -> list[Model]:
 
 
 async def models(request: Request) -> Response:
-    return to_response(Whole(200, msgspec.json.encode(ModelList(_listed(request))), JSON))
+    return to_response(Whole(200, msgspec.json.encode(ModelList(data=_listed(request))), JSON))
 
 
 async def one_model(request: Request) -> Response:
