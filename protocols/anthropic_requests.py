@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from protocols.constraints import Constraint, constrained, only_one
 from protocols.errors import invalid, validation_error
 from protocols.generation import GenerationRequest, MaxNewTokens, SamplingOptions, TopK, TopP
 from protocols.openai_requests import OpenAICall, decode_body
@@ -91,6 +92,17 @@ class Metadata(msgspec.Struct, kw_only=True):
     user_id: str | None = None
 
 
+class JsonOutputFormat(msgspec.Struct, kw_only=True):
+    """Anthropic's structured outputs: the answer's text is JSON valid against `schema`."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = msgspec.field(name="schema")
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    format: JsonOutputFormat | None = None  # `effort` and the rest: ignored
+
+
 class _Conversation(msgspec.Struct, kw_only=True):
     """What a Messages request and a token count share."""
 
@@ -109,6 +121,8 @@ class MessagesRequest(_Conversation, kw_only=True):
     top_p: TopP | None = None
     top_k: TopK | None = None
     metadata: Metadata | None = None
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None  # the structured-outputs beta's name for it
 
 
 class CountTokensRequest(_Conversation, kw_only=True):
@@ -137,12 +151,17 @@ def decode_messages(raw: bytes) -> OpenAICall:
         stop=tuple(body.stop_sequences or ()),
     )
     tools = conversation.tool_use.tools if conversation.tool_use is not None else None
+    constraint = only_one(
+        _format(body.output_config.format if body.output_config else None, "output_config.format"),
+        _format(body.output_format, "output_format"),
+    )
     request = GenerationRequest(
-        options=options,
+        options=constrained(options, constraint),
         messages=conversation.messages,
         tools=tools,
         prompt_field="messages",
         stream=body.stream,
+        constraint_field=constraint.field if constraint is not None else None,
     )
     return OpenAICall(
         model=body.model,
@@ -153,6 +172,14 @@ def decode_messages(raw: bytes) -> OpenAICall:
         top_logprobs=None,
         tool_use=conversation.tool_use,
     )
+
+
+def _format(fmt: JsonOutputFormat | None, field: str) -> Constraint | None:
+    """Structured outputs held by the engine as every route's JSON schemas are (the same
+    constraint budget)."""
+    if fmt is None:
+        return None
+    return Constraint("json", msgspec.json.encode(fmt.schema_).decode(), f"{field}.schema")
 
 
 def decode_count_tokens(raw: bytes) -> Conversation:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import anthropic.types as at
@@ -221,3 +221,45 @@ def test_models_list_and_retrieve_in_the_sdks_types(server: RunningServer) -> No
         assert info.type == "model" and info.display_name and info.lifecycle == "active"
     one = client(server).models.retrieve(MODEL)
     assert one.id == MODEL and one.max_input_tokens is not None and one.max_input_tokens > 0
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: Literal["France", "Italy", "Spain"]
+
+
+CITY_QUESTION = "Name one city in France, as JSON."
+
+
+def test_structured_outputs_parse_into_the_callers_type(server: RunningServer) -> None:
+    """`messages.parse(output_format=...)`: the SDK sends `output_config.format`, the engine
+    holds the text to the schema, and the SDK parses it."""
+    parsed = client(server).messages.parse(
+        model=MODEL,
+        max_tokens=200,
+        messages=[{"role": "user", "content": CITY_QUESTION}],
+        output_format=City,
+        extra_body={"temperature": 0},
+    )
+    assert isinstance(parsed.parsed_output, City), parsed.content
+    assert parsed.stop_reason == "end_turn"
+    whole = client(server).messages.create(
+        model=MODEL,
+        max_tokens=200,
+        messages=[{"role": "user", "content": CITY_QUESTION}],
+        output_config={"format": {"type": "json_schema", "schema": City.model_json_schema()}},
+        extra_body={"temperature": 0},
+    )
+    [block] = whole.content
+    assert block.type == "text"
+    assert City.model_validate_json(block.text) == parsed.parsed_output
+
+
+def test_langchain_anthropics_json_schema_structured_output(server: RunningServer) -> None:
+    from langchain_anthropic import ChatAnthropic
+
+    chat = ChatAnthropic(  # type: ignore[call-arg]
+        model=MODEL, base_url=server.http, api_key="unused", max_tokens=200, temperature=0
+    )
+    city = chat.with_structured_output(City, method="json_schema").invoke(CITY_QUESTION)
+    assert isinstance(city, City) and city.name

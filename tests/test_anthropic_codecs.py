@@ -277,3 +277,22 @@ def test_a_token_count() -> None:
         ).input_tokens
         == 7
     )
+
+
+def test_structured_outputs_are_a_constraint_naming_their_field() -> None:
+    """`output_config.format` (and the beta's `output_format`, not both) held as every
+    route's JSON schemas are."""
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        "output_format": {"type": "json_schema", "schema": {"type": "object"}},
+    }
+    with pytest.raises(GenerationError) as both:
+        decode_messages(msgspec.json.encode(body))
+    assert both.value.field == "output_format.schema"
+    del body["output_format"]
+    call = decode_messages(msgspec.json.encode(body))
+    assert call.requests[0].options.json_schema == '{"type":"object"}'
+    assert call.requests[0].constraint_field == "output_config.format.schema"
