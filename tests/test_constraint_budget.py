@@ -1,7 +1,8 @@
 """The budget for output constraints (issue 43): the size limits before the engine
 (protocols/constraint_budget.py), and the compile within a time and memory budget in a worker
 process that is killed past it (gateway/engine/constraint_check.py), on the real engine with a
-hostile probe's own shapes."""
+hostile probe's own shapes. A compile past its deadline or its memory, and the workers' fair
+sharing: tests/test_compile_faults.py."""
 
 from __future__ import annotations
 
@@ -186,52 +187,3 @@ def test_a_constraint_compiles_once_within_its_budget(
     with pytest.raises(UncompilableConstraint):  # refused again from its verdict
         loop_thread.run(checker.check(sampling_params(bad)))
     assert checker.compiles == before + 2
-
-
-def test_a_compile_past_its_deadline_is_killed_and_its_worker_replaced(
-    loop_thread: LoopThread, engine: VllmEngine
-) -> None:
-    """A constraint that takes longer than CONSTRAINT_COMPILE_SECONDS: the worker is killed
-    (its compile goes with it: the engine never sees the constraint), the request refused
-    naming the setting, the refusal kept, and a fresh worker compiles the next one."""
-    from gateway.engine.constraint_check import CompileLimits
-    from gateway.engine.sampling import sampling_params
-
-    checker = engine.constraints
-    limits = checker.limits
-    slow = sampling_params(SamplingOptions(regex=words_regex(30_000, "deadline")))
-    killed, compiles = checker.killed, checker.compiles
-    checker.limits = CompileLimits(seconds=0.001, memory_mib=limits.memory_mib)
-    try:
-        with pytest.raises(UncompilableConstraint) as caught:
-            loop_thread.run(checker.check(slow))
-    finally:
-        checker.limits = limits
-    assert "CONSTRAINT_COMPILE_SECONDS" in caught.value.message
-    assert checker.killed == killed + 1
-    with pytest.raises(UncompilableConstraint):  # the verdict is kept: no second compile
-        loop_thread.run(checker.check(slow))
-    assert checker.compiles == compiles + 1
-    loop_thread.run(checker.check(sampling_params(SamplingOptions(regex="(yes|no|maybe)"))))
-    assert checker.compiles == compiles + 2
-
-
-def test_a_compile_past_its_memory_is_refused(loop_thread: LoopThread, engine: VllmEngine) -> None:
-    """A worker whose address space allows a compile 8 MiB: a 30,000-word regex (tens of MB
-    to compile) is refused naming CONSTRAINT_COMPILE_MEMORY_MIB, in the worker, not the
-    engine; the worker is replaced."""
-    from gateway.engine.constraint_check import CompileLimits, ConstraintChecker
-    from gateway.engine.sampling import sampling_params
-
-    async def run() -> tuple[str, int]:
-        checker = ConstraintChecker(engine.llm, CompileLimits(seconds=600, memory_mib=8))
-        try:
-            options = SamplingOptions(regex=words_regex(30_000, "memory"))
-            with pytest.raises(UncompilableConstraint) as caught:
-                await checker.check(sampling_params(options))
-            return caught.value.message, checker.killed
-        finally:
-            checker.close()
-
-    message, killed = loop_thread.run(run())
-    assert "CONSTRAINT_COMPILE_MEMORY_MIB" in message and killed == 1, message

@@ -65,9 +65,12 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
     # An output constraint within the size limits (Settings' MAX_REGEX_CHARS, ...) is compiled
     # once in a worker process before the engine gets it (gateway/engine/constraint_check.py):
-    # past these seconds or this much memory the worker is killed and the request refused.
+    # past this much memory the constraint is refused; past these seconds (a caller's wait for
+    # a worker included) the worker is killed and the caller answered a retryable 503, no
+    # verdict kept. Callers share the workers fairly, each compiling one at a time.
     constraint_compile_seconds: PositiveFloat = 5.0
     constraint_compile_memory_mib: Positive = 1024
+    constraint_compile_workers: Positive = 2
 
 
 # The model served with no configuration (gateway/engine/default_model.py).

@@ -102,14 +102,22 @@ class ApiKeyMiddleware:
             CALLER.reset(token)
 
 
+_RETRYABLE = frozenset({429, 503, 529})  # 529: Anthropic's overloaded_error
+
+
 def _retry_after(send: Send, caller: Caller) -> Send:
-    """A 429 says when to retry: when the caller's limit allows again, else in a second."""
+    """A 429 says when to retry: when the caller's limit allows again, else in a second; a 503
+    (Anthropic's 529) in a second: the engine restarting, a constraint's compile that gave no
+    verdict (gateway/engine/constraint_check.py)."""
 
     async def with_header(message: Message) -> None:
-        if message["type"] == "http.response.start" and message["status"] == 429:
-            seconds = str(max(1, math.ceil(caller.retry_after or 1.0)))
-            headers = [*message.get("headers", ()), (b"retry-after", seconds.encode())]
-            message = {**message, "headers": headers}
+        if message["type"] == "http.response.start" and message["status"] in _RETRYABLE:
+            headers = list(message.get("headers", ()))
+            if all(name.lower() != b"retry-after" for name, _ in headers):
+                wait = caller.retry_after if message["status"] == 429 else None
+                seconds = str(max(1, math.ceil(wait or 1.0)))
+                headers.append((b"retry-after", seconds.encode()))
+                message = {**message, "headers": headers}
         await send(message)
 
     return with_header

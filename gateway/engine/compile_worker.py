@@ -2,8 +2,9 @@
 constraint at a time with xgrammar, as the engine's backend will, and answers whether it could.
 
 A compile cannot be stopped from inside (xgrammar's C++ holds the thread), so it runs here, in
-a process the gateway kills at its deadline (gateway/engine/constraint_check.py); its address
-space is capped, so a constraint that needs more memory fails here, not in the engine.
+a process the gateway kills at its deadline (gateway/engine/compile_pool.py); its address
+space is capped, so a constraint that needs more memory fails here, not in the engine, and the
+worker says so before it exits: only what it says is a verdict on the constraint.
 
 Frames on stdin and stdout: a 4-byte big-endian length, then msgpack. First a `Setup`, answered
 by `Ready`; then one `Job` per constraint, each answered by a `Verdict`.
@@ -43,9 +44,13 @@ class Verdict(msgspec.Struct, frozen=True):
     out_of_memory: bool = False
 
 
-def write_frame(stream: BinaryIO, message: msgspec.Struct) -> None:
+def _frame(message: msgspec.Struct) -> bytes:
     body = msgspec.msgpack.encode(message)
-    stream.write(_HEADER.pack(len(body)) + body)
+    return _HEADER.pack(len(body)) + body
+
+
+def write_frame(stream: BinaryIO, message: msgspec.Struct) -> None:
+    stream.write(_frame(message))
     stream.flush()
 
 
@@ -83,6 +88,9 @@ def main() -> None:
     # One thread: the engine keeps the other core; no cache: each verdict is the parent's.
     compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     compiler.compile_regex("a")  # whatever is built lazily, built before the cap
+    # Built before the cap: saying it ran out of memory needs none (a worker that dies without
+    # saying so is not taken for the constraint's verdict).
+    out_of_memory = _frame(Verdict("it needs more memory than allowed", out_of_memory=True))
     cap = _address_space() + setup.memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     write_frame(stdout, Ready(pid=os.getpid()))
@@ -100,12 +108,13 @@ def main() -> None:
                 case "ebnf":
                     compiler.compile_grammar(job.spec)
         except MemoryError:
-            write_frame(stdout, Verdict("it needs more memory than allowed", out_of_memory=True))
+            stdout.write(out_of_memory)
+            stdout.flush()
             return  # the parent starts a fresh worker
         except Exception as e:  # xgrammar's own refusal: a RuntimeError or ValueError
-            out_of_memory = "bad_alloc" in str(e)
-            write_frame(stdout, Verdict(str(e), out_of_memory))
-            if out_of_memory:
+            exhausted = "bad_alloc" in str(e)
+            write_frame(stdout, Verdict(str(e), exhausted))
+            if exhausted:
                 return
         else:
             write_frame(stdout, Verdict())

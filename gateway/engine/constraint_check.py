@@ -5,14 +5,21 @@ The engine compiles a constraint (xgrammar, against the whole vocabulary) in a t
 own process, and vLLM gives up waiting on a regex after 5 s but cannot stop the thread: a
 large constraint kept both cores busy for a minute after its refusal, and a large schema or
 enum took the engine's memory past 10 GB. So the gateway compiles each constraint first, as
-the engine's backend will, in a worker process (gateway/engine/compile_worker.py) whose
-address space is capped at CONSTRAINT_COMPILE_MEMORY_MIB above its start and which is killed
-past CONSTRAINT_COMPILE_SECONDS, or as soon as the request is gone: no compile outlives its
-request. It runs inside the caller's admission slot, one compile at a time; a killed worker is
-replaced at once. Verdicts are kept by the constraint's hash: a repeated constraint compiles
-once, and a refused one is refused at once. What compiled here compiles in the engine within
-the same budget. vLLM's own check (`SamplingParams.verify`: its backend's other refusals) then
-runs on what compiled, off the event loop. The size limits before all this are
+the engine's backend will, in a worker process (gateway/engine/compile_worker.py, shared
+fairly by callers: gateway/engine/compile_pool.py) whose address space is capped at
+CONSTRAINT_COMPILE_MEMORY_MIB above its start. A caller's check, its wait for a worker
+included, has CONSTRAINT_COMPILE_SECONDS; its compile is killed past them, or as soon as the
+request is gone: no compile outlives its request. It runs inside the caller's admission slot.
+
+Only the constraint's own verdicts are kept, by the constraint's hash, for every caller: it
+compiled, the compiler refused it, or the worker itself reported running out of its memory.
+A compile past its deadline, a worker that died without a verdict (killed from outside, the
+kernel's OOM killer) or none free in time is a fault: the caller gets a retryable
+ENGINE_UNAVAILABLE naming it, nothing is kept, and the next request compiles afresh. A
+request whose constraint is compiling for another waits for that verdict (within its own
+deadline) rather than compiling it again. What compiled here compiles in the engine within
+the same budget. vLLM's own check (`SamplingParams.verify`: its backend's other refusals)
+then runs on what compiled, off the event loop. The size limits before all this are
 protocols/constraint_budget.py's.
 """
 
@@ -23,10 +30,9 @@ import copy
 import dataclasses
 import hashlib
 import logging
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import xgrammar
@@ -36,14 +42,8 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
 
-from gateway.engine.compile_worker import (
-    HEADER_BYTES,
-    Job,
-    Ready,
-    Setup,
-    Verdict,
-    frame_length,
-)
+from gateway.engine.compile_pool import CompileFault, CompilePool
+from gateway.engine.compile_worker import Job, Setup, Verdict
 from protocols.constraints import ANY_OBJECT, UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError
 
@@ -56,6 +56,7 @@ MIB = 1 << 20
 class CompileLimits:
     seconds: float = 5.0
     memory_mib: int = 1024
+    workers: int = 2
 
 
 def _constraint_key(so: StructuredOutputsParams) -> bytes:
@@ -63,6 +64,10 @@ def _constraint_key(so: StructuredOutputsParams) -> bytes:
     fields = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
     public = {name: value for name, value in fields.items() if not name.startswith("_")}
     return hashlib.sha256(msgspec.msgpack.encode(public)).digest()
+
+
+def _job_key(job: Job) -> bytes:
+    return hashlib.sha256(msgspec.msgpack.encode(job)).digest()
 
 
 def job_of(so: StructuredOutputsParams) -> Job | None:
@@ -81,76 +86,81 @@ def job_of(so: StructuredOutputsParams) -> Job | None:
     return None
 
 
-class _Worker:
-    """One compile_worker process and its pipes."""
+VerdictReason = Literal["compiled", "uncompilable", "memory"]
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
 
-    @classmethod
-    async def start(cls, setup: Setup) -> _Worker:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gateway.engine.compile_worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        worker = cls(process)
-        try:
-            worker._send(setup)
-            msgspec.msgpack.decode(await worker._receive(), type=Ready)
-        except BaseException:
-            worker.kill()
-            raise
-        return worker
+@dataclass(frozen=True)
+class Kept:
+    """A verdict kept for a constraint, and what it was made for: it compiled, the compiler
+    refused it, or its compile needed more than CONSTRAINT_COMPILE_MEMORY_MIB (the worker said
+    so itself)."""
 
-    def _send(self, message: msgspec.Struct) -> None:
-        assert self.process.stdin is not None
-        body = msgspec.msgpack.encode(message)
-        self.process.stdin.write(len(body).to_bytes(HEADER_BYTES, "big") + body)
+    reason: VerdictReason
+    error: str | None  # the refusal's words (None: it compiled)
 
-    async def _receive(self) -> bytes:
-        assert self.process.stdout is not None
-        header = await self.process.stdout.readexactly(HEADER_BYTES)
-        return await self.process.stdout.readexactly(frame_length(header))
 
-    async def ask(self, job: Job) -> Verdict:
-        self._send(job)
-        return msgspec.msgpack.decode(await self._receive(), type=Verdict)
+@dataclass
+class CallerCompiles:
+    """One caller's compiles: run, ended in a fault, and the most other callers' compiles one
+    of them waited behind for a worker."""
 
-    def kill(self) -> None:
-        if self.process.returncode is None:
-            self.process.kill()
+    compiles: int = 0
+    faults: int = 0
+    most_waited_behind: int = 0
 
 
 class ConstraintChecker:
-    """The compile budget of one engine: its worker, and the verdicts so far. `compiles` and
-    `killed` count compiles run and workers killed (deadline, memory, request gone);
-    `verifications` vLLM's own checks run (a constraint it accepted is not checked again)."""
+    """The compile budget of one engine: its workers (gateway/engine/compile_pool.py), and the
+    verdicts so far. `compiles` counts compiles run, `faults` those that ended without a verdict
+    (their deadline, their worker's death), `killed` workers replaced; `verifications` vLLM's
+    own checks run (a constraint it accepted is not checked again)."""
 
     def __init__(self, llm: AsyncLLM, limits: CompileLimits) -> None:
         self._llm = llm
         self.limits = limits
-        self._verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+        self._verdicts: OrderedDict[bytes, Kept] = OrderedDict()
         self._accepted: OrderedDict[bytes, None] = OrderedDict()
-        self._lock = asyncio.Lock()
-        self._setup: Setup | None = None
-        self._worker: asyncio.Task[_Worker] | None = None
-        self._closed = False
+        self._compiling: dict[bytes, asyncio.Future[None]] = {}
+        self._callers: OrderedDict[str, CallerCompiles] = OrderedDict()
+        self._setup: asyncio.Future[Setup] | None = None
+        self._pool = CompilePool(self._set_up, limits.workers)
         self.compiles = 0
-        self.killed = 0
+        self.faults = 0
         self.verifications = 0
 
-    def start(self) -> None:
-        """Starts the worker now (it takes seconds: it imports xgrammar), not at first use."""
-        if self._worker is None and not self._closed:
-            self._worker = asyncio.create_task(self._started())
+    @property
+    def killed(self) -> int:
+        return self._pool.restarts
 
-    async def _started(self) -> _Worker:
+    @property
+    def ready_workers(self) -> int:
+        return self._pool.ready
+
+    def worker_pids(self) -> dict[int, str | None]:
+        """Each compile worker's pid, and the caller compiling on it (None: idle)."""
+        return self._pool.pids()
+
+    def compiles_of(self, caller: str) -> CallerCompiles:
+        return self._callers.get(caller) or CallerCompiles()
+
+    def kept(self, params: SamplingParams) -> Kept | None:
+        """The verdict kept for `params`' constraint, if any."""
+        so = params.structured_outputs
+        job = job_of(so) if so is not None else None
+        return self._verdicts.get(_job_key(job)) if job is not None else None
+
+    def start(self) -> None:
+        """Starts the workers now (each takes seconds: it imports xgrammar), not at first use."""
+        self._pool.start()
+
+    async def _set_up(self) -> Setup:
         if self._setup is None:
-            self._setup = await asyncio.to_thread(self._build_setup)
-        return await _Worker.start(self._setup)
+            self._setup = asyncio.ensure_future(asyncio.to_thread(self._build_setup))
+        try:
+            return await asyncio.shield(self._setup)
+        except Exception:
+            self._setup = None  # the next worker tries again
+            raise
 
     def _build_setup(self) -> Setup:
         tokenizer: Any = self._llm.tokenizer  # a Hugging Face tokenizer, as the backend's
@@ -161,79 +171,103 @@ class ConstraintChecker:
         memory = self.limits.memory_mib * MIB
         return Setup(info.serialize_json(), memory, not config.disable_any_whitespace)
 
-    def _stop_worker(self) -> None:
-        task, self._worker = self._worker, None
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        elif not task.cancelled() and task.exception() is None:
-            task.result().kill()
-
-    def _replace_worker(self) -> None:
-        self._stop_worker()
-        self.killed += 1
-        self.start()
-
     def close(self) -> None:
-        self._closed = True
-        self._stop_worker()
+        self._pool.close()
 
-    async def check(self, params: SamplingParams) -> None:
+    async def check(self, params: SamplingParams, caller: str = "") -> None:
         """Raises UncompilableConstraint when `params`' structured output does not compile
-        within the budget, or vLLM's own check refuses it (none: nothing to check)."""
+        within the budget, or vLLM's own check refuses it (none: nothing to check); a
+        retryable GenerationError (ENGINE_UNAVAILABLE) when no verdict could be had for
+        `caller` within its budget."""
         so = params.structured_outputs
         if so is None:
             return
         job = job_of(so)
         if job is not None:
-            error = await self._verdict(job)
+            error = await self._verdict(job, caller)
             if error is not None:
                 message = f"The engine cannot hold output to this constraint: {error}"
                 raise UncompilableConstraint(ErrorKind.UNPROCESSABLE, message)
         await self._verify(params)
 
-    async def _verdict(self, job: Job) -> str | None:
-        key = hashlib.sha256(msgspec.msgpack.encode(job)).digest()
-        if key in self._verdicts:
-            self._verdicts.move_to_end(key)
-            return self._verdicts[key]
-        async with self._lock:
-            if key in self._verdicts:
-                return self._verdicts[key]
-            error = await self._compiled(job)
-        self._verdicts[key] = error
+    async def _verdict(self, job: Job, caller: str) -> str | None:
+        key = _job_key(job)
+        seconds = self.limits.seconds
+        deadline = asyncio.get_running_loop().time() + seconds
+        while (kept := self._verdicts.get(key)) is None:
+            compiling = self._compiling.get(key)
+            if compiling is None:
+                return await self._compiled(key, job, caller, deadline, seconds)
+            # The same constraint compiling for another request: its verdict is ours too, and
+            # waiting for it costs no more than compiling it would. Its fault is not ours.
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(compiling)
+            except TimeoutError:
+                what = (
+                    f"the same constraint compiling for another request did not finish within "
+                    f"CONSTRAINT_COMPILE_SECONDS ({seconds:g} s)"
+                )
+                raise self._fault(caller, what) from None
+        self._verdicts.move_to_end(key)
+        return kept.error
+
+    async def _compiled(
+        self, key: bytes, job: Job, caller: str, deadline: float, seconds: float
+    ) -> str | None:
+        """The verdict on `job` from a worker, kept; a fault is raised, and nothing kept."""
+        counts = self._counts(caller)
+        try:
+            async with self._pool.lease(caller, deadline, seconds) as lease:
+                counts.most_waited_behind = max(counts.most_waited_behind, lease.behind)
+                if (kept := self._verdicts.get(key)) is not None:  # kept while we waited
+                    return kept.error
+                done = asyncio.get_running_loop().create_future()
+                mine = self._compiling.setdefault(key, done) is done
+                try:
+                    self.compiles += 1
+                    counts.compiles += 1
+                    kept = self._judged(await lease.ask(job, deadline))
+                    self._keep(key, kept)
+                finally:
+                    if mine:
+                        del self._compiling[key]
+                    done.set_result(None)
+        except CompileFault as e:
+            raise self._fault(caller, str(e)) from None
+        return kept.error
+
+    def _judged(self, verdict: Verdict) -> Kept:
+        if verdict.out_of_memory:
+            mib = self.limits.memory_mib
+            return Kept(
+                "memory", f"compiling it needs more than {mib} MiB (CONSTRAINT_COMPILE_MEMORY_MIB)"
+            )
+        if verdict.error is not None:
+            return Kept("uncompilable", verdict.error)
+        return Kept("compiled", None)
+
+    def _keep(self, key: bytes, kept: Kept) -> None:
+        self._verdicts[key] = kept
         if len(self._verdicts) > _VERDICTS_KEPT:
             self._verdicts.popitem(last=False)
-        return error
 
-    async def _compiled(self, job: Job) -> str | None:
-        self.start()
-        if self._worker is None:  # closed: the engine is shutting down
-            raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, "The engine is shutting down")
-        try:
-            # Shielded: a request that leaves while the worker starts leaves it starting.
-            worker = await asyncio.shield(self._worker)
-        except Exception:
-            self._worker = None  # the next request starts another
-            raise
-        self.compiles += 1
-        seconds, mib = self.limits.seconds, self.limits.memory_mib
-        try:
-            verdict = await asyncio.wait_for(worker.ask(job), seconds)
-        except TimeoutError:
-            self._replace_worker()
-            return f"compiling it takes longer than {seconds:g} s (CONSTRAINT_COMPILE_SECONDS)"
-        except asyncio.IncompleteReadError:  # it died: past its address space, or killed
-            self._replace_worker()
-            return f"compiling it needs more than {mib} MiB (CONSTRAINT_COMPILE_MEMORY_MIB)"
-        except BaseException:  # the request is gone: its compile goes with it
-            self._replace_worker()
-            raise
-        if verdict.out_of_memory:
-            self._replace_worker()
-            return f"compiling it needs more than {mib} MiB (CONSTRAINT_COMPILE_MEMORY_MIB)"
-        return verdict.error
+    def _counts(self, caller: str) -> CallerCompiles:
+        counts = self._callers.pop(caller, None) or CallerCompiles()
+        self._callers[caller] = counts  # the most recent last
+        if len(self._callers) > _VERDICTS_KEPT:
+            self._callers.popitem(last=False)
+        return counts
+
+    def _fault(self, caller: str, what: str) -> GenerationError:
+        """No verdict: the caller may retry, and the next request compiles afresh."""
+        self.faults += 1
+        self._counts(caller).faults += 1
+        message = (
+            f"The constraint could not be checked now: {what}. That is no verdict on the "
+            "constraint, and none is kept: retry"
+        )
+        return GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
 
     async def _verify(self, params: SamplingParams) -> None:
         """vLLM's own check, on a request that carries the constraint alone; it only parses

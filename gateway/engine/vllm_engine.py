@@ -102,7 +102,9 @@ class VllmEngine(TokenizerSide):
         )
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[stats])
         limits = CompileLimits(
-            settings.constraint_compile_seconds, settings.constraint_compile_memory_mib
+            settings.constraint_compile_seconds,
+            settings.constraint_compile_memory_mib,
+            settings.constraint_compile_workers,
         )
         engine = cls(llm, llm.model_config.max_model_len, reason, view, adapters, limits)
         engine.typical_sampling = bool(args.logits_processors)
@@ -135,8 +137,10 @@ class VllmEngine(TokenizerSide):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> AsyncGenerator[EngineStep, None]:
-        """The steps of one sequence (options.n must be 1), as the engine produces them.
+        """The steps of one sequence (options.n must be 1), as the engine produces them
+        (`caller`: whose constraint compile it is, gateway/engine/compile_pool.py).
 
         Each step's text is all of its tokens' text: a stop string that ends the request is
         kept (protocols/stop_strings.py's `Holdback` cuts it with its tokens), a stop token's
@@ -150,7 +154,7 @@ class VllmEngine(TokenizerSide):
         first = True
         constrained = params.structured_outputs is not None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            await self.constraints.check(params)
+            await self.constraints.check(params, caller)
             async for output in outputs:
                 step = self._reader.step(output, output.outputs[0], first, constrained)
                 first = False
@@ -186,6 +190,7 @@ class VllmEngine(TokenizerSide):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> list[EngineStep]:
         """Every sequence of a request (options.n of them), each as one final step: one that
         ended at a stop string with only the tokens of its text."""
@@ -195,7 +200,7 @@ class VllmEngine(TokenizerSide):
         constrained = params.structured_outputs is not None
         stops = self._stop_strings(options)
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            await self.constraints.check(params)
+            await self.constraints.check(params, caller)
             async for output in outputs:
                 if output.finished:
                     steps = [
@@ -243,10 +248,12 @@ class VllmEngine(TokenizerSide):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> list[EngineStep]:
         """Beam search as transformers does it (gateway/engine/beam_requests.py), run to the
         end: every beam, best first (what it generated counts toward a caller's tokens,
-        whichever beams the protocol answers with)."""
+        whichever beams the protocol answers with); it has no constraint to compile for
+        `caller`."""
         request_id = f"gw-beam-{next(self._ids)}"
         # Resolved once: each step is an engine request, and the adapter may be unloaded
         # (its name then unknown) while the search runs.

@@ -158,7 +158,7 @@ class GenerationService:
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
                 meter = self.metrics.meter(protocol, priority, request.adapter)
-                steps = _engine_events(engine, request, history, meter, priority)
+                steps = _engine_events(engine, request, history, meter, priority, caller)
                 async with aclosing(steps):
                     async for event in steps:
                         yield event
@@ -246,6 +246,7 @@ async def _engine_events(
     history: History,
     meter: StreamMeter,
     priority: int,
+    caller: str,
 ) -> AsyncGenerator[Event, None]:
     options, index = request.options, request.index
     room = engine.max_model_len - len(history.token_ids)
@@ -264,7 +265,9 @@ async def _engine_events(
         raise invalid(f"An output constraint cannot be used with beam search - at `{field}`", field)
     if options.num_beams > 1 or options.n > 1 or not request.stream:
         run = engine.beam_search if options.num_beams > 1 else engine.complete
-        steps = await run(token_ids, options, meter, priority, adapter=request.adapter)
+        steps = await run(
+            token_ids, options, meter, priority, adapter=request.adapter, caller=caller
+        )
         yield Initialized(index, history.text)
         yield _finished(request, history, steps, started)
         return
@@ -275,7 +278,9 @@ async def _engine_events(
     texts: list[str] = []
     new_ids: list[int] = []  # the ids of the text sent: none of a cut stop string's
     generated = 0
-    stream = engine.stream(token_ids, options, meter, priority, adapter=request.adapter)
+    stream = engine.stream(
+        token_ids, options, meter, priority, adapter=request.adapter, caller=caller
+    )
     async with aclosing(stream):
         async for step in stream:
             if first is None:
