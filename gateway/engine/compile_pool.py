@@ -120,7 +120,7 @@ class _Waiter:
     granted: asyncio.Future[_Slot] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    behind: int = 0  # other callers' compiles that ended while it waited
+    behind: int = 0  # other callers' compiles that ended while it waited for a worker
 
 
 class Lease:
@@ -287,8 +287,9 @@ class CompilePool:
             chosen.granted.set_result(free[0])
 
     def _release(self, slot: _Slot, caller: str, *, kill: bool) -> None:
+        holding = {s.holder for s in self._slots}
         for waiter in self._waiters:
-            if waiter.caller != caller:
+            if waiter.caller not in holding:  # waiting for a worker, not for its own compile
                 waiter.behind += 1
         worker = slot.worker
         if kill or worker is None or worker.process.returncode is not None:
