@@ -10,10 +10,12 @@ import os
 import signal
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import psutil
 import pytest
 
 from clients import wait_for, web
@@ -153,6 +155,41 @@ def test_a_worker_killed_mid_compile_is_a_retryable_503_naming_it_and_nothing_is
     small = {**chat, "structured_outputs": {"regex": "(yes|no|maybe)"}}
     answered = web.post(server.http + "/v1/chat/completions", json=small, headers=headers)
     assert answered.status_code == 200, answered.text
+
+
+def test_a_worker_killed_as_it_starts_is_started_again(
+    loop_thread: LoopThread, engine: VllmEngine
+) -> None:
+    """The probe's 500 ("0 bytes read"): a worker killed while it starts (here the one
+    replacing a worker killed past its deadline) fails no request: the next compile starts
+    another and compiles."""
+    checker = engine.constraints
+    all_ready(loop_thread, checker)
+    limits = checker.limits
+    checker.limits = replace(limits, seconds=0.001)
+    try:
+        fault(loop_thread, checker.check(regex_params(words_regex(20_000, "start")), "hurried"))
+    finally:
+        checker.limits = limits
+    ours = psutil.Process()
+    starting: list[psutil.Process] = []
+
+    def is_worker(process: psutil.Process) -> bool:
+        with suppress(psutil.Error):  # gone meanwhile
+            return "gateway.engine.compile_worker" in process.cmdline()
+        return False
+
+    def a_worker_starting() -> bool:
+        running = loop_thread.call(checker.worker_pids)
+        starting[:] = [c for c in ours.children() if is_worker(c) and c.pid not in running]
+        return bool(starting)
+
+    wait_for(a_worker_starting)
+    starting[0].kill()
+    compiles = checker.compiles
+    loop_thread.run(checker.check(regex_params("(started|again)"), "after"))
+    assert checker.compiles == compiles + 1
+    all_ready(loop_thread, checker)  # the worker killed as it started, started again
 
 
 def test_a_refusal_for_memory_is_kept_and_answered_without_a_compile(

@@ -33,6 +33,9 @@ import msgspec
 from gateway.engine.compile_worker import HEADER_BYTES, Job, Ready, Setup, Verdict, frame_length
 
 log = logging.getLogger(__name__)
+# After a worker's start failed, the next in 1 s, then twice as long each time up to a minute
+# (a compile asked for meanwhile starts it at once).
+_RETRY_SECONDS, _MAX_RETRY_SECONDS = 1.0, 60.0
 
 
 class CompileFault(Exception):
@@ -106,6 +109,7 @@ class _Slot:
     worker: _Worker | None = None  # None: starting (or its start failed)
     holder: str | None = None  # the caller compiling on it, or whose killed compile it restarts for
     starting: asyncio.Task[None] | None = None
+    failures: int = 0  # starts failed in a row
 
     @property
     def free(self) -> bool:
@@ -188,16 +192,20 @@ class CompilePool:
     async def _started(self, slot: _Slot) -> None:
         try:
             worker = await _Worker.start(await self._setup())
-        except Exception:
-            log.exception("A constraint compile worker did not start; the next compile retries")
+        except Exception:  # killed as it started, say: started again, later each time
+            slot.failures += 1
+            retry = min(_RETRY_SECONDS * 2 ** (slot.failures - 1), _MAX_RETRY_SECONDS)
+            log.exception("A constraint compile worker did not start; again in %g s", retry)
             self._charged(slot)
+            asyncio.get_running_loop().call_later(retry, self.start)
+            self._grant()
             return
         finally:
             slot.starting = None
         if self._closed:
             worker.kill()
             return
-        slot.worker = worker
+        slot.worker, slot.failures = worker, 0
         self._charged(slot)
         watch = asyncio.create_task(self._watch(slot, worker))
         self._watches.add(watch)
