@@ -62,6 +62,7 @@ class Engine(Protocol):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> AsyncGenerator[EngineStep, None]: ...
 
     async def complete(
@@ -71,6 +72,7 @@ class Engine(Protocol):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> list[EngineStep]: ...
 
     async def beam_search(
@@ -80,6 +82,7 @@ class Engine(Protocol):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> list[EngineStep]: ...
 
     async def load_adapter(self, name: str, path: Path, lora_id: int | None = None) -> None: ...

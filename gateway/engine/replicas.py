@@ -230,6 +230,7 @@ class ReplicaEngine(TokenizerSide):
         options: SamplingOptions,
         priority: int,
         adapter: str | None,
+        caller: str,
     ) -> tuple[int, Any]:
         """`method` called on the replica the request goes to: its index, and the call's
         object ref (a generator's refs for a stream). The request's adapter goes whole (name,
@@ -239,7 +240,8 @@ class ReplicaEngine(TokenizerSide):
         found = self.adapters.find(adapter) if adapter is not None else None
         call = getattr(self.fleet.actors[index], method)
         named = found if found is not None else adapter
-        return index, call.remote(key, list(token_ids), options, priority, adapter=named)
+        remote = call.remote(key, list(token_ids), options, priority, adapter=named, caller=caller)
+        return index, remote
 
     @asynccontextmanager
     async def _remote(
@@ -275,8 +277,9 @@ class ReplicaEngine(TokenizerSide):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> AsyncGenerator[EngineStep, None]:
-        replica, steps = self._call("stream", token_ids, options, priority, adapter)
+        replica, steps = self._call("stream", token_ids, options, priority, adapter, caller)
         async with self._remote(replica, len(token_ids), meter, steps):
             async for ref in steps:
                 item = await ref
@@ -294,8 +297,9 @@ class ReplicaEngine(TokenizerSide):
         meter: Meter | None,
         priority: int,
         adapter: str | None,
+        caller: str,
     ) -> list[EngineStep]:
-        replica, answer = self._call(method, token_ids, options, priority, adapter)
+        replica, answer = self._call(method, token_ids, options, priority, adapter, caller)
         async with self._remote(replica, len(token_ids), meter, answer):
             found = await answer
             _raised(found)
@@ -312,8 +316,10 @@ class ReplicaEngine(TokenizerSide):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> list[EngineStep]:
-        return await self._whole("complete", token_ids, options, meter, priority, adapter)
+        args = (priority, adapter, caller)
+        return await self._whole("complete", token_ids, options, meter, *args)
 
     async def beam_search(
         self,
@@ -322,8 +328,10 @@ class ReplicaEngine(TokenizerSide):
         meter: Meter | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        caller: str = "",
     ) -> list[EngineStep]:
-        return await self._whole("beam_search", token_ids, options, meter, priority, adapter)
+        args = (priority, adapter, caller)
+        return await self._whole("beam_search", token_ids, options, meter, *args)
 
     def unfinished_requests(self) -> int:
         """The engine requests this gateway has running on the replicas."""
