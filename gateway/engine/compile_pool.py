@@ -231,11 +231,6 @@ class CompilePool:
         """Each running worker's pid, and the caller compiling on it (None: idle)."""
         return {s.worker.pid: s.holder for s in self._slots if s.worker is not None}
 
-    @property
-    def ready(self) -> int:
-        """Workers running (idle or compiling)."""
-        return sum(s.worker is not None for s in self._slots)
-
     @asynccontextmanager
     async def lease(self, caller: str, deadline: float, seconds: float) -> AsyncIterator[Lease]:
         """A worker for one compile of `caller`'s, by `deadline` (the event loop's clock; it

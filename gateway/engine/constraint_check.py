@@ -132,10 +132,6 @@ class ConstraintChecker:
     def killed(self) -> int:
         return self._pool.restarts
 
-    @property
-    def ready_workers(self) -> int:
-        return self._pool.ready
-
     def worker_pids(self) -> dict[int, str | None]:
         """Each compile worker's pid, and the caller compiling on it (None: idle)."""
         return self._pool.pids()
