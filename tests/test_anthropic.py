@@ -259,7 +259,11 @@ def test_langchain_anthropics_json_schema_structured_output(server: RunningServe
     from langchain_anthropic import ChatAnthropic
 
     chat = ChatAnthropic(  # type: ignore[call-arg]
-        model=MODEL, base_url=server.http, api_key="unused", max_tokens=200, temperature=0
+        model=MODEL,
+        base_url=server.http,
+        api_key=pydantic.SecretStr("unused"),
+        max_tokens=200,
+        temperature=0,
     )
     city = chat.with_structured_output(City, method="json_schema").invoke(CITY_QUESTION)
     assert isinstance(city, City) and city.name
