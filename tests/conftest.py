@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from gateway.engine.vllm_engine import VllmEngine
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# litellm fetches its model cost map from the internet when first imported (three tries, the
+# last seconds apart, where the network reaches only package registries): its own copy instead.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Ray reads these when first imported, and vLLM imports Ray (when installed) with the first
 # engine: set here, before any test module or fixture imports vLLM. One machine, loopback
 # only (else Ray dials the machine's interface address), and no token from ~/.ray.

@@ -394,7 +394,8 @@ def test_an_sse_stream_that_is_not_read_waits_in_uvicorn_and_its_engine_request_
 KEY = "sk-one-sequence-at-once-0"
 
 
-@pytest.mark.parametrize("path", ["/generate_stream", "/"])
+# `/` (TGI's compat route, the same writer) in `make test-all`: each streams 300 tokens
+@pytest.mark.parametrize("path", ["/generate_stream", pytest.param("/", marks=pytest.mark.long)])
 def test_a_tgi_stream_that_is_not_read_ends_and_frees_its_slot_and_its_keys_concurrency(
     slow_server: Callable[..., RunningServer], engine_requests: Callable[[], int], path: str
 ) -> None:

@@ -95,6 +95,7 @@ def test_a_dropped_client_reattaches_and_gets_every_token_once(
     wait_for(lambda: waiting(server) == 0 and running(server) == 0)
 
 
+@pytest.mark.long  # reattaching in make test: a dropped client's, after the tokens it had
 def test_reattaching_from_the_start_replays_every_token_message(
     make_server: Callable[..., RunningServer],
 ) -> None:

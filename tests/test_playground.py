@@ -277,6 +277,7 @@ def test_chat_streams_and_is_steered_from_the_page(
     idle_engine()
 
 
+@pytest.mark.long  # the page's own mode streams and stops in make test (the test above)
 def test_chat_api_mode_streams_stops_and_shows_errors(
     server: RunningServer, page: Page, idle_engine: Callable[[], None]
 ) -> None:

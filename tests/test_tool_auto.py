@@ -15,6 +15,7 @@ from typing import Any
 import anthropic
 import jsonschema  # type: ignore[import-untyped]
 import openai
+import pytest
 from huggingface_hub import InferenceClient
 from openai.types.chat import ChatCompletionFunctionToolParam
 
@@ -155,6 +156,7 @@ def test_auto_with_no_settings_answers_or_calls_a_declared_tool(server: RunningS
     assert 0 < called < total, (called, total)  # the default model both calls and answers
 
 
+@pytest.mark.long  # many conversations; `auto` with no settings in make test: the tests above
 def test_auto_in_the_gateways_own_format_without_a_parser(
     make_server: Callable[..., RunningServer],
 ) -> None:
