@@ -121,6 +121,7 @@ class Model(msgspec.Struct, kw_only=True):
     root: str | UnsetType = UNSET
     parent: str | UnsetType = UNSET
     task: str | UnsetType = UNSET  # set for a model that does not generate (`embed`)
+    status: str | UnsetType = UNSET  # an embedding model's engine: ready, loading or failed
 
 
 class ModelList(msgspec.Struct):

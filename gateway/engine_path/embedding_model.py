@@ -109,17 +109,17 @@ class EmbeddingModel:
 
     async def dimensions_supported(self) -> bool:
         """Whether the model serves shortened vectors (Matryoshka): `dimensions` else refused."""
-        return (await self._holder.wait()).matryoshka
+        return (await self._holder.wait(through_rebuilds=False)).matryoshka
 
     async def describe(self) -> ModelFacts:
         """What TEI's /info reports of the model."""
-        engine = await self._holder.wait()
+        engine = await self._holder.wait(through_rebuilds=False)
         return ModelFacts(engine.model_id, engine.dtype, engine.pooling, engine.max_model_len)
 
     async def tokens(self, text: str, *, special_tokens: bool = True) -> list[Piece]:
         """`text`'s tokens with the characters each covers (TEI's /tokenize): an added special
         token covers none."""
-        engine = await self._holder.wait()
+        engine = await self._holder.wait(through_rebuilds=False)
         return await asyncio.to_thread(_pieces, engine.tokenizer, text, special_tokens)
 
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
@@ -168,7 +168,7 @@ class EmbeddingModel:
         start, outcome, inputs, tokens = time.perf_counter(), "cancelled", 0, 0
         try:
             async with self._limited() as count:
-                engine = await self._holder.wait()
+                engine = await self._holder.wait(through_rebuilds=False)
                 work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
                 self._check_token_vectors(requests[0], sum(len(ids) for _, ids in work))
                 async with self._admission.slot(priority, current_caller().id):
