@@ -110,6 +110,8 @@ class EngineHolder(Generic[E]):
         try:
             engine = await self._load()
         except Exception as e:  # surfaced through /health and to every waiting request
+            if self._stopping:
+                return  # stopped meanwhile: nobody waits for it
             reason = f"{type(e).__name__}: {e}"
             if self.restarts:
                 log.exception("the engine could not be rebuilt")
@@ -206,11 +208,6 @@ class EngineHolder(Generic[E]):
         else:
             message = f"The engine failed to start: {self.error}"
         raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
-
-    @property
-    def stopped(self) -> bool:
-        """`stop` was called and its engine is gone (no build left running)."""
-        return self._stopping and (self._task is None or self._task.done())
 
     async def stop(self) -> None:
         """Stop the engine; return once it is gone, a build in progress included (its loader

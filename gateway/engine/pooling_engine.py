@@ -126,7 +126,9 @@ class PoolingEngine:
             async for output in outputs:
                 if output.finished:
                     data: Any = output.outputs.data
-                    return list(data.float().tolist())
+                    if token_level:  # 256 tokens' vectors: 100,000 floats, off the event loop
+                        return await asyncio.to_thread(_floats, data)
+                    return _floats(data)
         except (asyncio.CancelledError, GeneratorExit):
             await self.llm.abort(request_id)
             raise
@@ -217,6 +219,10 @@ def renice(llm: AsyncLLM, niceness: int) -> None:
             with contextlib.suppress(OSError):
                 if os.getpriority(os.PRIO_PROCESS, thread) < niceness:
                     os.setpriority(os.PRIO_PROCESS, thread, niceness)
+
+
+def _floats(data: Any) -> list[Any]:
+    return list(data.float().tolist())
 
 
 def _special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:

@@ -106,6 +106,7 @@ class ModelRegistry:
             meter,
             max_token_vectors=self._settings.embedding_max_num_batched_tokens,
             max_in_flight=2 * self._settings.embedding_max_num_seqs,
+            max_tokens_in_flight=2 * self._settings.embedding_max_num_batched_tokens,
         )
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
