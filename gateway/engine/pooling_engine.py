@@ -204,8 +204,21 @@ async def _built_in_thread(args: AsyncEngineArgs) -> AsyncLLM:
 def renice(llm: AsyncLLM, niceness: int) -> None:
     """Every thread of the engine's processes (the engine core and any workers it started) at
     `niceness`: on Linux a niceness is a thread's, so the process's first thread alone would
-    leave the threads computing at the build's. Threads started later inherit it. Raising a
-    niceness needs no privilege; one already higher is left as it is."""
+    leave the threads computing at the build's. Threads started later inherit their starter's;
+    one started by a thread not yet reniced is found by the next pass (passes until one finds
+    nothing to change, a few at most). Raising a niceness needs no privilege; one already
+    higher is left as it is."""
+    for _ in range(_RENICE_PASSES):
+        if not _renice_pass(llm, niceness):
+            return
+
+
+_RENICE_PASSES = 8
+
+
+def _renice_pass(llm: AsyncLLM, niceness: int) -> int:
+    """The threads found below `niceness` and reniced."""
+    changed = 0
     for process in core_processes(llm):
         if process.pid is None:
             continue
@@ -216,9 +229,11 @@ def renice(llm: AsyncLLM, niceness: int) -> None:
         except psutil.Error:  # gone already: its death is the holder's to see
             continue
         for thread in threads:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 if os.getpriority(os.PRIO_PROCESS, thread) < niceness:
                     os.setpriority(os.PRIO_PROCESS, thread, niceness)
+                    changed += 1
+    return changed
 
 
 def _floats(data: Any) -> list[Any]:
