@@ -129,6 +129,7 @@ class Model(msgspec.Struct, kw_only=True):
     root: str | UnsetType = UNSET
     parent: str | UnsetType = UNSET
     task: str | UnsetType = UNSET  # set for a model that does not generate (`embed`)
+    status: str | UnsetType = UNSET  # an embedding model's engine: ready, loading or failed
 
     def __post_init__(self) -> None:
         self.display_name = self.display_name or self.id

@@ -5,6 +5,11 @@ engine-core process exits, or vLLM declares it dead), the holder goes back to lo
 answers 503, new requests wait for the engine as they do at start-up, and the same loader
 builds a new one. More than `max_restarts` deaths within `restart_window_seconds` and it gives
 up: `gave_up` is set and `on_give_up` is called, for the process to exit non-zero.
+
+`wait(through_rebuilds=False)` answers at once while a dead engine is rebuilt (an embedding
+model's requests: its family's 503, not a wait as long as a rebuild). `stop()` returns once the
+engine is gone: a build still running is cancelled, and a loader that cannot stop its build
+(the engines' are built in threads) shuts the engine down as soon as it is built.
 """
 
 from __future__ import annotations
@@ -105,6 +110,8 @@ class EngineHolder(Generic[E]):
         try:
             engine = await self._load()
         except Exception as e:  # surfaced through /health and to every waiting request
+            if self._stopping:
+                return  # stopped meanwhile: nobody waits for it
             reason = f"{type(e).__name__}: {e}"
             if self.restarts:
                 log.exception("the engine could not be rebuilt")
@@ -114,6 +121,9 @@ class EngineHolder(Generic[E]):
                 self.error = reason
                 self.status = "failed"
                 self._ready.set()
+            return
+        if self._stopping:  # stopped while a loader that cannot be cancelled built it
+            engine.shutdown()
             return
         self.engine = engine
         self.status = "ready"
@@ -172,8 +182,21 @@ class EngineHolder(Generic[E]):
         if self.on_give_up is not None:
             self.on_give_up(reason)
 
-    async def wait(self) -> E:
+    @property
+    def rebuilding(self) -> bool:
+        """A dead engine being replaced (not the first build)."""
+        self._check()
+        return self.status == "loading" and self.restarts > 0
+
+    async def wait(self, *, through_rebuilds: bool = True) -> E:
+        """The engine once it is ready; ENGINE_UNAVAILABLE if it failed, and without
+        `through_rebuilds` at once while a dead one is rebuilt."""
         while True:
+            if not through_rebuilds and self.rebuilding:
+                raise GenerationError(
+                    ErrorKind.ENGINE_UNAVAILABLE,
+                    f"The engine is not available: {self.error}; try again once it is rebuilt",
+                )
             await self._ready.wait()
             self._check()
             if self.ready and self.engine is not None:
@@ -187,8 +210,16 @@ class EngineHolder(Generic[E]):
         raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
 
     async def stop(self) -> None:
+        """Stop the engine; return once it is gone, a build in progress included (its loader
+        ends it when cancelled: gateway/engine/pooling_engine.py's waits for the thread's
+        engine and shuts it down)."""
         self._stopping = True
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        if self.status == "loading":  # whoever waits for it is answered now
+            self.status, self.error = "failed", "the engine was stopped while it loaded"
+            self._ready.set()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])  # not raising the task's cancellation as this one's
         if self.engine is not None:
             self.engine.shutdown()

@@ -10,6 +10,7 @@ measurements (docs/EMBEDDINGS.md); the dtype follows the CPU as the chat engine'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import itertools
 import logging
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import psutil
 from vllm import PoolingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs.engine import tokens_input
@@ -29,6 +31,7 @@ from gateway.config.settings import DEFAULT_EMBEDDING_MODEL, Settings, embedding
 from gateway.engine import death_watch
 from gateway.engine.engine_args import GIB, engine_dtype
 from gateway.engine.engine_errors import engine_failure, translated
+from gateway.engine.vllm_seam import core_processes
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +88,18 @@ class PoolingEngine:
 
     @classmethod
     async def start(cls, settings: Settings) -> PoolingEngine:
-        """Build the engine in a worker thread, so the event loop keeps serving meanwhile."""
+        """Build the engine in a worker thread (at the gateway's own niceness), then nice its
+        processes to EMBEDDING_NICENESS."""
         model = settings.embedding_model
         if model == DEFAULT_EMBEDDING_MODEL:
             model = str(default_embedding_model())
         dtype, reason = engine_dtype(settings.embedding_dtype, "embedding engine")
         args = pooling_args(msgspec.structs.replace(settings, embedding_dtype=dtype), model)
-        llm = await _built_niced(args, settings.embedding_niceness)
+        llm = await _built_in_thread(args)
+        # Niced once built: the niceness is for serving beside the chat engine; a build (or
+        # the rebuild of a dead engine) at nice 10 on a loaded machine took minutes (issue 56)
+        if settings.embedding_niceness:
+            renice(llm, settings.embedding_niceness)
         return cls(llm, reason)
 
     async def pool(
@@ -118,7 +126,9 @@ class PoolingEngine:
             async for output in outputs:
                 if output.finished:
                     data: Any = output.outputs.data
-                    return list(data.float().tolist())
+                    if token_level:  # 256 tokens' vectors: 100,000 floats, off the event loop
+                        return await asyncio.to_thread(_floats, data)
+                    return _floats(data)
         except (asyncio.CancelledError, GeneratorExit):
             await self.llm.abort(request_id)
             raise
@@ -149,26 +159,85 @@ class PoolingEngine:
         self.llm.shutdown()
 
 
-async def _built_niced(args: AsyncEngineArgs, niceness: int) -> AsyncLLM:
-    """The engine built in a thread of its own at `niceness`: its processes (the engine core
-    and its workers) inherit it, so the kernel gives the chat engine's processes the cores
-    first when both want them. The thread ends with the build (a thread's niceness cannot be
-    lowered again without privileges)."""
+async def _built_in_thread(args: AsyncEngineArgs) -> AsyncLLM:
+    """The engine built in a thread of its own, so the event loop keeps serving meanwhile.
+
+    A thread cannot be stopped: cancelled, this waits for the thread's engine, shuts it down,
+    and only then ends cancelled, so no engine outlives its cancelled build (an orphan would
+    hold its memory outside every count: a model unregistered while it loads)."""
     loop = asyncio.get_running_loop()
     built: asyncio.Future[AsyncLLM] = loop.create_future()
 
-    def build() -> None:
-        try:
-            if niceness:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
-            llm = AsyncLLM.from_engine_args(args)
-        except BaseException as e:  # handed to the awaiting task
-            loop.call_soon_threadsafe(built.set_exception, e)
+    def settle(outcome: AsyncLLM | BaseException) -> None:
+        if built.done():
+            return
+        if isinstance(outcome, BaseException):
+            built.set_exception(outcome)
         else:
-            loop.call_soon_threadsafe(built.set_result, llm)
+            built.set_result(outcome)
+
+    def build() -> None:
+        outcome: AsyncLLM | BaseException
+        try:
+            outcome = AsyncLLM.from_engine_args(args)
+        except BaseException as e:  # handed to the awaiting task
+            outcome = e
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop is closed: nobody will serve with it
+            if not isinstance(outcome, BaseException):
+                outcome.shutdown()
 
     threading.Thread(target=build, name="embedding-engine-build", daemon=True).start()
-    return await built
+    try:
+        return await asyncio.shield(built)
+    except asyncio.CancelledError:
+        while not built.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([built])
+        if built.exception() is None:
+            built.result().shutdown()
+            log.info("an embedding engine built after its build was cancelled is shut down")
+        raise
+
+
+def renice(llm: AsyncLLM, niceness: int) -> None:
+    """Every thread of the engine's processes (the engine core and any workers it started) at
+    `niceness`: on Linux a niceness is a thread's, so the process's first thread alone would
+    leave the threads computing at the build's. Threads started later inherit their starter's;
+    one started by a thread not yet reniced is found by the next pass (passes until one finds
+    nothing to change, a few at most). Raising a niceness needs no privilege; one already
+    higher is left as it is."""
+    for _ in range(_RENICE_PASSES):
+        if not _renice_pass(llm, niceness):
+            return
+
+
+_RENICE_PASSES = 8
+
+
+def _renice_pass(llm: AsyncLLM, niceness: int) -> int:
+    """The threads found below `niceness` and reniced."""
+    changed = 0
+    for process in core_processes(llm):
+        if process.pid is None:
+            continue
+        try:
+            top = psutil.Process(process.pid)
+            every = [top, *top.children(recursive=True)]
+            threads = [t.id for p in every for t in p.threads()]
+        except psutil.Error:  # gone already: its death is the holder's to see
+            continue
+        for thread in threads:
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                if os.getpriority(os.PRIO_PROCESS, thread) < niceness:
+                    os.setpriority(os.PRIO_PROCESS, thread, niceness)
+                    changed += 1
+    return changed
+
+
+def _floats(data: Any) -> list[Any]:
+    return list(data.float().tolist())
 
 
 def _special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:

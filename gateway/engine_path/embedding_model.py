@@ -11,9 +11,11 @@ as vLLM's score does for an embedding model.
 Every request goes through the chat model's admission (its bound on waiting work; one slot a
 request) at its priority, `priority` (EMBEDDING_PRIORITY: bulk) when it names none, so chats
 stay fast; and through the caller's limits: a request counts as a prompt, and the tokens it
-embedded count towards the caller's tokens a minute. A request keeps at most two engine
-batches of its inputs (2 x EMBEDDING_MAX_NUM_SEQS) in the engine at a time, so another caller's
-embedding waits two batches, not a request of 2,048 inputs.
+embedded count towards the caller's tokens a minute. The model keeps at most two engine
+batches of inputs in its engine at a time, across every request (input_window.py: 2 x
+EMBEDDING_MAX_NUM_SEQS inputs, 2 x EMBEDDING_MAX_NUM_BATCHED_TOKENS tokens), each free place
+to the caller with the fewest there, so another caller's embedding waits two batches, not one
+caller's requests of 2,048 inputs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gateway.engine.holder import EngineHolder
 from gateway.engine.pooling_engine import PoolingEngine
 from gateway.engine_path.admission import Admission
 from gateway.engine_path.bounded_tokens import bounded_encode
+from gateway.engine_path.input_window import InputWindow
 from gateway.engine_path.metrics import ModelMeter
 from protocols.embedding import (
     EmbeddingInput,
@@ -83,6 +86,7 @@ class EmbeddingModel:
         meter: ModelMeter,
         max_token_vectors: int,
         max_in_flight: int,
+        max_tokens_in_flight: int,
     ) -> None:
         self._holder = holder
         self.name = name
@@ -92,7 +96,9 @@ class EmbeddingModel:
         self._meter = meter
         # A token-level answer holds a vector per token: bounded, as the engine's batch is
         self._max_token_vectors = max_token_vectors
-        self._max_in_flight = max_in_flight  # a request's inputs in the engine at once
+        # The model's inputs in the engine at once, whoever sent them
+        self.window = InputWindow(max_in_flight, max_tokens_in_flight)
+        self.window.on_entry.append(meter.entered)
 
     @property
     def ready(self) -> bool:
@@ -109,17 +115,17 @@ class EmbeddingModel:
 
     async def dimensions_supported(self) -> bool:
         """Whether the model serves shortened vectors (Matryoshka): `dimensions` else refused."""
-        return (await self._holder.wait()).matryoshka
+        return (await self._holder.wait(through_rebuilds=False)).matryoshka
 
     async def describe(self) -> ModelFacts:
         """What TEI's /info reports of the model."""
-        engine = await self._holder.wait()
+        engine = await self._holder.wait(through_rebuilds=False)
         return ModelFacts(engine.model_id, engine.dtype, engine.pooling, engine.max_model_len)
 
     async def tokens(self, text: str, *, special_tokens: bool = True) -> list[Piece]:
         """`text`'s tokens with the characters each covers (TEI's /tokenize): an added special
         token covers none."""
-        engine = await self._holder.wait()
+        engine = await self._holder.wait(through_rebuilds=False)
         return await asyncio.to_thread(_pieces, engine.tokenizer, text, special_tokens)
 
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
@@ -168,7 +174,7 @@ class EmbeddingModel:
         start, outcome, inputs, tokens = time.perf_counter(), "cancelled", 0, 0
         try:
             async with self._limited() as count:
-                engine = await self._holder.wait()
+                engine = await self._holder.wait(through_rebuilds=False)
                 work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
                 self._check_token_vectors(requests[0], sum(len(ids) for _, ids in work))
                 async with self._admission.slot(priority, current_caller().id):
@@ -206,15 +212,15 @@ class EmbeddingModel:
     async def _pool_all(
         self, engine: PoolingEngine, work: list[tuple[EmbeddingRequest, list[int]]], priority: int
     ) -> list[Any]:
-        """Each input pooled, in order, at most `max_in_flight` of them in the engine at a time
-        (two engine batches: one running, the next queued, so the engine never waits for the
-        window). The engine serves requests of one priority in their order of arrival: 2,048
-        inputs queued at once would keep every other caller's embeddings behind all of them;
-        the window lets theirs in after two batches."""
-        window = asyncio.Semaphore(self._max_in_flight)
+        """Each input pooled, in order, each taking its place in the model's window (two engine
+        batches: one running, the next queued, so the engine never waits for the window). The
+        engine serves requests of one priority in their order of arrival: 2,048 inputs queued
+        at once would keep every other caller's embeddings behind all of them; the window lets
+        theirs in after two batches."""
+        caller, turn = current_caller().id, object()  # this request's inputs take turns
 
         async def pooled(request: EmbeddingRequest, ids: list[int]) -> Any:
-            async with window:
+            async with self.window.entry(caller, turn, len(ids)):
                 return await engine.pool(
                     ids,
                     token_level=request.token_level,

@@ -15,12 +15,15 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, Info
 from prometheus_client import Counter as PromCounter
 
 from gateway.config.priorities import MAX_PRIORITY
+from gateway.engine_path.input_window import Entry
 
 if TYPE_CHECKING:
     from gateway.engine.scheduler_view import SchedulerView
     from gateway.engine_path.admission import Admission
 
 BASE = "base"  # the `adapter` label of the base model's requests
+# Inputs ahead in an embedding engine: its window holds two batches (128 inputs by default)
+_AHEAD_BUCKETS = (0, 16, 32, 64, 96, 128, 256, 512, 1024, 2048)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 
@@ -91,13 +94,18 @@ class ModelMeter:
     """Counts one model's requests beside the chat model's (an embedding model's, by its
     name): each ended with its outcome, the inputs and tokens it embedded, its time."""
 
-    __slots__ = ("_inputs", "_metrics", "_model", "_seconds", "_task", "_tokens")
+    __slots__ = ("_ahead", "_inputs", "_metrics", "_model", "_seconds", "_task", "_tokens")
 
     def __init__(self, metrics: GatewayMetrics, model: str, task: str) -> None:
         self._metrics, self._model, self._task = metrics, model, task
         self._inputs = metrics.model_inputs.labels(model)
         self._tokens = metrics.model_tokens.labels(model)
         self._seconds = metrics.model_seconds.labels(model)
+        self._ahead = metrics.model_inputs_ahead.labels(model)
+
+    def entered(self, entry: Entry) -> None:
+        """An input went into the engine with `entry.ahead` inputs before it."""
+        self._ahead.observe(entry.ahead)
 
     def ended(self, outcome: str, inputs: int, tokens: int, seconds: float) -> None:
         self._metrics.model_requests.labels(self._model, self._task, outcome).inc()
@@ -191,6 +199,14 @@ class GatewayMetrics:
             "A model's time per request, its wait for admission included, by model",
             ["model"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_inputs_ahead = Histogram(
+            "gateway_model_inputs_ahead",
+            "Inputs already in the engine as an embedding input goes in (computed before it), "
+            "by model",
+            ["model"],
+            buckets=_AHEAD_BUCKETS,
             registry=r,
         )
         self.active_streams = gauge("gateway_active_streams", "Engine requests in progress")

@@ -6,6 +6,12 @@ A load at run time is checked against memory first: the engine's estimate
 (gateway/engine/model_memory.py) must fit both what the machine has available (less
 `MODEL_LOAD_RESERVE_GIB`, kept for the running engines' growth) and MODEL_LOAD_MEMORY_GIB's
 budget for models loaded at run time, or it is refused with the figures, never started.
+
+A model unregistered while its engine is still being built is forgotten at once (its name
+free, its requests refused) but its memory stays counted, in both checks, until its engine
+is gone: the build runs on in a thread that cannot be stopped, and its engine is shut down as
+soon as it is built (EngineHolder.stop). So POST/DELETE pairs never hold more engines than
+the budget admits.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ class Entry:
     name: str
     task: Task
     source: str  # DJL's modelUrl: the directory, `default`, or the chat model's
-    status: str  # loading, ready or failed
+    status: str  # loading (also while it is rebuilt), ready or failed
     loaded_at_startup: bool
+    error: str | None = None  # why it is not ready
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class ModelRegistry:
         self._limiter = limiter
         self._metrics = metrics
         self._embedders: dict[str, _Embedder] = {}
+        # Unregistered, their engines not gone yet (a build still running): still counted
+        self._winding_down: dict[asyncio.Task[None], _Embedder] = {}
         self._changing = asyncio.Lock()
 
     def add_at_startup(self, holder: EngineHolder[PoolingEngine], name: str) -> None:
@@ -97,6 +106,7 @@ class ModelRegistry:
             meter,
             max_token_vectors=self._settings.embedding_max_num_batched_tokens,
             max_in_flight=2 * self._settings.embedding_max_num_seqs,
+            max_tokens_in_flight=2 * self._settings.embedding_max_num_batched_tokens,
         )
 
     def embedding(self, name: str | None = None) -> EmbeddingModel | None:
@@ -119,12 +129,13 @@ class ModelRegistry:
         return None
 
     def entries(self) -> list[Entry]:
-        status, _ = self.chat.status()
+        status, error = self.chat.status()
         chat_source = self._settings.engine.model or "default"
-        listed = [Entry(self.chat.name, "generate", chat_source, status, True)]
+        listed = [Entry(self.chat.name, "generate", chat_source, status, True, error)]
         for name, embedder in self._embedders.items():
-            status, _ = embedder.model.status()
-            listed.append(Entry(name, "embed", embedder.source, status, embedder.at_startup))
+            status, error = embedder.model.status()
+            at_startup = embedder.at_startup
+            listed.append(Entry(name, "embed", embedder.source, status, at_startup, error))
         return listed
 
     async def register(
@@ -161,7 +172,9 @@ class ModelRegistry:
             try:
                 await holder.wait()
             except Exception as e:  # the engine did not start: nothing of it is kept
-                await self.unregister(name)
+                found = self._embedders.get(name)
+                if found is not None and found.holder is holder:  # not unregistered meanwhile
+                    await self.unregister(name)
                 raise ModelRefused(500, f'Model "{name}" failed to load: {e}') from e
         return next(e for e in self.entries() if e.name == name)
 
@@ -176,29 +189,55 @@ class ModelRegistry:
             embedder = self._embedders.pop(name, None)
             if embedder is None:
                 raise ModelRefused(404, f'Model or workflow not found: "{name}"')
-        await embedder.holder.stop()
+            loading = embedder.holder.status == "loading"
+            stopping = asyncio.create_task(embedder.holder.stop(), name=f"unregister-{name}")
+            self._winding_down[stopping] = embedder
+            stopping.add_done_callback(self._wound_down)
+        if not loading:
+            await asyncio.wait([stopping])  # a built engine stops at once: answer after it
+
+    def _wound_down(self, task: asyncio.Task[None]) -> None:
+        self._winding_down.pop(task, None)
+
+    def winding_down(self) -> int:
+        """Engines of models unregistered and not gone yet (their builds still running)."""
+        return len(self._winding_down)
 
     async def stop(self, *, handed_in_too: bool) -> None:
         """Stop the engines `register` built, and with `handed_in_too` EMBEDDING_MODEL's (a
-        test's app shares that one with others)."""
+        test's app shares that one with others); return once every one is gone, those
+        unregistered while loading included."""
         for embedder in list(self._embedders.values()):
             if handed_in_too or embedder.built_here:
                 await embedder.holder.stop()
+        if self._winding_down:
+            await asyncio.wait(list(self._winding_down))
+
+    def _counted(self) -> list[_Embedder]:
+        """The models whose memory counts: those served, and those whose engines wind down."""
+        return [*self._embedders.values(), *self._winding_down.values()]
 
     def _check_memory(self, name: str, need: int) -> None:
         budget = self._settings.model_load_memory_gib
         if budget > 0:
-            taken = sum(e.memory_bytes for e in self._embedders.values())
+            taken = sum(e.memory_bytes for e in self._counted())
             if taken + need > budget * GIB:
+                stopping = sum(e.memory_bytes for e in self._winding_down.values())
+                unloading = (
+                    f" ({stopping / GIB:.2f} GiB of it unregistered, until their engines stop)"
+                    if stopping
+                    else ""
+                )
                 raise ModelRefused(
                     507,
                     f'Model "{name}" needs about {need / GIB:.2f} GiB; models loaded at run '
-                    f"time hold {taken / GIB:.2f} GiB of MODEL_LOAD_MEMORY_GIB's {budget:g} GiB",
+                    f"time hold {taken / GIB:.2f} GiB of MODEL_LOAD_MEMORY_GIB's {budget:g} GiB"
+                    + unloading,
                 )
         free = available_bytes()
         reserve = int(self._settings.model_load_reserve_gib * GIB)
         if free is not None:  # engines still loading have not taken their memory yet
-            free -= sum(e.memory_bytes for e in self._embedders.values() if not e.model.ready)
+            free -= sum(e.memory_bytes for e in self._counted() if not e.model.ready)
         if free is not None and need > free - reserve:
             raise ModelRefused(
                 507,

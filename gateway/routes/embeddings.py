@@ -4,6 +4,8 @@ are OpenAI's error object."""
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -39,7 +41,9 @@ async def _embedded(request: Request) -> Prepared:
         result = await model.embed(call.request)
     except GenerationError as e:
         return _error(e)
-    return Whole(200, encode_embeddings(call, result, model.name), JSON)
+    # Off the event loop: 2,048 vectors are megabytes of JSON
+    encoded = await asyncio.to_thread(encode_embeddings, call, result, model.name)
+    return Whole(200, encoded, JSON)
 
 
 def _refused(refused: ModelRefused) -> Whole:

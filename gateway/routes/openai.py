@@ -32,7 +32,8 @@ async def completions(request: Request) -> Response:
 
 
 def _listed(request: Request) -> list[Model]:
-    """The served model, its adapters, then the embedding model (with its `task`); `created`
+    """The served model, its adapters, then the embedding models (with their `task` and their
+    engine's `status`: ready, loading or failed); `created`
     is when this listing was made, as vLLM's server dates it."""
     gateway = gateway_of(request)
     model = gateway.model
@@ -44,8 +45,15 @@ def _listed(request: Request) -> list[Model]:
     ]
     for embedding in gateway.models.embedding_models():
         length = embedding.context_length() or 0
+        status, _ = embedding.status()
         listed.append(
-            Model(id=embedding.name, max_model_len=length, created=now, task=embedding.task)
+            Model(
+                id=embedding.name,
+                max_model_len=length,
+                created=now,
+                task=embedding.task,
+                status=status,
+            )
         )
     return listed
 

@@ -6,6 +6,8 @@ errors are OpenAI's error object, as vLLM's server answers them."""
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -33,10 +35,12 @@ async def pooling(request: Request) -> Response:
         return vllm_pooling.decode_pooling(doc, dimensions_supported=supported)
 
     async def run(model: EmbeddingModel, call: vllm_pooling.PoolingCall) -> bytes:
+        # Encoded off the event loop: 8,192 vectors per token are 40 MB of JSON
         if call.request.token_level:
             result = await model.embed_tokens(call.request)
-            return vllm_pooling.encode_pooling(call, result, model.name)
-        return vllm_pooling.encode_pooling(call, await model.embed(call.request), model.name)
+            return await asyncio.to_thread(vllm_pooling.encode_pooling, call, result, model.name)
+        vectors = await model.embed(call.request)
+        return await asyncio.to_thread(vllm_pooling.encode_pooling, call, vectors, model.name)
 
     answer = await answered(gateway_of(request), named_model(doc), error_of, decode, run)
     return to_response(answer)
