@@ -57,7 +57,7 @@ def test_a_deferred_tool_stays_out_of_the_prompt_until_a_tool_reference_names_it
     assert _tool_names(_messages(tools=tools)) == ["Read", "ToolSearch"]
     loaded = _messages(tools=tools, messages=_searched("CronCreate"))
     assert _tool_names(loaded) == ["Read", "ToolSearch", "CronCreate"]
-    [*_, result] = decode_messages(loaded).requests[0].messages
+    [*_, result] = decode_messages(loaded).requests[0].messages or ()
     assert result == {
         "role": "tool",
         "tool_call_id": "toolu_1",
