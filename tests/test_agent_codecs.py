@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from agent_bodies import CLAUDE_CODE, CODEX, Recorded, recorded
 
 from protocols.anthropic_requests import decode_count_tokens, decode_messages
 from protocols.errors import GenerationError
@@ -181,3 +182,27 @@ def test_reasoning_items_sent_back_are_not_shown_to_the_model() -> None:
     ]
     call = decode_responses(_responses(input=given), 2048)
     assert call.messages == ({"role": "user", "content": "hi"},)
+
+
+@pytest.mark.parametrize("request_", recorded(CLAUDE_CODE), ids=lambda r: r.name)
+def test_claude_codes_recorded_requests_decode(request_: Recorded) -> None:
+    if request_.path.startswith("/v1/messages/count_tokens"):
+        decode_count_tokens(request_.raw)
+        return
+    call = decode_messages(request_.raw)
+    deferred = {t["name"] for t in request_.body.get("tools", []) if t.get("defer_loading")}
+    shown = {t["function"]["name"] for t in call.tool_use.tools} if call.tool_use else set()
+    assert not deferred & shown  # none of them referenced in a first turn
+
+
+@pytest.mark.parametrize("request_", recorded(CODEX), ids=lambda r: r.name)
+def test_codexs_recorded_requests_decode(request_: Recorded) -> None:
+    call = decode_responses(request_.raw, 32768)
+    assert call.tool_use is not None
+    shown = {t["function"]["name"] for t in call.tool_use.tools}
+    namespaced = [t for t in request_.body["tools"] if t["type"] == "namespace"]
+    for namespace in namespaced:  # the default's `multi_agent_v1`
+        assert {f["name"] for f in namespace["tools"]} <= shown
+        assert set(call.namespaces.values()) == {namespace["name"]}
+    assert bool(namespaced) == request_.name.endswith("default")
+    assert "web_search" in {t["type"] for t in request_.body["tools"]}
