@@ -156,6 +156,9 @@ def test_claude_code_completes_a_turn(long_server: RunningServer) -> None:
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_AUTOUPDATER": "1",
+            # Its own bound on an answer (else 32,000, cut to the context's room): a turn the
+            # model at temperature 1 does not end is cut soon, and Claude Code asks again.
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "400",
         }
         done = subprocess.run(
             [str(claude), "--bare", "-p", "say hi"],
