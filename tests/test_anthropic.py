@@ -257,9 +257,14 @@ def test_structured_outputs_parse_into_the_callers_type(server: RunningServer) -
 
 def test_langchain_anthropics_json_schema_structured_output(server: RunningServer) -> None:
     from langchain_anthropic import ChatAnthropic
+    from pydantic import SecretStr
 
     chat = ChatAnthropic(  # type: ignore[call-arg]
-        model=MODEL, base_url=server.http, api_key="unused", max_tokens=200, temperature=0
+        model=MODEL,
+        base_url=server.http,
+        api_key=SecretStr("unused"),
+        max_tokens=200,
+        temperature=0,
     )
     city = chat.with_structured_output(City, method="json_schema").invoke(CITY_QUESTION)
     assert isinstance(city, City) and city.name
