@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 LOCK ?= deploy/constraints.txt
 export VENV LOCK
 
-.PHONY: install browser run prepare-model test test-all test-fast test-newest lock lint image clean
+.PHONY: install browser agents run prepare-model test test-all test-fast test-newest lock lint image clean
 
 # Every package at the release the suite last passed on: deploy/constraints.txt (the lock).
 install:
@@ -12,6 +12,10 @@ install:
 
 browser:
 	@bash deploy/install-browser.sh
+
+# Claude Code and Codex CLI, pinned, into $(VENV)/agents: what the agent tests run (test-all).
+agents:
+	@bash deploy/install-agents.sh
 
 prepare-model: install
 	$(VENV)/bin/llm-gateway prepare-model
@@ -26,9 +30,10 @@ test: install browser
 
 # `make test` plus what starts engines, servers or clusters of its own (vLLM's server, Ray
 # replicas, the SageMaker container, engine recovery, the LoRA engine), the benches' quick
-# runs, the long runs on the session's engine and the default model's conversion afresh: what
-# CI runs (.ci/run). About 30 minutes on 2 cores (README).
-test-all: install browser
+# runs, the long runs on the session's engine, the default model's conversion afresh and the
+# real coding agents (Claude Code, Codex CLI) against the gateway: what CI runs (.ci/run).
+# About 30 minutes on 2 cores (README).
+test-all: install browser agents
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # The pure tests only (protocols, config, admission, store...): no engine is started, none

@@ -5,7 +5,9 @@ A Messages request becomes the same `OpenAICall` a chat completion does: its `sy
 system message, its `tool_use` blocks an assistant's tool calls, its `tool_result` blocks tool
 messages, its `tools` OpenAI's function tools (so the chat template, the tool parsers and the
 grammars are the chat route's). Fields this server does not know are ignored, as on the other
-routes; `thinking` is accepted and ignored (the served models do not think). Images,
+routes; `thinking` is accepted and ignored (the served models do not think). Tools marked
+`defer_loading` stay out of the prompt until a `tool_reference` block (in a tool result: what
+Claude Code's tool search answers) names them, as Anthropic's tool search has it. Images,
 documents and Anthropic's server tools (web search, code execution...) are refused, naming
 the field.
 """
@@ -46,9 +48,18 @@ class ToolUseBlock(msgspec.Struct, tag="tool_use", kw_only=True):
     input: dict[str, Any]
 
 
+class ToolReferenceBlock(msgspec.Struct, tag="tool_reference", kw_only=True):
+    """A tool result's reference to a tool of `tools`: a deferred one is loaded by it."""
+
+    tool_name: str
+
+
+ResultBlock = TextBlock | ToolReferenceBlock
+
+
 class ToolResultBlock(msgspec.Struct, tag="tool_result", kw_only=True):
     tool_use_id: str
-    content: str | list[TextBlock] = ""
+    content: str | list[dict[str, Any]] = ""
     is_error: bool = False
 
 
@@ -80,6 +91,8 @@ class CustomTool(msgspec.Struct, kw_only=True):
     input_schema: dict[str, Any] | None = None
     description: str | None = None
     type: str | None = None  # `custom`, or left out; anything else is a server tool
+    # out of the prompt until a `tool_reference` names it (Anthropic's tool search)
+    defer_loading: bool = False
 
 
 class ToolChoiceParam(msgspec.Struct, kw_only=True):
@@ -194,16 +207,18 @@ def _conversation(body: _Conversation) -> Conversation:
     if body.system is not None:
         system.append(body.system if isinstance(body.system, str) else _joined(body.system))
     said: list[dict[str, Any]] = []
+    referenced: dict[str, str] = {}  # each tool a `tool_reference` names, and where
     for i, message in enumerate(body.messages):
         if message.role == "system":
             system.append(_system_text(message, i))
         else:
-            said.extend(_chat_messages(message, i))
+            said.extend(_chat_messages(message, i, referenced))
     if not said:
         raise invalid("messages needs a user or assistant message", "messages")
     messages = [{"role": "system", "content": "\n\n".join(system)}] if system else []
     messages.extend(said)
-    return Conversation(model=body.model, messages=tuple(messages), tool_use=_tool_use(body))
+    tool_use = _tool_use(body, referenced)
+    return Conversation(model=body.model, messages=tuple(messages), tool_use=tool_use)
 
 
 def _system_text(message: InputMessage, index: int) -> str:
@@ -220,9 +235,12 @@ def _system_text(message: InputMessage, index: int) -> str:
     return _joined(texts)
 
 
-def _chat_messages(message: InputMessage, index: int) -> list[dict[str, Any]]:
+def _chat_messages(
+    message: InputMessage, index: int, referenced: dict[str, str]
+) -> list[dict[str, Any]]:
     """One input message as chat-template messages: a user's tool results come first, each a
-    tool message; an assistant's tool uses are its `tool_calls`."""
+    tool message; an assistant's tool uses are its `tool_calls`. The tools `tool_reference`
+    blocks name go into `referenced`."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     texts: list[str] = []
@@ -238,8 +256,7 @@ def _chat_messages(message: InputMessage, index: int) -> list[dict[str, Any]]:
                 function = {"name": block.name, "arguments": block.input}
                 calls.append({"id": block.id, "type": "function", "function": function})
             case ToolResultBlock() if message.role == "user":
-                content = block.content
-                text = content if isinstance(content, str) else _joined(content)
+                text = _result_text(block.content, f"{field}.content", referenced)
                 results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
             case ToolUseBlock() | ToolResultBlock():
                 raise invalid(
@@ -259,6 +276,35 @@ def _chat_messages(message: InputMessage, index: int) -> list[dict[str, Any]]:
             turn["tool_calls"] = calls
         said.append(turn)
     return results + said
+
+
+def _result_text(
+    content: str | list[dict[str, Any]], field: str, referenced: dict[str, str]
+) -> str:
+    """A tool result's text: its text blocks, and a line for each tool a `tool_reference`
+    block loads (the tool itself joins the prompt's tools)."""
+    if isinstance(content, str):
+        return content
+    lines: list[str] = []
+    for k, raw in enumerate(content):
+        where = f"{field}[{k}]"
+        if raw.get("type") not in ("text", "tool_reference"):
+            kind = raw.get("type")
+            raise invalid(
+                f"`{kind}` content is not served in a tool result here: `text` and "
+                "`tool_reference` blocks are",
+                f"{where}.type",
+            )
+        try:
+            block: ResultBlock = msgspec.convert(raw, ResultBlock)
+        except msgspec.ValidationError as e:
+            raise validation_error(e, where) from e
+        if isinstance(block, ToolReferenceBlock):
+            referenced.setdefault(block.tool_name, f"{where}.tool_name")
+            lines.append(f"Tool loaded: {block.tool_name}")
+        else:
+            lines.append(block.text)
+    return "\n".join(lines)
 
 
 def _block(raw: dict[str, Any], field: str) -> Block:
@@ -281,10 +327,16 @@ def _joined(blocks: list[TextBlock]) -> str:
     return "\n".join(block.text for block in blocks)
 
 
-def _tool_use(body: _Conversation) -> ToolUse | None:
+def _tool_use(body: _Conversation, referenced: dict[str, str]) -> ToolUse | None:
     """Anthropic's tools and tool_choice as OpenAI's: `any` is `required`, `tool` names a
-    function, `disable_parallel_tool_use` is `parallel_tool_calls: false`."""
+    function, `disable_parallel_tool_use` is `parallel_tool_calls: false`. A deferred tool
+    is among them once referenced (or named by `tool_choice`); a reference to a tool `tools`
+    does not have is refused where it is."""
     choice = body.tool_choice
+    declared = [t.name for t in body.tools or ()]
+    for name, where in referenced.items():
+        if name not in declared:
+            raise invalid(f"The tool_reference names {name!r}, which `tools` does not have", where)
     if not body.tools:
         if choice is not None and choice.type in ("any", "tool"):
             raise invalid(f"tool_choice `{choice.type}` needs `tools`", "tool_choice.type")
@@ -300,6 +352,24 @@ def _tool_use(body: _Conversation) -> ToolUse | None:
                 f"A custom tool needs its `input_schema` - at `tools[{i}].input_schema`",
                 f"tools[{i}].input_schema",
             )
+    named = choice.name if choice is not None and choice.type == "tool" else None
+    if choice is not None and choice.type == "tool" and named not in declared:
+        raise invalid(
+            f"tool_choice names the tool {named!r}, which `tools` does not have "
+            f"(it has {', '.join(map(repr, declared))})",
+            "tool_choice.name",
+        )
+    loaded = [
+        t for t in body.tools if not t.defer_loading or t.name in referenced or t.name == named
+    ]
+    if not loaded:  # every tool deferred, none referenced yet: none shown to the model
+        if choice is not None and choice.type == "any":
+            raise invalid(
+                "tool_choice `any` needs a tool the model is shown: every tool is deferred "
+                "(`defer_loading`) and none referenced",
+                "tool_choice.type",
+            )
+        return None
     tools = [
         Tool(
             type="function",
@@ -307,7 +377,7 @@ def _tool_use(body: _Conversation) -> ToolUse | None:
                 name=t.name, description=t.description, parameters=t.input_schema or {}
             ),
         )
-        for t in body.tools
+        for t in loaded
     ]
     if choice is None:
         return decode_tool_use(tools, None, None)
@@ -318,13 +388,7 @@ def _tool_use(body: _Conversation) -> ToolUse | None:
         case "any":
             return decode_tool_use(tools, "required", parallel)
         case "tool":
-            names = [t.name for t in body.tools]
-            if choice.name not in names:
-                raise invalid(
-                    f"tool_choice names the tool {choice.name!r}, which `tools` does not have "
-                    f"(it has {', '.join(map(repr, names))})",
-                    "tool_choice.name",
-                )
+            assert choice.name is not None  # checked above
             return decode_tool_use(
                 tools, NamedChoice(function=NamedFunction(choice.name)), parallel
             )

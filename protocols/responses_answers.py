@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -133,8 +134,14 @@ class Outcome(msgspec.Struct, frozen=True):
     incomplete: IncompleteDetails | None
 
 
-def outcome_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Outcome:
-    """The output of a Finished: its text (outside tool calls) as a message, and its calls."""
+def outcome_of(
+    done: Finished,
+    message_id: str,
+    tools: ToolAnswers | None,
+    namespaces: Mapping[str, str] | None = None,
+) -> Outcome:
+    """The output of a Finished: its text (outside tool calls) as a message, and its calls
+    (a `namespace` tool's function's naming its namespace)."""
     [sequence] = done.sequences[:1]
     text, reason = sequence.text, sequence.finish_reason
     status: Status = "incomplete" if reason == "length" else "completed"
@@ -159,11 +166,18 @@ def outcome_of(done: Finished, message_id: str, tools: ToolAnswers | None) -> Ou
                 "name": c.function.name,
                 "arguments": c.function.arguments,
                 "status": "completed",
+                **namespace_of(c.function.name, namespaces),
             }
             for c in parsed.tool_calls
         ]
     output = [message_item(message_id, text, status)] if text or not calls else []
     return Outcome(output + calls, message, status, incomplete)
+
+
+def namespace_of(name: str, namespaces: Mapping[str, str] | None) -> dict[str, str]:
+    """A call's `namespace` field, where its function is a `namespace` tool's."""
+    namespace = (namespaces or {}).get(name)
+    return {"namespace": namespace} if namespace is not None else {}
 
 
 def finished(response: ResponseObject, done: Finished, outcome: Outcome) -> ResponseObject:

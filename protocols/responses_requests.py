@@ -1,9 +1,13 @@
 """OpenAI's Responses API request (`POST /v1/responses`), decoded to the neutral vocabulary (no
 I/O). `input` is a string or a list of items: messages (`content` a string or text parts),
-`function_call` and `function_call_output` items; `tools` are function tools only. Fields this
-server does not know are ignored, as the chat route ignores them; what it knows but does not
-serve (built-in tools, images, files, `conversation`, `background` without `store`) is refused
-naming the field.
+`function_call` and `function_call_output` items (and `reasoning` items sent back, not shown to
+the model); `tools` are function tools, and `namespace` tools whose functions are the model's as
+the top-level ones are (their calls name the namespace). OpenAI's built-in tools (`web_search`,
+`file_search`, `shell`...: what Codex CLI sends by default) are accepted and never called: this
+server runs none, and its models are shown none, as OpenAI's API leaves a tool the model does
+not choose. Fields this server does not know are ignored, as the chat route ignores them; what
+it knows but does not serve (`custom` tools, images, files, `conversation`, `background`
+without `store`) is refused naming the field.
 """
 
 from __future__ import annotations
@@ -36,6 +40,27 @@ Metadata = Annotated[
     Meta(max_length=16),
 ]
 ResponseId = Annotated[str, Meta(min_length=1, max_length=128)]
+# OpenAI's built-in tools (the openai SDK's `Tool` union less `function`, `custom` and
+# `namespace`): accepted and never called, none shown to the model.
+BUILT_IN_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_2025_08_26",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "computer",
+        "computer_use_preview",
+        "mcp",
+        "code_interpreter",
+        "programmatic_tool_calling",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "tool_search",
+        "apply_patch",
+    }
+)
 
 
 class TextConfig(msgspec.Struct, kw_only=True):
@@ -77,11 +102,12 @@ class _Message(msgspec.Struct, kw_only=True):
     type: Literal["message"] = "message"
 
 
-class _FunctionCall(msgspec.Struct, kw_only=True):
+class _FunctionCall(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: Literal["function_call"]
     call_id: Annotated[str, Meta(min_length=1)]
     name: str
     arguments: str
+    namespace: str | None = None  # a `namespace` tool's function
 
 
 class _FunctionCallOutput(msgspec.Struct, kw_only=True):
@@ -110,6 +136,8 @@ class ResponsesCall(msgspec.Struct, frozen=True, kw_only=True):
     background: bool
     tool_use: ToolUse | None
     echo: dict[str, Any]
+    # the namespace of each function a `namespace` tool holds (its calls name it)
+    namespaces: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def decode_responses(raw: bytes, context: int) -> ResponsesCall:
@@ -120,7 +148,8 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         raise invalid(
             "Conversations are not served: continue with `previous_response_id`", "conversation"
         )
-    tool_use = _tool_use(body)
+    functions, namespaces = _functions(body.tools or [])
+    tool_use = _tool_use(body, functions)
     items = _items(body.input)
     messages = tuple(_messages(items))
     fmt = body.text.format if body.text is not None else None
@@ -152,7 +181,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         "temperature": temperature,
         "top_p": options.top_p,
         "text": {"format": msgspec.to_builtins(fmt) if fmt else {"type": "text"}},
-        "tool_choice": body.tool_choice or ("auto" if tool_use else "none"),
+        "tool_choice": body.tool_choice or ("auto" if body.tools else "none"),
         "tools": body.tools or [],
         "user": body.user,
     }
@@ -168,6 +197,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         background=body.background,
         tool_use=tool_use,
         echo=echo,
+        namespaces=namespaces,
     )
 
 
@@ -175,22 +205,47 @@ def _field(constraint: Constraint | None) -> str | None:
     return constraint.field if constraint is not None else None
 
 
-def _tool_use(body: ResponsesRequest) -> ToolUse | None:
-    """Function tools, as the chat route's: their flat form (`{"type": "function", "name",
-    "parameters"}`) made the chat's, and `tool_choice` likewise."""
+def _functions(given: list[dict[str, Any]]) -> tuple[list[Tool], dict[str, str]]:
+    """The functions the model is shown: the function tools and each `namespace` tool's
+    functions (with the namespace of each); built-in tools are left out."""
     tools: list[Tool] = []
-    for i, given in enumerate(body.tools or []):
-        kind = given.get("type")
-        if kind != "function":
-            raise invalid(
-                f"Only function tools are served, not `{kind}` (built-in tools are not)",
-                f"tools[{i}].type",
-            )
-        spec = {k: v for k, v in given.items() if k in ("name", "description", "parameters")}
-        try:
-            tools.append(Tool(type="function", function=msgspec.convert(spec, FunctionSpec)))
-        except msgspec.ValidationError as e:
-            raise validation_error(e, f"$.tools[{i}]") from e
+    namespaces: dict[str, str] = {}
+    for i, tool in enumerate(given):
+        kind = tool.get("type")
+        if kind in BUILT_IN_TOOLS:
+            continue
+        if kind == "namespace":
+            name = tool.get("name")
+            inner = tool.get("tools")
+            if not isinstance(name, str) or not isinstance(inner, list):
+                raise invalid("A namespace tool has a `name` and its `tools`", f"tools[{i}]")
+            for j, function in enumerate(inner):
+                if not isinstance(function, dict):
+                    raise invalid("A namespace's tool is an object", f"tools[{i}].tools[{j}]")
+                tools.append(_function(function, f"tools[{i}].tools[{j}]"))
+                namespaces[tools[-1].function.name] = name
+            continue
+        tools.append(_function(tool, f"tools[{i}]"))
+    return tools, namespaces
+
+
+def _function(given: dict[str, Any], field: str) -> Tool:
+    kind = given.get("type")
+    if kind != "function":
+        raise invalid(
+            f"Function, namespace and built-in tools are served, not `{kind}`", f"{field}.type"
+        )
+    spec = {k: v for k, v in given.items() if k in ("name", "description", "parameters")}
+    try:
+        return Tool(type="function", function=msgspec.convert(spec, FunctionSpec))
+    except msgspec.ValidationError as e:
+        raise validation_error(e, f"$.{field}") from e
+
+
+def _tool_use(body: ResponsesRequest, tools: list[Tool]) -> ToolUse | None:
+    """The functions, as the chat route's tools: their flat form (`{"type": "function",
+    "name", "parameters"}`) made the chat's, and `tool_choice` likewise (`auto` or `required`
+    with built-in tools alone is `auto` with none to call; `required` is refused)."""
     choice = body.tool_choice
     named: Literal["none", "auto", "required"] | NamedChoice | None
     if choice is None or choice in ("none", "auto", "required"):
@@ -206,6 +261,14 @@ def _tool_use(body: ResponsesRequest) -> ToolUse | None:
             '(`{"type": "function", "name": ...}`)',
             "tool_choice",
         )
+    if not tools and body.tools:  # built-in tools only: none for the model to call
+        if named == "required":
+            raise invalid(
+                "tool_choice `required` needs a function tool: built-in tools are never "
+                "called here",
+                "tool_choice",
+            )
+        named = None
     try:
         return decode_tool_use(tools or None, named, body.parallel_tool_calls)
     except GenerationError as e:  # it names the chat's fields; the Responses API's are flat
@@ -232,6 +295,8 @@ def _items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                         {"id": "fc_" + uuid.uuid4().hex, **msgspec.to_builtins(call)}
                         | {"status": "completed"}
                     )
+                case "reasoning":
+                    continue  # an earlier answer's reasoning: these models are not shown it
                 case "function_call_output":
                     out = msgspec.convert(item, _FunctionCallOutput)
                     text = _text(out.output, f"input[{i}].output")
@@ -246,8 +311,8 @@ def _items(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                     )
                 case _:
                     raise invalid(
-                        f"Input items are messages, function_call and function_call_output "
-                        f"items, not `{kind}`",
+                        f"Input items are messages, function_call, function_call_output and "
+                        f"reasoning items, not `{kind}`",
                         f"input[{i}].type",
                     )
         except msgspec.ValidationError as e:

@@ -7,17 +7,23 @@ item opened as soon as its name is known and its arguments as
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from protocols.events import Delta
-from protocols.responses_answers import EventStream, Outcome, new_id
+from protocols.responses_answers import EventStream, Outcome, namespace_of, new_id
 from protocols.tool_calls import ToolAnswers
 
 
 def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: str,
+    namespaces: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": item_id,
@@ -26,6 +32,7 @@ def function_call_item(
         "name": name,
         "arguments": arguments,
         "status": status,
+        **namespace_of(name, namespaces),
     }
 
 
@@ -40,8 +47,11 @@ class _Call(msgspec.Struct):
 class ToolStream:
     """One streamed answer's items as they open: `opened` holds their output indices."""
 
-    def __init__(self, tools: ToolAnswers, message_id: str) -> None:
+    def __init__(
+        self, tools: ToolAnswers, message_id: str, namespaces: Mapping[str, str] | None = None
+    ) -> None:
         self._tools = tools
+        self._namespaces = namespaces
         self._message_id = message_id
         self._text_index: int | None = None
         self._calls: dict[int, _Call] = {}
@@ -65,7 +75,9 @@ class ToolStream:
                 call_id = piece.id if piece.id is not msgspec.UNSET else new_id("call")
                 call = _Call(new_id("fc"), call_id, name, self._open())
                 self._calls[piece.index] = call
-                item = function_call_item(call.item_id, call_id, name, "", "in_progress")
+                item = function_call_item(
+                    call.item_id, call_id, name, "", "in_progress", self._namespaces
+                )
                 out += events.event(
                     "response.output_item.added", output_index=call.output_index, item=item
                 )

@@ -55,7 +55,7 @@ class Answer:
 
     async def finish(self, done: Finished) -> ResponseObject:
         """The finished response, stored (when asked) before anyone is told it is done."""
-        outcome = outcome_of(done, self.message_id, self.tools)
+        outcome = outcome_of(done, self.message_id, self.tools, self.call.namespaces)
         if self.stream is not None:
             outcome = self.stream.settled(outcome)
         self.response = finished(self.response, done, outcome)
@@ -87,7 +87,7 @@ async def answer_events(
     events = events or EventStream()
     background = answer.call.background
     if answer.tools is not None:
-        answer.stream = ToolStream(answer.tools, answer.message_id)
+        answer.stream = ToolStream(answer.tools, answer.message_id, answer.call.namespaces)
     if background:
         yield Chunk(events.queued(answer.response))
     else:
