@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 LOCK ?= deploy/constraints.txt
 export VENV LOCK
 
-.PHONY: install browser agents run prepare-model test test-all test-fast test-newest lock lint image clean
+.PHONY: install browser agents run prepare-model test test-all test-agents test-fast test-newest lock lint image clean
 
 # Every package at the release the suite last passed on: deploy/constraints.txt (the lock).
 install:
@@ -30,11 +30,16 @@ test: install browser
 
 # `make test` plus what starts engines, servers or clusters of its own (vLLM's server, Ray
 # replicas, the SageMaker container, engine recovery, the LoRA engine), the benches' quick
-# runs, the long runs on the session's engine, the default model's conversion afresh and the
-# real coding agents (Claude Code, Codex CLI) against the gateway: what CI runs (.ci/run).
-# About 30 minutes on 2 cores (README).
-test-all: install browser agents
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+# runs, the long runs on the session's engine and the default model's conversion afresh:
+# what CI runs (.ci/run). About 30 minutes on 2 cores (README).
+test-all: install browser
+	$(PY) -m pytest -q -m "not agent_cli" --durations=25 $(PYTEST_ARGS)
+
+# The real coding agents (Claude Code, Codex CLI, installed pinned from npm) completing a turn
+# against the gateway. Not in CI yet: with the default model (8,192 positions, sampled at the
+# agents' temperature 1) a turn ends by chance, not by the gateway (docs/ANTHROPIC.md).
+test-agents: install agents
+	$(PY) -m pytest -q -m agent_cli $(PYTEST_ARGS)
 
 # The pure tests only (protocols, config, admission, store...): no engine is started, none
 # needs vLLM (tests/conftest.py marks every test that uses the engine), and the default model

@@ -141,6 +141,7 @@ def _quiet_env(home: Path) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k in keep}, "HOME": str(home)}
 
 
+@pytest.mark.agent_cli  # make test-agents (Makefile: why not in CI yet)
 def test_claude_code_completes_a_turn(long_server: RunningServer) -> None:
     claude = _agent("claude")
     with tempfile.TemporaryDirectory() as scratch:
@@ -173,6 +174,7 @@ def test_claude_code_completes_a_turn(long_server: RunningServer) -> None:
     assert done.stdout.strip(), done.stderr
 
 
+@pytest.mark.agent_cli
 def test_codex_completes_a_turn(long_server: RunningServer) -> None:
     codex = _agent("codex")
     with tempfile.TemporaryDirectory() as scratch:
