@@ -309,7 +309,7 @@ def _result_text(
 
 def _block(raw: dict[str, Any], field: str) -> Block:
     kind = raw.get("type")
-    if kind not in _BLOCK_TYPES:
+    if not isinstance(kind, str) or kind not in _BLOCK_TYPES:
         unserved = f"`{kind}` content" if isinstance(kind, str) else "A block without its `type`"
         raise invalid(
             f"{unserved} is not served here: this server's models read text, `tool_use` and "

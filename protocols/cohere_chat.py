@@ -200,7 +200,7 @@ def _text(content: str | list[dict[str, Any]] | None, role: str, field: str) -> 
     for j, block in enumerate(content):
         kind = block.get("type")
         where = f"{field}[{j}]"
-        if kind not in _BLOCKS[role]:
+        if not isinstance(kind, str) or kind not in _BLOCKS[role]:
             unserved = f"`{kind}` content" if isinstance(kind, str) else "A block without `type`"
             served = ", ".join(f"`{b}`" for b in sorted(_BLOCKS[role]))
             raise invalid(

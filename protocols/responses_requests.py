@@ -212,6 +212,8 @@ def _functions(given: list[dict[str, Any]]) -> tuple[list[Tool], dict[str, str]]
     namespaces: dict[str, str] = {}
     for i, tool in enumerate(given):
         kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise invalid("A tool's `type` is a string", f"tools[{i}].type")
         if kind in BUILT_IN_TOOLS:
             continue
         if kind == "namespace":

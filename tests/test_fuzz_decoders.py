@@ -25,7 +25,9 @@ from numbers_past_bounds import (
 )
 
 from protocols import control, lmi, tgi, ws_events
+from protocols.anthropic_requests import decode_messages
 from protocols.batch_payload import BatchRequest, PayloadSettings, decode_batch
+from protocols.cohere_chat import decode_chat as decode_cohere_chat
 from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
 from protocols.lmi_requests import InvalidPayload, decode_lmi, is_chat
@@ -88,6 +90,34 @@ DECODERS: dict[str, tuple[Callable[[Raw], object], dict[str, Any]]] = {
             "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
             "text": {"format": {"type": "json_object"}},
             "metadata": {"a": "b"},
+        },
+    ),
+    "anthropic.messages": (
+        lambda raw: decode_messages(_bytes(raw)),
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}],
+                },
+            ],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        },
+    ),
+    "cohere.chat": (
+        lambda raw: decode_cohere_chat(_bytes(raw), 2048),
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         },
     ),
     "control.client": (
@@ -355,3 +385,36 @@ def test_every_number_past_its_bounds_is_refused_naming_it(name: str) -> None:
         except (Exception, BaseExceptionGroup) as e:
             failures.append(f"{field_name(place)}: {type(e).__name__}: {e}")
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "field"),
+    [
+        (
+            "anthropic.messages",
+            {
+                "model": "m",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": [{"type": []}]}],
+            },
+            "messages[0].content[0].type",
+        ),
+        (
+            "cohere.chat",
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": []}]}]},
+            "messages[0].content[0].type",
+        ),
+        (
+            "openai.responses",
+            {"input": "Hi", "tools": [{"type": [], "name": "f"}]},
+            "tools[0].type",
+        ),
+    ],
+)
+def test_a_type_that_is_not_a_string_is_refused_naming_it(
+    name: str, body: dict[str, Any], field: str
+) -> None:
+    """A block's or tool's `type` read before its struct (a list is unhashable: once a 500)."""
+    with pytest.raises(GenerationError) as refused:
+        DECODERS[name][0](json.dumps(body).encode())
+    assert (refused.value.field or "").removeprefix("$.") == field
