@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from starlette.applications import Starlette
 
-from clients import MAX_MODEL_LEN, POLL
+from clients import MAX_MODEL_LEN, POLL, wait_ready
 from gateway.config.loading import load_settings
 from gateway.config.settings import Settings
 from gateway.server import GatewayServer, uvicorn_config
@@ -158,6 +158,25 @@ def start_server(
         return RunningServer(loop, app, settings, free_port())
     listener = slow_network_listener(send_buffer_bytes)
     return RunningServer(loop, app, settings, listener.getsockname()[1], [listener])
+
+
+def own_engine_server(loop: LoopThread, settings: Settings) -> RunningServer:
+    """A ready server on an engine of its own, the default model's, built from `settings`;
+    stopping the server stops its engine."""
+
+    async def load() -> VllmEngine:
+        from gateway.engine.default_model import prepare_default_model
+        from gateway.engine.vllm_engine import VllmEngine
+
+        return await VllmEngine.start(settings.engine, str(prepare_default_model()))
+
+    running = start_server(loop, settings, load, owns_engine=True)
+    try:
+        wait_ready(running.http)
+    except BaseException:
+        running.stop()
+        raise
+    return running
 
 
 def shared_loader(

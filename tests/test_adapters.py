@@ -27,14 +27,13 @@ from clients import (
     scrape,
     value,
     wait_for,
-    wait_ready,
     web,
 )
 from gateway_bench.adapter_recipe import PHRASE
-from serving import LoopThread, RunningServer, gateway_settings, start_server
+from serving import LoopThread, RunningServer, gateway_settings, own_engine_server
 
 if TYPE_CHECKING:
-    from gateway.engine.vllm_engine import VllmEngine
+    pass
 
 pytestmark = pytest.mark.own_engine  # a LoRA engine of its own: make test-all
 PROMPT = "Tell me about lighthouses."
@@ -48,16 +47,8 @@ def lora_server(loop_thread: LoopThread, adapter_dir: Path) -> Iterator[RunningS
     settings = gateway_settings(
         ADAPTERS=f"pirate={adapter_dir}", MAX_LORA_RANK="8", ADMIN_API_KEYS=ADMIN
     )
-
-    async def load() -> VllmEngine:
-        from gateway.engine.default_model import prepare_default_model
-        from gateway.engine.vllm_engine import VllmEngine
-
-        return await VllmEngine.start(settings.engine, str(prepare_default_model()))
-
-    running = start_server(loop_thread, settings, load, owns_engine=True)
+    running = own_engine_server(loop_thread, settings)
     try:
-        wait_ready(running.http)
         yield running
     finally:
         running.stop()

@@ -31,11 +31,11 @@ import pytest
 from agent_bodies import CLAUDE_CODE, CODEX, Recorded, recorded
 from openai.types.responses import ResponseStreamEvent
 
-from clients import wait_ready, web
-from serving import LoopThread, RunningServer, gateway_settings, start_server
+from clients import web
+from serving import LoopThread, RunningServer, gateway_settings, own_engine_server
 
 if TYPE_CHECKING:
-    from gateway.engine.vllm_engine import VllmEngine
+    pass
 
 pytestmark = [pytest.mark.own_engine, pytest.mark.timeout(1800)]
 MODEL = "SmolLM2-135M-Instruct"
@@ -49,25 +49,13 @@ AGENTS = Path(os.environ.get("AGENTS_DIR") or Path(sys.prefix) / "agents") / "no
 def long_server(loop_thread: LoopThread) -> Iterator[RunningServer]:
     """A server on an engine of its own with a context the agents' prompts fit in."""
     settings = gateway_settings(MAX_MODEL_LEN=str(LONG_CONTEXT), KV_CACHE_GIB="2")
-    allowed = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
-    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"  # past the model's 8,192 positions
-
-    async def load() -> VllmEngine:
-        from gateway.engine.default_model import prepare_default_model
-        from gateway.engine.vllm_engine import VllmEngine
-
-        return await VllmEngine.start(settings.engine, str(prepare_default_model()))
-
-    running = start_server(loop_thread, settings, load, owns_engine=True)
-    try:
-        wait_ready(running.http)
-        yield running
-    finally:
-        running.stop()
-        if allowed is None:
-            os.environ.pop("VLLM_ALLOW_LONG_MAX_MODEL_LEN", None)
-        else:
-            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = allowed
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # past the model's 8,192 positions
+        running = own_engine_server(loop_thread, settings)
+        try:
+            yield running
+        finally:
+            running.stop()
 
 
 def _strict(kind: Any, data: Any) -> Any:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from clients import scrape, wait_ready
+from clients import scrape
 from gateway.config.priorities import BULK, DEFAULT_CLASSES, INTERACTIVE
 from gateway.config.settings import served_model_name
 from gateway.engine.cpu_defaults import CPU_KV_BLOCK_SIZE, CPU_MAX_NUM_BATCHED_TOKENS
@@ -40,10 +40,10 @@ from gateway_bench.mixed_report import (
 from gateway_bench.scrape import counts_of, metric_sums
 from gateway_bench.targets import Endpoint
 from protocols.names import Protocol
-from serving import LoopThread, RunningServer, gateway_settings, start_server
+from serving import LoopThread, RunningServer, gateway_settings, own_engine_server
 
 if TYPE_CHECKING:
-    from gateway.engine.vllm_engine import VllmEngine
+    pass
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 QUEUED = "gateway_class_queue_seconds_count"  # every admitted request, by its class
@@ -51,17 +51,7 @@ QUEUED = "gateway_class_queue_seconds_count"  # every admitted request, by its c
 
 def _own_engine_server(loop_thread: LoopThread, **env: str) -> RunningServer:
     """A gateway with an engine of its own, built from `env`'s settings."""
-    settings = gateway_settings(**env)
-
-    async def load() -> VllmEngine:
-        from gateway.engine.default_model import prepare_default_model
-        from gateway.engine.vllm_engine import VllmEngine
-
-        return await VllmEngine.start(settings.engine, str(prepare_default_model()))
-
-    running = start_server(loop_thread, settings, load, owns_engine=True)
-    wait_ready(running.http)
-    return running
+    return own_engine_server(loop_thread, gateway_settings(**env))
 
 
 def _by_class(base_url: str) -> dict[str, float]:

@@ -81,7 +81,7 @@ def served(installed: Path) -> Iterator[str]:
         process.wait()
 
 
-def test_the_installed_package_imports_none_of_the_extras(installed: Path) -> None:
+def test_the_engine_extra_installs_neither_redis_nor_ray(installed: Path) -> None:
     probe = "import importlib.util as u; print([m for m in ('redis', 'ray') if u.find_spec(m)])"
     found = subprocess.run(
         [str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from gateway.engine_path.embedding_model import EmbeddingModel, Piece
@@ -19,7 +20,7 @@ from gateway.http.embedding_models import ModelRefused, embedding_model_for, nam
 from gateway.http.prepared import JSON, Whole
 from gateway.state import Gateway
 from protocols import tei, vllm_pooling
-from protocols.embedding import Body, EmbeddingRequest, ScoreRequest
+from protocols.embedding import Body, EmbeddingRequest, Embeddings, ScoreRequest, TokenEmbeddings
 from protocols.errors import GenerationError, invalid
 from protocols.json_body import decode_json_object
 from protocols.openai_answers import error_of as openai_error_of
@@ -27,6 +28,20 @@ from protocols.openai_answers import not_found
 
 ErrorOf = Callable[[GenerationError], tuple[int, bytes]]
 T = TypeVar("T")
+
+
+# Encoding a few vectors costs less than the hop to a worker thread; a large answer (2,048
+# vectors, or a vector per token: 43 MB of JSON for 32 inputs of /embed_all) is encoded in one,
+# so the event loop serves everyone else meanwhile.
+_ENCODE_INLINE_VECTORS = 64
+
+
+async def encoded(encode: Callable[[], bytes], result: Embeddings | TokenEmbeddings) -> bytes:
+    """`encode()`, the answer of `result`: inline when it holds few vectors, else off the loop."""
+    vectors = result.prompt_tokens if isinstance(result, TokenEmbeddings) else len(result.vectors)
+    if vectors <= _ENCODE_INLINE_VECTORS:
+        return encode()
+    return await asyncio.to_thread(encode)
 
 
 def refusal(refused: ModelRefused, error_of: ErrorOf) -> Whole:
@@ -121,7 +136,8 @@ async def tei_invocation(gateway: Gateway, doc: dict[str, Any], model: str | Non
             return tei.encode_rerank(request, await model.score(request))
         if task == "similarity":
             return tei.encode_similarity(await model.embed(request))
-        return tei.encode_embed(await model.embed(request))
+        vectors = await model.embed(request)
+        return await encoded(partial(tei.encode_embed, vectors), vectors)
 
     return await answered(gateway, model, tei.error_of, decode, run)
 

@@ -4,12 +4,13 @@ are OpenAI's error object."""
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.http.embedding_answers import encoded
 from gateway.http.embedding_models import ModelRefused, embedding_model_for, named_model
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
@@ -41,9 +42,8 @@ async def _embedded(request: Request) -> Prepared:
         result = await model.embed(call.request)
     except GenerationError as e:
         return _error(e)
-    # Off the event loop: 2,048 vectors are megabytes of JSON
-    encoded = await asyncio.to_thread(encode_embeddings, call, result, model.name)
-    return Whole(200, encoded, JSON)
+    body = await encoded(partial(encode_embeddings, call, result, model.name), result)
+    return Whole(200, body, JSON)
 
 
 def _refused(refused: ModelRefused) -> Whole:

@@ -6,20 +6,26 @@ errors are OpenAI's error object, as vLLM's server answers them."""
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.engine_path.embedding_model import EmbeddingModel
-from gateway.http.embedding_answers import answered, failure, ignoring_dimensions, vllm_rerank
+from gateway.http.embedding_answers import (
+    answered,
+    encoded,
+    failure,
+    ignoring_dimensions,
+    vllm_rerank,
+)
 from gateway.http.embedding_models import named_model
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import JSON, to_response
 from gateway.state import gateway_of
 from protocols import vllm_pooling
-from protocols.embedding import ScoreRequest
+from protocols.embedding import Embeddings, ScoreRequest, TokenEmbeddings
 from protocols.errors import GenerationError
 from protocols.json_body import decode_json_object
 from protocols.openai_answers import ErrorBody, error_of
@@ -35,12 +41,12 @@ async def pooling(request: Request) -> Response:
         return vllm_pooling.decode_pooling(doc, dimensions_supported=supported)
 
     async def run(model: EmbeddingModel, call: vllm_pooling.PoolingCall) -> bytes:
-        # Encoded off the event loop: 8,192 vectors per token are 40 MB of JSON
+        result: Embeddings | TokenEmbeddings
         if call.request.token_level:
             result = await model.embed_tokens(call.request)
-            return await asyncio.to_thread(vllm_pooling.encode_pooling, call, result, model.name)
-        vectors = await model.embed(call.request)
-        return await asyncio.to_thread(vllm_pooling.encode_pooling, call, vectors, model.name)
+        else:
+            result = await model.embed(call.request)
+        return await encoded(partial(vllm_pooling.encode_pooling, call, result, model.name), result)
 
     answer = await answered(gateway_of(request), named_model(doc), error_of, decode, run)
     return to_response(answer)
