@@ -1,4 +1,5 @@
-"""The Starlette application: one engine, every protocol's routes, a typed lifespan state."""
+"""The Starlette application: the chat models' engines, every protocol's routes, a typed
+lifespan state."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from gateway.config.models_file import configured_models, registered_spec
 from gateway.config.priorities import PriorityClasses
 from gateway.config.settings import (
     ConfigError,
     Settings,
-    constraint_budget,
     embedding_model_name,
     models_to_load,
 )
@@ -23,21 +24,16 @@ from gateway.edge.api_keys import KeyRing
 from gateway.edge.auth import ApiKeyMiddleware, open_paths_of
 from gateway.edge.body_limit import BodyLimitMiddleware
 from gateway.edge.feedback_limits import FeedbackLimits
-from gateway.edge.limits import Limits
+from gateway.edge.limits import Limiter, Limits
 from gateway.edge.origins import OriginMiddleware, parse_origins
 from gateway.edge.refusals import unrouted
-from gateway.engine.chat_template import served_chat_template
-from gateway.engine.cpu_defaults import resolve_bulk_cap
-from gateway.engine.engine_args import device_type
 from gateway.engine.holder import EngineHolder
 from gateway.engine.loader import EngineLoader, local_loader
 from gateway.engine.pooling_engine import PoolingLoader, pooling_loader
-from gateway.engine.tool_calls import ToolParsing
-from gateway.engine_path.admission import Admission
 from gateway.engine_path.background import Background
-from gateway.engine_path.batch import BatchRunner
+from gateway.engine_path.chat_model import ChatModel, SharedParts, build_chat_model
+from gateway.engine_path.chat_models import ChatModels
 from gateway.engine_path.deadlines import Deadlines
-from gateway.engine_path.generation import GenerationService
 from gateway.engine_path.metrics import GatewayMetrics
 from gateway.engine_path.model_registry import (
     EMBEDDING_START_SECONDS,
@@ -45,8 +41,7 @@ from gateway.engine_path.model_registry import (
     ModelRegistry,
 )
 from gateway.engine_path.reattach import Detached
-from gateway.engine_path.sequences import SequenceBounds
-from gateway.engine_path.served_model import ServedModel
+from gateway.engine_path.residency import Residency
 from gateway.http.admin import ADMIN_PATHS
 from gateway.routes import ROUTES
 from gateway.state import Gateway
@@ -77,56 +72,46 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Gateway]]:
-        # Start-up as measured on 2 cores (docs/BENCHMARKS.md): the status messages' estimate.
-        expected = 30.0 if settings.engine.enforce_eager else 120.0
         metrics = GatewayMetrics()
-        holder = EngineHolder(
-            load or default_loader(settings),
-            expected,
-            metrics.describe_engine,
-            max_restarts=settings.engine_max_restarts,
-            restart_window_seconds=settings.engine_restart_window_seconds,
-            on_give_up=on_give_up,
-        )
-        metrics.engine_restarts.set_function(lambda: holder.restarts)
-        holder.start()
-        admission = Admission(
-            settings.max_running_requests,
-            settings.max_waiting_requests,
-            fair=settings.admission_fairness == "caller",
-            bulk_priority=settings.engine.bulk_priority,
-            # Replicas each hold bulk to the cap in their own engine: one gate cannot know
-            # which replica a request ahead of bulk is on, so it applies no cap of its own.
-            bulk_max_running=0
-            if settings.engine_replicas
-            else resolve_bulk_cap(settings.engine.bulk_max_running, device_type()),
-        )
         store = open_store(settings)
+        shared = SharedParts(metrics, deadlines, classes, store, Limiter(), on_give_up)
+        configured = configured_models(settings)
+        chat_models = []
+        for spec in configured.models:
+            is_default = spec.name == configured.default
+            loader = load if is_default and load is not None else default_loader(spec.settings)
+            chat_models.append(
+                build_chat_model(
+                    spec, loader, shared, is_default=is_default, on_demand=not is_default
+                )
+            )
+        default = next(m for m in chat_models if m.name == configured.default)
+        holder = default.holder
+        metrics.engine_restarts.set_function(lambda: holder.restarts)
         metrics.engine_requests.set_function(
             lambda: holder.engine.unfinished_requests() if holder.engine is not None else 0
         )
-        bounds = SequenceBounds.of(settings)
-        service = GenerationService(
-            holder,
-            admission,
-            metrics,
-            deadlines,
-            classes,
-            bounds,
-            chat_template,
-            constraint_budget(settings),
-        )
+        registry: list[ModelRegistry] = []  # the residency counts the embedding engines' memory
+        residency = Residency(chat_models, settings, metrics, lambda: registry[0].embedding_bytes())
+        chats = ChatModels(chat_models, configured.default, residency)
         feedback = FeedbackStore(feedback_path(settings), settings.feedback_max_db_bytes)
         feedback_limits = FeedbackLimits(
             settings.feedback_max_text_bytes, settings.feedback_per_minute
         )
-        batches = BatchRunner(service, store)
         detached = Detached(settings.reattach_seconds, settings.max_running_requests)
         drain.on_draining(detached.stop_all)
         background = Background(open_event_log(settings, store))
         drain.on_drained(background.settled)  # their terminal events kept before the exit
-        served = ServedModel(holder, settings.engine, tool_parsing, chat_template)
-        models = ModelRegistry(served, settings, admission, service.limiter, metrics)
+
+        def registered(name: str, source: str) -> ChatModel:
+            spec = registered_spec(name, source, settings)
+            loader = default_loader(spec.settings)
+            return build_chat_model(spec, loader, shared, is_default=False, on_demand=True)
+
+        models = ModelRegistry(
+            chats, settings, default.service.admission, shared.limiter, metrics, registered
+        )
+        registry.append(models)
         if load_embedding is not None or settings.embedding_model:
             embedding_holder = EngineHolder(
                 load_embedding or pooling_loader(settings),
@@ -144,9 +129,7 @@ def create_app(
                 raise ConfigError(f"LOAD_MODELS: {e.message}") from e
         gateway = Gateway(
             settings,
-            served,
-            service,
-            batches,
+            chats,
             feedback,
             feedback_limits,
             drain,
@@ -161,13 +144,13 @@ def create_app(
             await detached.stop_all()  # an exit without the drain (SIGINT) stops them too
             await background.close()
             await store.close()
+            await residency.stop()
             await models.stop(handed_in_too=owns_engine)
-            if owns_engine:
-                await holder.stop()
+            for chat in chats:
+                if owns_engine or chat is not default:
+                    await chat.holder.stop()
 
     deadlines = Deadlines(settings.request_timeout_seconds)
-    chat_template = served_chat_template(settings)
-    tool_parsing = ToolParsing.configured(settings)
     classes = PriorityClasses(
         {Protocol(name): n for name, n in settings.priority_classes.items()},
         enabled=settings.engine.scheduling_policy == "priority",

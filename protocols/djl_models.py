@@ -8,9 +8,11 @@ SageMaker's multi-model endpoints load a model with the same call and a JSON bod
 (`{"model_name": ..., "url": ...}`, its container contract): `registration_in_body` reads it
 as the same parameters, synchronously (SageMaker waits for the 200).
 
-The gateway serves embedding models this way (the chat model is fixed at start-up): `task`, its
-own parameter, may only be `embed`; DJL's worker and batching parameters are accepted and have
-no effect (vLLM batches continuously; one engine per model)."""
+The gateway serves chat and embedding models this way: `task`, its own parameter, is
+`generate` or `embed` (left out: the model's config.json says, a `...ForCausalLM` generating);
+a chat model registered is loaded on demand as MODELS_FILE's are (docs/MODELS.md). DJL's worker
+and batching parameters are accepted and have no effect (vLLM batches continuously; one engine
+per model)."""
 
 from __future__ import annotations
 
@@ -45,14 +47,21 @@ REGISTER_PARAMETERS = frozenset(
     }
 )
 # The gateway's statuses (loading, ready, failed) as DJL's list writes them.
-LIST_STATUS = {"loading": "PENDING", "ready": "READY", "failed": "FAILED"}
-DESCRIBE_STATUS = {"loading": "Unhealthy", "ready": "Healthy", "failed": "Unhealthy"}
+# A chat model `unloaded` is loaded on its next request (docs/MODELS.md): healthy, not ready.
+LIST_STATUS = {"loading": "PENDING", "ready": "READY", "failed": "FAILED", "unloaded": "UNLOADED"}
+DESCRIBE_STATUS = {
+    "loading": "Unhealthy",
+    "ready": "Healthy",
+    "failed": "Unhealthy",
+    "unloaded": "Healthy",
+}
 
 
 class Registration(msgspec.Struct, frozen=True):
     name: str
     url: str
     synchronous: bool
+    task: str | None = None  # generate or embed; None: read off the model's config.json
 
 
 class ListedModel(msgspec.Struct):
@@ -82,19 +91,19 @@ class Workflow(msgspec.Struct):
 
 def registration(query: Mapping[str, str]) -> Registration:
     """The register call's parameters (`model_name` defaults to the url's last part, as DJL
-    infers it); a parameter this API does not know, or a task other than `embed`, refused."""
+    infers it); a parameter this API does not know, or a task other than `generate` or
+    `embed` (none: the model's own, from its config.json), refused."""
     for key in query:
         if key not in REGISTER_PARAMETERS:
             accepted = ", ".join(sorted(REGISTER_PARAMETERS))
             raise invalid(f"The parameter {key} is not supported (accepted: {accepted})", key)
     url = required(query, "url")
-    task = query.get("task") or "embed"
-    if task != "embed":
-        message = f"task={task} is not supported: only embedding models load at run time"
-        raise invalid(message, "task")
+    task = query.get("task") or None
+    if task not in (None, "generate", "embed"):
+        raise invalid(f"task={task} is not supported: generate or embed", "task")
     name = query.get("model_name") or url.rstrip("/").rsplit("/", 1)[-1]
     check_model_name(name)
-    return Registration(name, url, flag(query, "synchronous", default=True))
+    return Registration(name, url, flag(query, "synchronous", default=True), task)
 
 
 def check_model_name(name: str) -> None:

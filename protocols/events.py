@@ -43,6 +43,7 @@ class History(msgspec.Struct):
     text: str
     ended_at_eos: bool = False
     adapter: str | None = None  # the LoRA adapter that generated it (None: the base model)
+    model: str | None = None  # the chat model it was generated on (None: the only one)
 
 
 def token_array(token_ids: Iterable[int]) -> array[int]:

@@ -168,3 +168,4 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     constraint_field: str | None = None
     adapter: str | None = None
     adapter_field: str = "model"
+    model_field: str = "model"  # where the request named its chat model

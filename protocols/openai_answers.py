@@ -130,6 +130,8 @@ class Model(msgspec.Struct, kw_only=True):
     parent: str | UnsetType = UNSET
     task: str | UnsetType = UNSET  # set for a model that does not generate (`embed`)
     status: str | UnsetType = UNSET  # an embedding model's engine: ready, loading or failed
+    # Whether its engine is loaded (docs/MODELS.md): loaded, loading, unloaded or failed
+    state: str | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         self.display_name = self.display_name or self.id

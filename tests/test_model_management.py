@@ -61,7 +61,8 @@ def test_the_list_and_description_name_every_model_and_its_task(managed: Running
     [
         ("POST", "/models", {}, 400, "url"),
         ("POST", "/models", {"url": "/nowhere"}, 400, "not a model directory"),
-        ("POST", "/models", {"url": "default", "task": "generate"}, 400, "only embedding"),
+        ("POST", "/models", {"url": "default", "task": "classify"}, 400, "task"),
+        ("POST", "/models", {"url": "default", "task": "generate"}, 400, "model directory"),
         ("POST", "/models", {"url": "default", "colour": "red"}, 400, "colour"),
         ("POST", "/models", {"url": "default", "model_name": "a/b"}, 400, "model_name"),
         ("POST", "/models", {"url": "default", "model_name": "m" * 257}, 400, "model_name"),

@@ -142,6 +142,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # than the machine has available less this reserve (docs/EMBEDDINGS.md).
     model_load_memory_gib: Annotated[float, Meta(ge=0)] = 0.0
     model_load_reserve_gib: Annotated[float, Meta(ge=0)] = 1.0
+    # Several chat models (docs/MODELS.md): MODELS_FILE's TOML tables, in place of MODEL's
+    # one. Together their engines (and the embedding models') hold at most MODEL_MEMORY_GIB by
+    # their estimate (0: what the machine has available, less MODEL_LOAD_RESERVE_GIB) and at
+    # most MAX_LOADED_MODELS chat models are loaded (0: no cap); a model not loaded is loaded
+    # on its first request, the least recently used idle one unloaded to make room. A request
+    # waits at most MODEL_LOAD_TIMEOUT_SECONDS for its model's load.
+    models_file: str = ""
+    model_memory_gib: Annotated[float, Meta(ge=0)] = 0.0
+    max_loaded_models: Annotated[int, Meta(ge=0)] = 0
+    model_load_timeout_seconds: PositiveFloat = 600.0
     port: Port = 8000
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     max_running_requests: Positive = 256

@@ -10,6 +10,9 @@ up: `gave_up` is set and `on_give_up` is called, for the process to exit non-zer
 model's requests: its family's 503, not a wait as long as a rebuild). `stop()` returns once the
 engine is gone: a build still running is cancelled, and a loader that cannot stop its build
 (the engines' are built in threads) shuts the engine down as soon as it is built.
+
+A model loaded on demand (gateway/engine_path/residency.py) is `unload`ed when idle: its status
+is `unloaded` until `start()` builds it again, and `wait()` asks `demand` for it meanwhile.
 """
 
 from __future__ import annotations
@@ -64,10 +67,13 @@ class EngineHolder(Generic[E]):
         max_restarts: int = 3,
         restart_window_seconds: float = 600.0,
         on_give_up: Callable[[str], None] | None = None,
+        unloaded: bool = False,
+        name: str | None = None,
     ) -> None:
         """`describe(dtype, reason, cpu_flags)` is told about each engine once it is ready;
         `on_give_up(reason)` once the engine died more than `max_restarts` times within
-        `restart_window_seconds`, or could not be rebuilt."""
+        `restart_window_seconds`, or could not be rebuilt. `unloaded`: built on demand, by the
+        first `start()`. `name`: the model its errors name (None: "the engine")."""
         self._load = load
         self._describe = describe
         self.expected_seconds = expected_seconds
@@ -83,9 +89,14 @@ class EngineHolder(Generic[E]):
         # still answer /info and the like).
         self.engine: E | None = None
         self.error: str | None = None
-        self.status = "loading"
+        self._subject = f"The model `{name}`" if name else "The engine"
+        self.status = "unloaded" if unloaded else "loading"
+        if unloaded:
+            self._ready.set()  # a waiter asks `demand` for it
         self.restarts = 0
         self.gave_up = asyncio.Event()
+        # Asked by `wait()` for an unloaded engine: loads it (start()) or raises why not.
+        self.demand: Callable[[], Awaitable[None]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -104,7 +115,24 @@ class EngineHolder(Generic[E]):
 
     def start(self) -> None:
         self._started = time.monotonic()
+        self._stopping = False
+        self.status, self.error = "loading", None
+        self._ready.clear()
         self._task = asyncio.create_task(self._build(), name="engine-load")
+
+    async def unload(self) -> None:
+        """Shut the engine down until the next `start()`; a build in progress is stopped.
+        Whoever waits meanwhile asks `demand` for it again."""
+        await self.stop()
+        self.engine = None
+        self.status, self.error = "unloaded", None
+        self._ready.set()  # waiters wake, find it unloaded and ask for it
+        gc.unfreeze()  # what the engine left behind (frozen with it) can be collected now
+        gc.collect()
+
+    @property
+    def unloaded(self) -> bool:
+        return self.status == "unloaded"
 
     async def _build(self) -> None:
         try:
@@ -195,18 +223,25 @@ class EngineHolder(Generic[E]):
             if not through_rebuilds and self.rebuilding:
                 raise GenerationError(
                     ErrorKind.ENGINE_UNAVAILABLE,
-                    f"The engine is not available: {self.error}; try again once it is rebuilt",
+                    f"{self._subject} is not available: {self.error}; try again once it is rebuilt",
                 )
             await self._ready.wait()
             self._check()
             if self.ready and self.engine is not None:
                 return self.engine
+            if self.status == "unloaded":
+                if self.demand is None:
+                    raise GenerationError(
+                        ErrorKind.ENGINE_UNAVAILABLE, f"{self._subject} is unloaded"
+                    )
+                await self.demand()
+                continue
             if self.status != "loading":
                 break
         if self.restarts or self.gave_up.is_set():
-            message = f"The engine is not available: {self.error}"
+            message = f"{self._subject} is not available: {self.error}"
         else:
-            message = f"The engine failed to start: {self.error}"
+            message = f"{self._subject} failed to start: {self.error}"
         raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, message)
 
     async def stop(self) -> None:

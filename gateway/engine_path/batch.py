@@ -32,9 +32,14 @@ from protocols.names import Protocol
 
 
 class BatchRunner:
-    def __init__(self, service: GenerationService, store: HistoryStore) -> None:
+    def __init__(
+        self, service: GenerationService, store: HistoryStore, *, model: str | None = None
+    ) -> None:
+        """`model`: the chat model's name its histories are bound to (a history made on
+        another model is not continued here)."""
         self.service = service
         self.store = store
+        self.model = model
 
     def run_prompts(
         self,
@@ -58,6 +63,7 @@ class BatchRunner:
                 asked=asked,
                 adapter=adapter,
                 adapter_field="$.generation_config.adapter_id",
+                model_field="X-Model",  # the batch protocols name a model only by the header
             )
             for i, item in enumerate(items)
         ]
@@ -165,6 +171,10 @@ class BatchRunner:
             yield self._refuse(request, protocol, _duplicate(rid or ""))
             return
         if rid in known:
+            made_on = known[rid].model
+            if made_on is not None and self.model is not None and made_on != self.model:
+                yield self._refuse(request, protocol, _other_model(rid or "", made_on, request))
+                return
             made_with, asked = known[rid].adapter, self.service.adapter_of(request)
             if made_with != asked:  # a history continues on the model that made it
                 yield self._refuse(request, protocol, _other_adapter(rid or "", made_with, request))
@@ -175,7 +185,10 @@ class BatchRunner:
         async with aclosing(self.service.generate(request, protocol)) as events:
             async for event in events:
                 if isinstance(event, Finished) and event.history and key and rid is not None:
-                    histories[rid] = event.history
+                    history = event.history
+                    if self.model is not None and history.model is None:
+                        history.model = self.model
+                    histories[rid] = history
                     try:
                         await self.store.save(key, dict(histories))
                     except GenerationError as e:  # its history is lost: say so
@@ -199,4 +212,12 @@ def _other_adapter(
         f"request_id {request_id!r} was generated with {model}: continue it with the same "
         f"(or start a new request_id) - at `{request.adapter_field}`",
         request.adapter_field,
+    )
+
+
+def _other_model(request_id: str, made_on: str, request: GenerationRequest) -> GenerationError:
+    return invalid(
+        f"request_id {request_id!r} was generated on the model `{made_on}`: continue it on "
+        f"the same (or start a new request_id) - at `{request.model_field}`",
+        request.model_field,
     )

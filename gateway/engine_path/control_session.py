@@ -20,10 +20,10 @@ from typing import Literal
 
 import msgspec
 
-from gateway.config.settings import Settings, served_model_name
+from gateway.config.settings import Settings
 from gateway.edge.caller import current_caller
 from gateway.edge.feedback_limits import FeedbackLimits
-from gateway.engine_path.generation import GenerationService
+from gateway.engine_path.chat_models import ChatModels
 from gateway.engine_path.replay import Replay
 from gateway.stores.feedback import FeedbackRecord, FeedbackStore, FeedbackStoreFull
 from protocols.control import (
@@ -90,16 +90,21 @@ class ControlSession:
     def __init__(
         self,
         settings: Settings,
-        service: GenerationService,
+        chats: ChatModels,
         feedback: FeedbackStore,
         feedback_limits: FeedbackLimits,
         send: Callable[[ServerMessage], None],
         protocol: Protocol = Protocol.CONTROL,
         replay: Replay | None = None,
         task_of: Callable[[str], str | None] = lambda _name: None,
+        asked: str | None = None,
     ) -> None:
+        """`asked`: the model the connection named (X-Model, a `model` query parameter), for
+        a `config` that names none."""
         self.settings = settings
-        self.service = service
+        self._chats = chats
+        self._asked = asked
+        self.service = chats.default.service  # a `config`'s model's, once one came
         self.feedback = feedback
         self.feedback_limits = feedback_limits
         self.protocol = protocol
@@ -110,7 +115,7 @@ class ControlSession:
         # to the connection, nothing kept and nothing checked per token.
         self.send: Callable[[ServerMessage], None] = send if replay is None else self._kept
         self.state: State = "new"
-        self.model = served_model_name(settings.engine)
+        self.model = chats.default.name
         self._config: Config | None = None
         self._options: SamplingOptions | None = None
         self._gen: _Generation | None = None
@@ -217,20 +222,20 @@ class ControlSession:
         if self.state in ("generating", "paused"):
             raise invalid("A generation is in progress: send `stop` before a new `config`")
         check_prompt(config)
-        engine = self.service.holder.engine
-        adapters = engine.adapters.names if engine is not None else []
-        if config.model is not None and config.model not in (self.model, *adapters):
-            if self._task_of(config.model) == "embed":
+        asked = config.model if config.model is not None else self._asked
+        chosen = self._chats.find(asked)
+        if chosen is None:
+            default = self._chats.default.name
+            if self._task_of(asked or "") == "embed":
                 raise invalid(
-                    f"Model {config.model!r} embeds; it does not generate: ask {self.model!r}",
-                    "$.model",
+                    f"Model {asked!r} embeds; it does not generate: ask {default!r}", "$.model"
                 )
-            served = "".join(f", {a!r}" for a in adapters)
+            served = ", ".join(repr(name) for name in self._chats.names())
             raise invalid(
-                f"Model {config.model!r} is not served here; this server serves "
-                f"{self.model!r}{served}",
-                "$.model",
+                f"Model {asked!r} is not served here; this server serves {served}", "$.model"
             )
+        chosen.touch()
+        self.service, self.model = chosen.service, chosen.name
         options = apply_parameters(
             self.settings.generation, config.parameters, self.settings.max_stop_sequences
         )

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from contextvars import ContextVar
 from typing import Any
 
 from msgspec.structs import replace
@@ -54,6 +55,9 @@ from protocols.names import Protocol
 from protocols.stop_strings import Holdback, stop_string_of
 
 log = logging.getLogger(__name__)
+# The priority class of the prompt waiting for its engine, for a model loaded on demand
+# (gateway/engine_path/residency.py): an interactive prompt's load goes before a bulk one's.
+LOAD_PRIORITY: ContextVar[int] = ContextVar("load_priority", default=0)
 # Tokenizing costs about a microsecond a character: past this, do it in a worker thread.
 _TOKENIZE_INLINE_CHARS = 4096
 
@@ -69,19 +73,28 @@ class GenerationService:
         bounds: SequenceBounds | None = None,
         chat_template: str | None = None,
         budget: ConstraintBudget | None = None,
+        limiter: Limiter | None = None,
+        *,
+        watched: bool = True,
     ) -> None:
+        """`limiter`: the per-key limits, shared by every model's service; `watched`: this
+        service's admission and scheduler are /metrics' gauges (the default model's)."""
         self.holder = holder
         self.budget = budget or ConstraintBudget()
         self.chat_template = chat_template  # CHAT_TEMPLATE; None: the model's own
         self.bounds = bounds or SequenceBounds.of(Settings())
         self.admission = admission
         self.metrics = metrics or GatewayMetrics()
-        self.metrics.watch_admission(admission)
-        self.metrics.watch_scheduler(lambda: holder.engine.scheduler if holder.engine else None)
+        if watched:
+            self.metrics.watch_admission(admission)
+            self.metrics.watch_scheduler(lambda: holder.engine.scheduler if holder.engine else None)
         self.classes = classes or PriorityClasses({})
-        self.limiter = Limiter()
+        self.limiter = limiter or Limiter()
         self.deadlines = deadlines or Deadlines(0.0)
         self._in_flight: set[tuple[str, str]] = set()
+        # Prompts between their `generate` and their end: a model with any is never unloaded
+        self.active = 0
+        self.on_idle: Callable[[], None] | None = None  # told when `active` falls to 0
 
     def adapter_of(self, request: GenerationRequest) -> str | None:
         """The adapter `request` generates with: None for the base model, however named."""
@@ -114,6 +127,7 @@ class GenerationService:
             ending.end(e.kind.value)
             yield _failed(request.index, e)
             return
+        self.active += 1
         try:
             events = self._events(request, protocol, caller.id, caller.owner)
             # Each generator closed explicitly, innermost first: a consumer that leaves aborts
@@ -132,6 +146,9 @@ class GenerationService:
         finally:
             ending.end("client_gone")  # when neither came: the consumer left first
             self.limiter.release(caller.id, caller.limits, generated, sequences)
+            self.active -= 1
+            if not self.active and self.on_idle is not None:
+                self.on_idle()
 
     async def _events(
         self, request: GenerationRequest, protocol: Protocol, caller: str, owner: str
@@ -146,7 +163,11 @@ class GenerationService:
         try:
             if self.deadlines.draining:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
-            engine = await self.holder.wait()
+            waiting = LOAD_PRIORITY.set(self.classes.of(protocol, request.priority))
+            try:
+                engine = await self.holder.wait()
+            finally:
+                LOAD_PRIORITY.reset(waiting)
             adapter = engine.adapters.check(request.adapter, request.adapter_field)
             if adapter != request.adapter:  # the base model, by its name
                 request = replace(request, adapter=adapter)

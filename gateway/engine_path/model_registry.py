@@ -1,6 +1,7 @@
-"""`ModelRegistry`: the models one gateway serves, by name. The chat model (with its adapters)
-is fixed at start-up; embedding models come from EMBEDDING_MODEL at start-up and from DJL's
-management API at run time (gateway/routes/model_management.py), each on its own pooling engine.
+"""`ModelRegistry`: the models one gateway serves, by name. The chat models (with their
+adapters: gateway/engine_path/chat_models.py) are configured at start-up; embedding models
+come from EMBEDDING_MODEL at start-up and from DJL's management API at run time
+(gateway/routes/model_management.py), each on its own pooling engine.
 
 A load at run time is checked against memory first: the engine's estimate
 (gateway/engine/model_memory.py) must fit both what the machine has available (less
@@ -17,6 +18,8 @@ the budget admits.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,9 +32,12 @@ from gateway.engine.holder import EngineHolder
 from gateway.engine.model_memory import GIB, available_bytes, engine_bytes
 from gateway.engine.pooling_engine import PoolingEngine, default_embedding_model, pooling_loader
 from gateway.engine_path.admission import Admission
+from gateway.engine_path.chat_model import ChatModel
+from gateway.engine_path.chat_models import ChatModels
 from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.engine_path.metrics import GatewayMetrics
-from gateway.engine_path.served_model import ServedModel
+from gateway.engine_path.residency import LoadRefused
+from protocols.errors import GenerationError
 
 Task = Literal["generate", "embed"]
 EMBEDDING_START_SECONDS = 20.0  # the status messages' estimate
@@ -71,13 +77,16 @@ class _Embedder:
 class ModelRegistry:
     def __init__(
         self,
-        chat: ServedModel,
+        chats: ChatModels,
         settings: Settings,
         admission: Admission,
         limiter: Limiter,
         metrics: GatewayMetrics,
+        chat_factory: Callable[[str, str], ChatModel] | None = None,
     ) -> None:
-        self.chat = chat
+        """`chat_factory(name, source)`: a chat model registered at run time, unloaded."""
+        self.chats = chats
+        self._chat_factory = chat_factory
         self._settings = settings
         self._admission = admission  # the chat path's, and its limits: embeddings share them
         self._limiter = limiter
@@ -121,17 +130,22 @@ class ModelRegistry:
         return [e.model for e in self._embedders.values()]
 
     def task_of(self, name: str) -> Task | None:
-        """What the model `name` does (the chat model's adapters generate), None: not served."""
+        """What the model `name` does (the chat models' adapters generate), None: not served."""
         if name in self._embedders:
             return "embed"
-        if name == self.chat.name or name in self.chat.adapter_paths():
+        if self.chats.named(name) is not None or name in self.chats.names():
             return "generate"
         return None
 
+    def embedding_bytes(self) -> int:
+        """What the embedding engines hold by their estimates (EMBEDDING_MODEL's uncounted)."""
+        return sum(e.memory_bytes for e in self._counted())
+
     def entries(self) -> list[Entry]:
-        status, error = self.chat.status()
-        chat_source = self._settings.engine.model or "default"
-        listed = [Entry(self.chat.name, "generate", chat_source, status, True, error)]
+        listed = []
+        for chat in self.chats:
+            status, error = chat.served.status()
+            listed.append(Entry(chat.name, "generate", chat.spec.source, status, True, error))
         for name, embedder in self._embedders.items():
             status, error = embedder.model.status()
             at_startup = embedder.at_startup
@@ -139,12 +153,21 @@ class ModelRegistry:
         return listed
 
     async def register(
-        self, name: str, source: str, *, synchronous: bool = True, at_startup: bool = False
+        self,
+        name: str,
+        source: str,
+        *,
+        synchronous: bool = True,
+        at_startup: bool = False,
+        task: Task | None = None,
     ) -> Entry:
         """Start an embedding model's engine for `source` (`default` or a model directory)
-        served as `name`; with `synchronous`, return once it is ready (or failed: removed and
+        served as `name`, or add a chat model (`task` generate, or a causal LM's config.json)
+        loaded on demand; with `synchronous`, return once it is ready (or failed: removed and
         refused). ModelRefused: a name in use, a source that is not a model directory, or a
         load that does not fit the memory."""
+        if task == "generate" or (task is None and _generates(source)):
+            return await self._register_chat(name, source, synchronous=synchronous)
         async with self._changing:
             if self.task_of(name) is not None:
                 raise ModelRefused(409, f'Model "{name}" is already registered')
@@ -178,13 +201,46 @@ class ModelRegistry:
                 raise ModelRefused(500, f'Model "{name}" failed to load: {e}') from e
         return next(e for e in self.entries() if e.name == name)
 
-    async def unregister(self, name: str) -> None:
-        """Stop the embedding model `name`'s engine and forget it (requests it is answering
-        end with the engine's stop). ModelRefused: the chat model, or a name not served."""
+    async def _register_chat(self, name: str, source: str, *, synchronous: bool) -> Entry:
+        if self._chat_factory is None:
+            raise ModelRefused(400, "This gateway registers no chat models at run time")
         async with self._changing:
-            if self.task_of(name) == "generate":
+            if self.task_of(name) is not None:
+                raise ModelRefused(409, f'Model "{name}" is already registered')
+            if source == DEFAULT_EMBEDDING_MODEL:
                 raise ModelRefused(
-                    400, f'Model "{name}" is the chat model: it is fixed at start-up'
+                    400,
+                    "`url` default is the shipped embedding model: a chat model's `url` is "
+                    "its model directory",
+                )
+            _model_directory(source)
+            model = self._chat_factory(name, source)
+            self.chats.add(model)
+        if synchronous:
+            try:
+                await model.holder.wait()  # loaded as a request would load it
+            except LoadRefused as e:
+                await self.chats.remove(model)
+                raise ModelRefused(507, e.message) from e
+            except GenerationError as e:
+                await self.chats.remove(model)
+                raise ModelRefused(500, f'Model "{name}" failed to load: {e.message}') from e
+        return next(e for e in self.entries() if e.name == name)
+
+    async def unregister(self, name: str) -> None:
+        """Stop the embedding (or run-time chat) model `name`'s engine and forget it (requests
+        it is answering end with the engine's stop). ModelRefused: the default chat model, or a
+        name not served."""
+        chat = self.chats.named(name)
+        if chat is not None:
+            if chat is self.chats.default:
+                raise ModelRefused(400, f'Model "{name}" is the default chat model: it stays')
+            await self.chats.remove(chat)
+            return
+        async with self._changing:
+            if self.task_of(name) == "generate":  # a chat model's adapter
+                raise ModelRefused(
+                    400, f'"{name}" is a LoRA adapter: unload it with the adapters API'
                 )
             embedder = self._embedders.pop(name, None)
             if embedder is None:
@@ -245,6 +301,20 @@ class ModelRegistry:
                 f"{free / GIB:.2f} GiB available, {reserve / GIB:.2f} GiB of it kept in reserve "
                 "(MODEL_LOAD_RESERVE_GIB)",
             )
+
+
+def _generates(source: str) -> bool:
+    """Whether the model directory `source` holds a causal LM (`...ForCausalLM`)."""
+    if source == DEFAULT_EMBEDDING_MODEL:
+        return False
+    try:
+        config = json.loads((Path(source) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    return isinstance(architectures, list) and any(
+        isinstance(a, str) and a.endswith("ForCausalLM") for a in architectures
+    )
 
 
 def _model_directory(source: str) -> Path:

@@ -38,6 +38,7 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     token_ids: bytes  # the whole sequence (prompt and answer), int32 little-endian
     text: str  # those tokens' text in the chat template
     adapter: str | None = None
+    model: str | None = None  # the chat model it was made on (None: made before there were several)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -96,6 +97,7 @@ class Responses:
             token_ids=packed_ids(done.history.token_ids),
             text=text,
             adapter=done.history.adapter,
+            model=self.model.name,
         )
         await self.store.save_document(self._key(response_id), _ENCODER.encode(stored))
 

@@ -12,8 +12,9 @@ from typing import NamedTuple
 from msgspec.structs import replace
 from starlette.requests import Request
 
+from gateway.engine_path.chat_model import ChatModel
 from gateway.engine_path.served_model import ServedModel
-from gateway.http.embedding_models import generation_refused
+from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.prepared import (
     CLIENT_GONE,
     JSON,
@@ -32,7 +33,13 @@ from protocols.events import Delta, Failed, Finished
 from protocols.lmi import INFERENCE_COMPONENT
 from protocols.names import Protocol
 from protocols.openai_answers import OpenAIEncoder, error_of, not_found
-from protocols.openai_requests import OpenAICall, decode_chat, decode_completion, unknown_model
+from protocols.openai_requests import (
+    ANY_MODEL,
+    OpenAICall,
+    decode_chat,
+    decode_completion,
+    unknown_model,
+)
 from protocols.tool_calls import ToolAnswers
 
 
@@ -40,6 +47,13 @@ def error_answer(error: GenerationError) -> Whole:
     """An error in OpenAI's shape, with its status."""
     status, body = error_of(error)
     return Whole(status, body, JSON)
+
+
+def openai_refusal(refused: ModelRefused) -> Whole:
+    """A model not served (404) or of the other task (400), in OpenAI's shape."""
+    if refused.status == 404:
+        return Whole(404, not_found(refused.error.message), JSON)
+    return error_answer(refused.error)
 
 
 class ModelNotServed(Exception):
@@ -88,23 +102,29 @@ async def prepare(
     protocol: Protocol,
     lines: bool = False,
     component: str | None = None,
+    model: ChatModel | None = None,
 ) -> Prepared:
     """The answer to a chat (or text) completions request; `lines`: stream JSON lines (LMI's
-    chat framing) rather than server-sent events; `component` as `resolve` reads it."""
+    chat framing) rather than server-sent events; `component` as `resolve` reads it; `model`:
+    the chat model a route's path or header picked, for a body that names none."""
     gateway = gateway_of(request)
     decode = decode_chat if chat else decode_completion
+    named = body_model(raw)
+    if model is not None and (named is None or named in ANY_MODEL):
+        chosen: ChatModel | ModelRefused = model
+    else:
+        chosen = chat_model_for(gateway, asked_model(request, named))
+    if isinstance(chosen, ModelRefused):
+        return openai_refusal(chosen)
     try:
-        decoded = decode(raw, gateway.model.context_length())
-        wrong_task = generation_refused(gateway, decoded.model)
-        if wrong_task is not None:
-            return error_answer(wrong_task)
-        call, tools, served = await resolve(gateway.model, decoded, component)
+        decoded = decode(raw, chosen.served.context_length())
+        call, tools, served = await resolve(chosen.served, decoded, component)
     except GenerationError as e:
         return error_answer(e)
     except ModelNotServed as e:
         return Whole(404, not_found(str(e)), JSON)
     encoder = OpenAIEncoder(call, served, chat=chat, lines=lines, tools=tools)
-    steps = gateway.batches.run(call.requests, protocol)
+    steps = chosen.batches.run(call.requests, protocol)
     if not call.stream:
         collected = await collect(request, steps)
         if collected is None:

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from gateway.engine_path.embedding_model import EmbeddingModel, Piece
-from gateway.http.embedding_models import ModelRefused, embedding_model_for, named_model
+from gateway.http.model_choice import ModelRefused, embedding_model_for, named_model
 from gateway.http.prepared import JSON, Whole
 from gateway.state import Gateway
 from protocols import tei, vllm_pooling

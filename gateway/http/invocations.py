@@ -18,7 +18,9 @@ from functools import partial
 
 from starlette.requests import Request
 
+from gateway.engine_path.chat_model import ChatModel
 from gateway.http.chat import prepare
+from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.openapi import TEXT, Events
 from gateway.http.prepared import CLIENT_GONE, JSON, SSE, Chunk, Chunks, Prepared, Whole, streamed
 from gateway.http.streaming import Step, chained, has_output, until_disconnect
@@ -89,14 +91,53 @@ def requests_of(lmi: LmiRequest) -> list[GenerationRequest]:
     ]
 
 
+def _target(
+    request: Request, target: str | None, component: str | None
+) -> tuple[ChatModel, str | None] | Whole:
+    """The chat model a request's path (`/predictions/{model}`), TargetModel or
+    InferenceComponentName names, and the adapter left for `component`. With one chat model any
+    path name is it (a single-model container's name is the endpoint's); with several, a name
+    none of them serves is LMI's 404."""
+    gateway = gateway_of(request)
+    chats = gateway.chats
+    if component and (by_component := chats.named(component)) is not None:
+        return by_component, None
+    if target and (by_target := chats.named(target)) is not None:
+        return by_target, component
+    if target and len(chats) > 1 and gateway.models.task_of(target) is None:
+        served = ", ".join(f"`{name}`" for name in chats.names())
+        why = f"Model not found: `{target}`; this server serves {served}"
+        return Whole(404, payload_error(why, 404, dynamic=False), JSON)
+    chosen = chat_model_for(gateway, asked_model(request, None))
+    if isinstance(chosen, ModelRefused):
+        return Whole(
+            chosen.status, payload_error(chosen.error.message, chosen.status, dynamic=False), JSON
+        )
+    return chosen, component
+
+
 async def answer(
-    request: Request, raw: bytes, accept: str | None, protocol: Protocol = Protocol.LMI
+    request: Request,
+    raw: bytes,
+    accept: str | None,
+    protocol: Protocol = Protocol.LMI,
+    target: str | None = None,
 ) -> Prepared:
-    component = request.headers.get(INFERENCE_COMPONENT)
+    """`target`: the model the path or TargetModel names."""
+    targeted = _target(request, target, request.headers.get(INFERENCE_COMPONENT))
+    if isinstance(targeted, Whole):
+        return targeted
+    model, component = targeted
     if is_chat(raw):
         lines = formatter_of(accept, "jsonlines") != "sse"
         return await prepare(
-            request, raw, chat=True, protocol=protocol, lines=lines, component=component
+            request,
+            raw,
+            chat=True,
+            protocol=protocol,
+            lines=lines,
+            component=component,
+            model=model,
         )
     gateway = gateway_of(request)
     settings = gateway.settings
@@ -114,7 +155,7 @@ async def answer(
         return Whole(424, payload_error(named(e.error), 424, dynamic=e.dynamic), JSON)
     lmi = with_component(lmi, component)
     encoder = LmiEncoder(lmi)
-    steps = gateway.batches.run(requests_of(lmi), protocol)
+    steps = model.batches.run(requests_of(lmi), protocol)
     if lmi.output == "json":
         outcome = await until_disconnect(request, _all_or_first_failure(steps))
         if outcome is None:

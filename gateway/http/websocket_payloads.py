@@ -20,13 +20,16 @@ from typing import Protocol as Interface
 
 from starlette.websockets import WebSocket
 
+from gateway.engine_path.batch import BatchRunner
+from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.outbox import POLICY_VIOLATION, Outbox, close_going_away, until_overflow
 from gateway.state import Gateway, gateway_of
 from protocols.errors import ErrorKind, GenerationError
 from protocols.names import Protocol
 
 log = logging.getLogger(__name__)
-Handler = Callable[[bytes | str, Gateway, Outbox], Coroutine[Any, Any, None]]
+# A payload's run on the connection's chat model (X-Model, or the `model` query parameter).
+Handler = Callable[[bytes | str, Gateway, BatchRunner, Outbox], Coroutine[Any, Any, None]]
 # A payload refused before it runs: each prompt it names gets the error, nothing else.
 Refusal = Callable[[bytes | str, Gateway, Outbox, GenerationError], None]
 
@@ -83,6 +86,8 @@ async def serve_payloads(
     gateway = gateway_of(websocket)
     settings = gateway.settings
     metrics = gateway.service.metrics
+    # A model nothing serves: each payload is refused naming it, in the protocol's frames
+    chosen = chat_model_for(gateway, asked_model(websocket, None))
     connections = metrics.connections.labels(protocol)
     await websocket.accept()
     connections.inc()
@@ -96,10 +101,13 @@ async def serve_payloads(
             if message["type"] == "websocket.disconnect":
                 return
             raw = message.get("text") or message.get("bytes") or b""
+            if isinstance(chosen, ModelRefused):
+                refuse(raw, gateway, outbox, chosen.error)
+                continue
             if len(payloads) >= limit:
                 refuse(raw, gateway, outbox, too_many_payloads(limit))
                 continue
-            task = asyncio.create_task(serve(raw, gateway, outbox))
+            task = asyncio.create_task(serve(raw, gateway, chosen.batches, outbox))
             payloads.add(task)
             task.add_done_callback(payloads.discard)
 

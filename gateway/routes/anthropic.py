@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from gateway.http.chat import ModelNotServed, resolve
 from gateway.http.encoded_chat import encoded_answer
+from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import JSON, SSE, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -34,16 +35,25 @@ async def messages(request: Request) -> Response:
     return to_response(await _answer(request))
 
 
+def _refused(refused: ModelRefused) -> Whole:
+    if refused.status == 404:
+        return Whole(404, not_found(refused.error.message), JSON)
+    return _error(refused.error)
+
+
 async def _answer(request: Request) -> Prepared:
-    gateway = gateway_of(request)
+    raw = await request.body()
+    chosen = chat_model_for(gateway_of(request), asked_model(request, body_model(raw)))
+    if isinstance(chosen, ModelRefused):
+        return _refused(chosen)
     try:
-        call, tools, served = await resolve(gateway.model, decode_messages(await request.body()))
+        call, tools, served = await resolve(chosen.served, decode_messages(raw))
     except GenerationError as e:
         return _error(e)
     except ModelNotServed as e:
         return Whole(404, not_found(str(e)), JSON)
     encoder = AnthropicEncoder(call, served, tools)
-    steps = gateway.batches.run(call.requests, Protocol.ANTHROPIC_MESSAGES)
+    steps = chosen.batches.run(call.requests, Protocol.ANTHROPIC_MESSAGES)
     return await encoded_answer(request, steps, encoder, stream=call.stream, error=_error)
 
 
@@ -52,9 +62,13 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def _counted(request: Request) -> Prepared:
-    model = gateway_of(request).model
+    raw = await request.body()
+    chosen = chat_model_for(gateway_of(request), asked_model(request, body_model(raw)))
+    if isinstance(chosen, ModelRefused):
+        return _refused(chosen)
+    model = chosen.served
     try:
-        conversation = decode_count_tokens(await request.body())
+        conversation = decode_count_tokens(raw)
         if unknown_model(conversation.model, model.name) is not None:
             why = unknown_model(conversation.model, model.name, await model.adapter_names())
             if why is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
+from gateway.engine_path.batch import BatchRunner
 from gateway.http.openapi import Op
 from gateway.http.outbox import Outbox
 from gateway.http.websocket_payloads import send_steps, serve_payloads
@@ -23,7 +24,9 @@ async def batch_events(websocket: WebSocket) -> None:
     await serve_payloads(websocket, Protocol.WS, _serve_payload, _refuse_payload)
 
 
-async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
+async def _serve_payload(
+    raw: bytes | str, gateway: Gateway, batches: BatchRunner, outbox: Outbox
+) -> None:
     try:
         batch = refuse_repeated_ids(
             decode_batch(
@@ -38,7 +41,7 @@ async def _serve_payload(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> 
         for frame in frames.frames([]):
             outbox.put(encode_frame(frame))
         return
-    steps = gateway.batches.run_prompts(
+    steps = batches.run_prompts(
         batch.items, batch.options, stream=batch.stream, protocol=Protocol.WS, adapter=batch.adapter
     )
     await send_steps(steps, frames, encode_frame, outbox)

@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from gateway.http.chat import ModelNotServed, resolve
 from gateway.http.encoded_chat import encoded_answer
+from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import JSON, SSE, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -32,16 +33,19 @@ async def chat(request: Request) -> Response:
 
 
 async def _answer(request: Request) -> Prepared:
-    gateway = gateway_of(request)
+    raw = await request.body()
+    chosen = chat_model_for(gateway_of(request), asked_model(request, body_model(raw)))
+    if isinstance(chosen, ModelRefused):
+        return _error(chosen.error, chosen.status)
     try:
-        decoded = cohere_chat.decode_chat(await request.body(), gateway.model.context_length())
-        call, tools, _ = await resolve(gateway.model, decoded)
+        decoded = cohere_chat.decode_chat(raw, chosen.served.context_length())
+        call, tools, _ = await resolve(chosen.served, decoded)
     except GenerationError as e:
         return _error(e)
     except ModelNotServed as e:
         return _error(invalid(str(e), "model"), 404)
     encoder = CohereChatEncoder(call, tools)
-    steps = gateway.batches.run(call.requests, Protocol.COHERE_CHAT)
+    steps = chosen.batches.run(call.requests, Protocol.COHERE_CHAT)
     return await encoded_answer(request, steps, encoder, stream=call.stream, error=_error)
 
 

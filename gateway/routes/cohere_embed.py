@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from gateway.engine_path.embedding_model import EmbeddingModel
 from gateway.http.embedding_answers import answered, failure, ignoring_dimensions
-from gateway.http.embedding_models import named_model
+from gateway.http.model_choice import named_model
 from gateway.http.openapi import Op
 from gateway.http.prepared import JSON, to_response
 from gateway.state import gateway_of

@@ -29,6 +29,7 @@ from gateway.edge.http_errors import status_of
 from gateway.engine_path.control_session import ControlSession
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.served_model import ServedModel
+from gateway.http.model_choice import asked_model
 from gateway.http.openapi import GATEWAY_ERRORS, Events, Op
 from gateway.http.outbox import (
     POLICY_VIOLATION,
@@ -95,12 +96,13 @@ async def control_ws(websocket: WebSocket) -> None:
 
     session = ControlSession(
         gateway.settings,
-        gateway.service,
+        gateway.chats,
         gateway.feedback,
         gateway.feedback_limits,
         deliver,
         replay=gateway.detached.replay(),
         task_of=gateway.models.task_of,
+        asked=asked_model(websocket, None),
     )
     connection = _Connection(session)
     ticker = asyncio.create_task(_loading_status(gateway.model, session))
@@ -258,12 +260,13 @@ async def _v1_generate(request: Request) -> Prepared:
     )
     session = ControlSession(
         gateway.settings,
-        gateway.service,
+        gateway.chats,
         gateway.feedback,
         gateway.feedback_limits,
         lambda message: queue.put((message, encode(message))),
         protocol=Protocol.V1_GENERATE,
         task_of=gateway.models.task_of,
+        asked=asked_model(request, None),
     )
     await session.handle(config)
     unread = gateway.service.metrics.not_reading_closes.labels(Protocol.V1_GENERATE)

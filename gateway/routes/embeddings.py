@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.http.embedding_answers import encoded
-from gateway.http.embedding_models import ModelRefused, embedding_model_for, named_model
+from gateway.http.model_choice import ModelRefused, embedding_model_for, named_model
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of

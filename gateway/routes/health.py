@@ -31,7 +31,7 @@ async def health(request: Request) -> Response:
 
 
 def _models(registry: ModelRegistry) -> list[ModelHealth] | None:
-    if not registry.embedding_models():
+    if not registry.embedding_models() and len(registry.chats) == 1:
         return None
     return [ModelHealth(e.name, e.task, e.status, e.error) for e in registry.entries()]
 

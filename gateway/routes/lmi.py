@@ -24,7 +24,8 @@ async def invocations(request: Request) -> Response:
     embedded = await embedding_invocation(gateway_of(request), raw, target)
     if embedded is not None:
         return to_response(embedded)
-    return to_response(await answer(request, raw, request.headers.get("accept")))
+    accept = request.headers.get("accept")
+    return to_response(await answer(request, raw, accept, target=target))
 
 
 routes = [

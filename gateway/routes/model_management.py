@@ -1,7 +1,8 @@
 """DJL Serving's model management API (protocols/djl_models.py) over the model registry
 (gateway/engine_path/model_registry.py): register loads an embedding model on an engine of its
-own, once its memory is known to fit; unregister stops it; list and describe read every model
-served, the chat model included. Only a key of ADMIN_API_KEYS may call them
+own, once its memory is known to fit, or adds a chat model loaded on demand
+(docs/MODELS.md); unregister stops it; list and describe read every model served, the chat
+models included. Only a key of ADMIN_API_KEYS may call them
 (gateway/http/admin.py), as the adapter management routes."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.engine_path.model_registry import Entry, ModelRefused, ModelRegistry
+from gateway.engine_path.model_registry import Entry, ModelRefused, ModelRegistry, Task
 from gateway.http.admin import djl_admin_refusal, djl_error, djl_json
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
@@ -75,7 +76,10 @@ async def _models(request: Request) -> Prepared:
             call = registration_in_body(body)
         else:
             call = registration(query)
-        await registry.register(call.name, call.url, synchronous=call.synchronous)
+        task: Task | None = (
+            "generate" if call.task == "generate" else "embed" if call.task else None
+        )
+        await registry.register(call.name, call.url, synchronous=call.synchronous, task=task)
     except GenerationError as e:
         return _error(400, e.message)
     except ModelRefused as e:
@@ -133,7 +137,7 @@ _REGISTER = (
     ("url", STRING),
     ("model_name", STRING),
     ("synchronous", {"type": "string", "enum": ["true", "false"]}),
-    ("task", {"type": "string", "enum": ["embed"]}),
+    ("task", {"type": "string", "enum": ["generate", "embed"]}),
 )
 _LISTING = (("limit", {"type": "integer"}), ("next_page_token", {"type": "integer"}))
 operations = [
@@ -141,7 +145,7 @@ operations = [
     _op(
         "post",
         "/models",
-        "DJL: register an embedding model (ADMIN_API_KEYS); SageMaker multi-model endpoints "
+        "DJL: register a chat or embedding model (ADMIN_API_KEYS); SageMaker multi-model endpoints "
         'send the parameters as a JSON body instead, {"model_name": ..., "url": ...}',
         Status,
         _REGISTER,

@@ -31,18 +31,26 @@ async def completions(request: Request) -> Response:
     return to_response(await prepare(request, raw, chat=False, protocol=protocol))
 
 
+_STATES = {"ready": "loaded", "loading": "loading", "unloaded": "unloaded", "failed": "failed"}
+
+
 def _listed(request: Request) -> list[Model]:
-    """The served model, its adapters, then the embedding models (with their `task` and their
-    engine's `status`: ready, loading or failed); `created`
-    is when this listing was made, as vLLM's server dates it."""
+    """Each chat model (the default first) with its adapters, then the embedding models (with
+    their `task` and their engine's `status`: ready, loading or failed); every one with its
+    `state` (loaded, loading, unloaded or failed); `created` is when this listing was made, as
+    vLLM's server dates it."""
     gateway = gateway_of(request)
-    model = gateway.model
-    context, now = model.context_length(), int(time.time())
-    listed = [Model(id=model.name, max_model_len=context, created=now)]
-    listed += [
-        Model(id=name, max_model_len=context, created=now, root=str(path), parent=model.name)
-        for name, path in model.adapter_paths().items()
-    ]
+    now = int(time.time())
+    listed = []
+    chats = [gateway.chats.default, *(m for m in gateway.chats if m is not gateway.chats.default)]
+    for chat in chats:
+        model = chat.served
+        context, state = model.context_length(), _STATES[model.status()[0]]
+        listed.append(Model(id=model.name, max_model_len=context, created=now, state=state))
+        listed += [
+            Model(id=name, max_model_len=context, created=now, root=str(path), parent=model.name)
+            for name, path in model.adapter_paths().items()
+        ]
     for embedding in gateway.models.embedding_models():
         length = embedding.context_length() or 0
         status, _ = embedding.status()
@@ -53,6 +61,7 @@ def _listed(request: Request) -> list[Model]:
                 created=now,
                 task=embedding.task,
                 status=status,
+                state=_STATES.get(status, status),
             )
         )
     return listed

@@ -17,9 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.engine_path.chat_model import ChatModel
 from gateway.engine_path.responses import Responses, StoredResponse, Turn
 from gateway.http import responses_background
-from gateway.http.chat import error_answer, refusal
+from gateway.http.chat import error_answer, openai_refusal, refusal
+from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.openapi import OPENAI_ERRORS, Events, Op
 from gateway.http.prepared import (
     CLIENT_GONE,
@@ -55,8 +57,10 @@ from protocols.responses_requests import ResponsesCall, ResponsesRequest, decode
 from protocols.tool_calls import ToolAnswers
 
 
-def _responses(gateway: Gateway) -> Responses:
-    return Responses(gateway.batches.store, gateway.model)
+def _responses(gateway: Gateway, chosen: ChatModel | None = None) -> Responses:
+    """The stored responses, rendered and tokenized by `chosen` (None: the default model)."""
+    model = chosen or gateway.chats.default
+    return Responses(model.batches.store, model.served)
 
 
 class _Turn(NamedTuple):
@@ -67,10 +71,15 @@ class _Turn(NamedTuple):
     previous: StoredResponse | None
 
 
-async def _turn(gateway: Gateway, responses: Responses, raw: bytes) -> _Turn | Whole:
+async def _chosen(request: Request, raw: bytes) -> ChatModel | Whole:
+    chosen = chat_model_for(gateway_of(request), asked_model(request, body_model(raw)))
+    return openai_refusal(chosen) if isinstance(chosen, ModelRefused) else chosen
+
+
+async def _turn(responses: Responses, raw: bytes) -> _Turn | Whole:
     """The body's turn as the engine will be given it (its prompt rendered and tokenized),
     or the answer that refuses it. GenerationError: a refusal in OpenAI's shape."""
-    served = gateway.model
+    served = responses.model
     tools: ToolAnswers | None = None
     call = decode_responses(raw, served.context_length())
     adapters = await served.adapter_names()
@@ -87,6 +96,12 @@ async def _turn(gateway: Gateway, responses: Responses, raw: bytes) -> _Turn | W
         if previous is None:
             missing = not_found(call.previous_response_id, "previous_response_id")
             return Whole(404, missing, JSON)
+        if previous.model is not None and previous.model != served.name:
+            raise invalid(
+                f"The response {call.previous_response_id!r} was made on the model "
+                f"`{previous.model}`: continue it on the same (or start a new conversation)",
+                "previous_response_id",
+            )
     if call.tool_use is not None:
         tools, [held] = await served.tool_calling(call.tool_use, [call.request])
         call = msgspec.structs.replace(call, request=held)
@@ -95,9 +110,12 @@ async def _turn(gateway: Gateway, responses: Responses, raw: bytes) -> _Turn | W
 
 async def prepare(request: Request, raw: bytes) -> Prepared:
     gateway = gateway_of(request)
-    responses = _responses(gateway)
+    chosen = await _chosen(request, raw)
+    if isinstance(chosen, Whole):
+        return chosen
+    responses = _responses(gateway, chosen)
     try:
-        decoded = await _turn(gateway, responses, raw)
+        decoded = await _turn(responses, raw)
         if isinstance(decoded, Whole):
             return decoded
         call, turn, model, tools, previous = decoded
@@ -109,7 +127,7 @@ async def prepare(request: Request, raw: bytes) -> Prepared:
     except GenerationError as e:
         return error_answer(e)
     answer = Answer(call, turn, model, responses, tools)
-    steps = gateway.batches.run([turn.request], Protocol.OPENAI_RESPONSES)
+    steps = chosen.batches.run([turn.request], Protocol.OPENAI_RESPONSES)
     if call.background:
         return await responses_background.start(request, gateway, answer, steps)
     if not call.stream:
@@ -143,9 +161,12 @@ async def count_input_tokens(request: Request) -> Response:
     """`responses.input_tokens.count`: the prompt tokens the same body's response would
     report as `usage.input_tokens` (the turn is rendered and tokenized as `create` does it;
     nothing is generated or stored)."""
-    gateway = gateway_of(request)
+    raw = await request.body()
+    chosen = await _chosen(request, raw)
+    if isinstance(chosen, Whole):
+        return to_response(chosen)
     try:
-        decoded = await _turn(gateway, _responses(gateway), await request.body())
+        decoded = await _turn(_responses(gateway_of(request), chosen), raw)
     except GenerationError as e:
         return to_response(error_answer(e))
     if isinstance(decoded, Whole):

@@ -17,6 +17,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.edge.http_errors import status_of
+from gateway.engine_path.batch import BatchRunner
+from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.openapi import GATEWAY_ERRORS, TEXT, Op
 from gateway.http.prepared import (
     CLIENT_GONE,
@@ -74,15 +76,26 @@ async def generate_one(request: Request) -> Response:
     return to_response(await _one(request))
 
 
+def _chosen(request: Request) -> BatchRunner | Whole:
+    """The X-Model header's chat model (the default with none): `/api/*` names no model."""
+    chosen = chat_model_for(gateway_of(request), asked_model(request, None))
+    if isinstance(chosen, ModelRefused):
+        return Whole(chosen.status, encode_error(chosen.error), JSON)
+    return chosen.batches
+
+
 async def _one(request: Request) -> Prepared:
     gateway = gateway_of(request)
+    batches = _chosen(request)
+    if isinstance(batches, Whole):
+        return batches
     try:
         one = decode_one(
             await request.body(), gateway.settings.generation, gateway.settings.max_stop_sequences
         )
     except GenerationError as e:
         return error_answer(e)
-    steps = gateway.batches.run_prompts(
+    steps = batches.run_prompts(
         [one.item],
         one.options,
         stream=one.stream,
@@ -128,6 +141,9 @@ async def generate_batch(request: Request) -> Response:
 
 async def _batch(request: Request) -> Prepared:
     gateway = gateway_of(request)
+    batches = _chosen(request)
+    if isinstance(batches, Whole):
+        return batches
     try:
         batch = decode_generate_batch(
             await request.body(), gateway.settings.generation, gateway.settings.max_stop_sequences
@@ -136,7 +152,7 @@ async def _batch(request: Request) -> Prepared:
         return error_answer(e)
     if not batch.items:
         return error_answer(batch.rejected[0].error)
-    steps = gateway.batches.run_prompts(
+    steps = batches.run_prompts(
         batch.items,
         batch.options,
         stream=False,

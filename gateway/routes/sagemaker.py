@@ -35,7 +35,7 @@ from protocols.names import Protocol
 
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 # A multi-model endpoint's model (boto3's TargetModel): an embedding model the registry serves
-# is answered by it; any other name by the chat model, as before.
+# is answered by it, a chat model by that model (gateway/http/invocations.py's `_target`).
 TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 VARIANT = {"X-Amzn-Invoked-Production-Variant": "AllTraffic"}
 
@@ -72,7 +72,8 @@ async def invoke_endpoint(request: Request) -> Response:
         if embedded.status >= 400:
             return _model_error(embedded)
         return to_response(embedded, _headers(request))
-    prepared = await answer(request, raw, accept, Protocol.SAGEMAKER)
+    target = request.headers.get(TARGET_MODEL)
+    prepared = await answer(request, raw, accept, Protocol.SAGEMAKER, target)
     if isinstance(prepared, Streamed):  # a whole answer was asked for: read the stream out
         try:
             body = await until_disconnect(request, _collect(prepared.chunks))
@@ -97,7 +98,7 @@ async def _frames(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
 async def invoke_endpoint_with_response_stream(request: Request) -> Response:
     accept, raw = request.headers.get("x-amzn-sagemaker-accept"), await request.body()
     prepared = await _embedded(request, raw) or await answer(
-        request, raw, accept, Protocol.SAGEMAKER
+        request, raw, accept, Protocol.SAGEMAKER, request.headers.get(TARGET_MODEL)
     )
     headers = _headers(request) | {"X-Amzn-SageMaker-Content-Type": prepared.media_type}
     if isinstance(prepared, Whole):

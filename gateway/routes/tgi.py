@@ -20,6 +20,7 @@ from starlette.routing import Route
 from gateway.config.version import version
 from gateway.http.chat import refused_with
 from gateway.http.embedding_answers import tei_body_of, tei_info, tei_invocation
+from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import (
     CLIENT_GONE,
@@ -93,6 +94,13 @@ async def _serve(
         if stream_flag or (stream_flag is None and _asks_stream(raw)):
             return _sse_error(e)
         return _json_error(e)
+    # TGI names a model only as a LoRA adapter (`adapter_id`): a chat model's name picks it
+    named = call.adapter if call.adapter and gateway.chats.find(call.adapter) else None
+    chosen = chat_model_for(gateway, asked_model(request, named), "$.parameters.adapter_id")
+    if isinstance(chosen, ModelRefused):
+        if call.stream:
+            return _sse_error(chosen.error)
+        return Whole(chosen.status, error_body(chosen.error)[1], JSON)
     encoder = TgiEncoder(call)
     generation = GenerationRequest(
         options=call.options,
@@ -106,7 +114,7 @@ async def _serve(
         adapter_field="$.parameters.adapter_id",
     )
     # The one engine path's hand-off: an unread stream's generation goes on to its end.
-    steps = gateway.batches.run([generation], Protocol.TGI)
+    steps = chosen.batches.run([generation], Protocol.TGI)
     if not call.stream:
         collected = await collect(request, steps)
         if collected is None:
@@ -169,7 +177,10 @@ async def info(request: Request) -> Response:
     asked = request.query_params.get("model")
     if asked and gateway.models.task_of(asked) == "embed":
         return to_response(await tei_info(gateway, version(), asked))
-    settings, model = gateway.settings, gateway.model
+    chosen = chat_model_for(gateway, asked_model(request, asked))
+    if isinstance(chosen, ModelRefused):
+        return to_response(Whole(chosen.status, error_body(chosen.error)[1], JSON))
+    settings, model = chosen.spec.settings, chosen.served
     model_id = settings.engine.served_model_name or settings.engine.model or DEFAULT_MODEL_ID
     total = model.context_length()
     dtype = model.dtype()

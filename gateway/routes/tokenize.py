@@ -7,8 +7,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.http.chat import error_answer
+from gateway.http.chat import error_answer, openai_refusal
 from gateway.http.embedding_answers import tei_tokenize, tei_tokenize_body_of
+from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.openapi import Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -33,11 +34,14 @@ async def tokenize(request: Request) -> Response:
 async def _tokenized(request: Request) -> Prepared:
     """vLLM's body; with an embedding model served, TEI's (`inputs`) tokenized as TEI does."""
     gateway = gateway_of(request)
-    model = gateway.model
     raw = await request.body()
     tei_body = tei_tokenize_body_of(gateway, raw)
     if tei_body is not None:
         return await tei_tokenize(gateway, tei_body)
+    chosen = chat_model_for(gateway, asked_model(request, body_model(raw)))
+    if isinstance(chosen, ModelRefused):
+        return openai_refusal(chosen)
+    model = chosen.served
     try:
         body = decode_tokenize(raw)
         why = unknown_model(body.model, model.name)

@@ -20,7 +20,7 @@ from gateway.http.embedding_answers import (
     ignoring_dimensions,
     vllm_rerank,
 )
-from gateway.http.embedding_models import named_model
+from gateway.http.model_choice import named_model
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import JSON, to_response
 from gateway.state import gateway_of

@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
+from gateway.engine_path.batch import BatchRunner
 from gateway.http.openapi import Op
 from gateway.http.outbox import Outbox
 from gateway.http.websocket_payloads import send_steps, serve_payloads
@@ -24,7 +25,9 @@ async def ws_events(websocket: WebSocket) -> None:
     await serve_payloads(websocket, Protocol.WS_EVENTS, _serve_frame, _refuse_frame)
 
 
-async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> None:
+async def _serve_frame(
+    raw: bytes | str, gateway: Gateway, batches: BatchRunner, outbox: Outbox
+) -> None:
     accepted, refused = decode_starts(
         raw, gateway.settings.generation, gateway.settings.max_stop_sequences
     )
@@ -34,7 +37,7 @@ async def _serve_frame(raw: bytes | str, gateway: Gateway, outbox: Outbox) -> No
     if not accepted:
         return
     requests = [start.request(i) for i, start in enumerate(accepted)]
-    steps = gateway.batches.run(requests, Protocol.WS_EVENTS)
+    steps = batches.run(requests, Protocol.WS_EVENTS)
     await send_steps(steps, frames, encode_frame, outbox)
 
 

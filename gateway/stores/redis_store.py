@@ -44,7 +44,8 @@ class _Packed(msgspec.Struct, array_like=True):
     token_ids: bytes  # int32, little-endian
     text: str
     ended_at_eos: bool
-    adapter: str | None = None  # last, with a default: histories packed before it still read
+    adapter: str | None = None  # last, with defaults: histories packed before them still read
+    model: str | None = None
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -55,7 +56,7 @@ _KEY_ENCODER = msgspec.json.Encoder()
 def pack(histories: dict[str, History]) -> bytes:
     return _ENCODER.encode(
         {
-            rid: _Packed(packed_ids(h.token_ids), h.text, h.ended_at_eos, h.adapter)
+            rid: _Packed(packed_ids(h.token_ids), h.text, h.ended_at_eos, h.adapter, h.model)
             for rid, h in histories.items()
         }
     )
@@ -65,7 +66,9 @@ def unpack(raw: bytes) -> dict[str, History]:
     histories = {}
     for rid, packed in _DECODER.decode(raw).items():
         ids = unpacked_ids(packed.token_ids)
-        histories[rid] = History(ids, packed.text, packed.ended_at_eos, packed.adapter)
+        histories[rid] = History(
+            ids, packed.text, packed.ended_at_eos, packed.adapter, packed.model
+        )
     return histories
 
 
