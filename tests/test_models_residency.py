@@ -15,11 +15,17 @@ from typing import Any
 import httpx
 import pytest
 
-from clients import connect, events_of, frames_until_done, payload, scrape, value, wait_for
-from serving import SCRATCH, LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from clients import connect, events_of, frames_until_done, payload, scrape, value, wait_for, web
+from serving import (
+    SCRATCH,
+    LoopThread,
+    RunningServer,
+    gateway_settings,
+    shared_loader,
+    start_server,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.own_engine]
-web = httpx.Client(timeout=None)
 
 
 def _models_file(broken: Path) -> Path:
@@ -32,7 +38,6 @@ default = "smol"
 source = "default"
 [models.b]
 source = "{smol}"
-chat_template = "{{{{ bos_token }}}}{{% for m in messages %}}<|im_start|>{{{{ m['role'] }}}}\\n{{{{ m['content'] }}}}<|im_end|>\\n{{% endfor %}}<|im_start|>assistant\\n"
 [models.c]
 source = "{smol}"
 [models.zero]
@@ -139,11 +144,11 @@ def test_a_streaming_model_is_never_unloaded_for_another(models_server: RunningS
         other = threading.Thread(target=lambda: waited.append(_chat(models_server, "c")))
         other.start()
         # c's load waits for b, busy streaming, to go idle
-        wait_for(
-            lambda: value(scrape(models_server.http), "gateway_model_load_waiting") >= 1
-        )
+        wait_for(lambda: value(scrape(models_server.http), "gateway_model_load_waiting") >= 1)
         assert _states(models_server)["b"] == "loaded"
-        rest = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")]
+        rest = [
+            json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")
+        ]
     assert rest[-1]["choices"][0]["finish_reason"] == "length"  # b's stream completed whole
     other.join()
     assert waited[0].status_code == 200 and waited[0].json()["model"] == "c"
@@ -184,8 +189,8 @@ def test_a_request_id_is_bound_to_the_model_it_was_made_on(models_server: Runnin
         ws.send(payload(("bound-1", ""), generation_config={"max_new_tokens": 2}))
         frames = frames_until_done(ws, {"bound-1"})
     last = events_of(frames, "bound-1")[-1]
-    assert last["type"] == "ERROR" and "`smol`" in last["message"]
-    assert "X-Model" in last["message"]
+    assert last["type"] == "ERROR" and "`smol`" in last["error"]
+    assert "X-Model" in last["error"]
 
 
 def test_the_x_model_header_picks_a_model_for_protocols_that_name_none(

@@ -118,6 +118,7 @@ def build_chat_model(
         constraint_budget(settings),
         shared.limiter,
         watched=is_default,
+        model=spec.name,
     )
     served = ServedModel(holder, settings.engine, ToolParsing.configured(settings), chat_template)
     batches = BatchRunner(service, shared.store, model=spec.name)

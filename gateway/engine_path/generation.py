@@ -76,10 +76,12 @@ class GenerationService:
         limiter: Limiter | None = None,
         *,
         watched: bool = True,
+        model: str | None = None,
     ) -> None:
         """`limiter`: the per-key limits, shared by every model's service; `watched`: this
         service's admission and scheduler are /metrics' gauges (the default model's)."""
         self.holder = holder
+        self.model = model  # its requests counted by model too (gateway_model_requests)
         self.budget = budget or ConstraintBudget()
         self.chat_template = chat_template  # CHAT_TEMPLATE; None: the model's own
         self.bounds = bounds or SequenceBounds.of(Settings())
@@ -178,7 +180,7 @@ class GenerationService:
             async with self.admission.slot(priority, caller):
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
-                meter = self.metrics.meter(protocol, priority, request.adapter)
+                meter = self.metrics.meter(protocol, priority, request.adapter, self.model)
                 steps = _engine_events(engine, request, history, meter, priority, caller)
                 async with aclosing(steps):
                     async for event in steps:

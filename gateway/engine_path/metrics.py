@@ -38,6 +38,7 @@ class StreamMeter:
         "_itl",
         "_last",
         "_metrics",
+        "_model",
         "_priority",
         "_protocol",
         "_start",
@@ -46,9 +47,15 @@ class StreamMeter:
     )
 
     def __init__(
-        self, metrics: GatewayMetrics, protocol: str, priority: int = 0, adapter: str = BASE
+        self,
+        metrics: GatewayMetrics,
+        protocol: str,
+        priority: int = 0,
+        adapter: str = BASE,
+        model: str | None = None,
     ) -> None:
         self._metrics = metrics
+        self._model = model
         self._protocol = protocol
         self._adapter = adapter
         self._priority = str(priority)
@@ -88,6 +95,8 @@ class StreamMeter:
         metrics.generated_tokens.labels(self._protocol).inc(self._tokens)
         metrics.adapter_requests.labels(self._adapter, self.outcome).inc()
         metrics.adapter_generated_tokens.labels(self._adapter).inc(self._tokens)
+        if self._model is not None:
+            metrics.model_requests.labels(self._model, "generate", self.outcome).inc()
 
 
 class ModelMeter:
@@ -185,9 +194,8 @@ class GatewayMetrics:
         )
         self.model_requests = counter(
             "gateway_model_requests",
-            "Requests to a model served beside the chat model (an embedding model), by its "
-            "name, task and outcome (ok, cancelled or an error kind); the chat model's are "
-            "gateway_requests and gateway_adapter_requests",
+            "Requests by model, task (generate, embed) and outcome (ok, cancelled or an error "
+            "kind); by protocol: gateway_requests and gateway_adapter_requests",
             ["model", "task", "outcome"],
         )
         self.model_inputs = counter(
@@ -270,8 +278,14 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def meter(self, protocol: str, priority: int = 0, adapter: str | None = None) -> StreamMeter:
-        return StreamMeter(self, protocol, priority, adapter or BASE)
+    def meter(
+        self,
+        protocol: str,
+        priority: int = 0,
+        adapter: str | None = None,
+        model: str | None = None,
+    ) -> StreamMeter:
+        return StreamMeter(self, protocol, priority, adapter or BASE, model)
 
     def model_meter(self, model: str, task: str) -> ModelMeter:
         return ModelMeter(self, model, task)

@@ -148,6 +148,8 @@ class Residency:
         if load is not None:
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
+        if model.resident:
+            self._metrics.unloads.labels(model.name, "admin").inc()
         await model.holder.stop()
         self._metrics.bytes.labels(model.name).set(0)
 
@@ -281,13 +283,6 @@ class Residency:
         model.memory_bytes = 0
         self._metrics.unloads.labels(model.name, reason).inc()
         self._metrics.bytes.labels(model.name).set(0)
-
-    async def unload(self, model: ChatModel) -> bool:
-        """An admin's unload: False when it is busy (its prompts finish first) or not loaded."""
-        if not model.idle or model.holder.unloaded:
-            return False
-        await self._unload(model, "admin")
-        return True
 
     async def stop(self) -> None:
         for timer in self._timers.values():

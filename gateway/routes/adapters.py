@@ -13,7 +13,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.http.admin import admin_refusal
-from gateway.http.chat import error_answer
+from gateway.http.chat import error_answer, openai_refusal
+from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.openapi import OPENAI_ERRORS, TEXT, Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -51,7 +52,10 @@ async def _load(request: Request) -> Prepared:
         return refused
     try:
         body: LoadLoraAdapter = decode_body(await request.body(), LoadLoraAdapter)
-        await gateway_of(request).model.load_adapter(body.lora_name, Path(body.lora_path))
+        chosen = chat_model_for(gateway_of(request), asked_model(request, None))
+        if isinstance(chosen, ModelRefused):
+            return openai_refusal(chosen)
+        await chosen.served.load_adapter(body.lora_name, Path(body.lora_path))
     except GenerationError as e:
         return error_answer(e)
     return Whole(200, loaded(body.lora_name).encode(), PLAIN)
@@ -67,7 +71,9 @@ async def _unload(request: Request) -> Prepared:
         return refused
     try:
         body: UnloadLoraAdapter = decode_body(await request.body(), UnloadLoraAdapter)
-        gone = await gateway_of(request).model.unload_adapter(body.lora_name)
+        chats = gateway_of(request).chats
+        owner = chats.find(body.lora_name) if body.lora_name in chats.names() else None
+        gone = await (owner or chats.default).served.unload_adapter(body.lora_name)
     except GenerationError as e:
         return error_answer(e)
     if not gone:

@@ -1,9 +1,9 @@
 """LMI's (DJL Serving's) adapter management routes (protocols/lmi_adapters.py) over the served
 model's adapters: register loads one, unregister unloads it, list and describe read what is
 served (ADAPTERS and those loaded since). Only a key of ADMIN_API_KEYS may call them, as the
-vLLM-shaped routes (gateway/http/admin.py). The `{model_name}` of
-`/models/{model_name}/adapters` is not checked, as for `/predictions/{model_name}`: one model
-is served (docs/ADAPTERS.md)."""
+vLLM-shaped routes (gateway/http/admin.py). A chat model's name as the `{model_name}` of
+`/models/{model_name}/adapters` picks it (else the X-Model header's, else the default), as for
+`/predictions/{model_name}` (docs/ADAPTERS.md, docs/MODELS.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from starlette.routing import Route
 from gateway.edge.http_errors import status_of
 from gateway.engine_path.served_model import ServedModel
 from gateway.http.admin import djl_admin_refusal, djl_error, djl_json
+from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.state import gateway_of
@@ -54,7 +55,12 @@ async def _model(request: Request) -> ServedModel | Whole:
     refusal = djl_admin_refusal(request)
     if refusal is not None:
         return refusal
-    model = gateway_of(request).model
+    gateway = gateway_of(request)
+    named = gateway.chats.named(request.path_params.get("model_name", ""))
+    chosen = named or chat_model_for(gateway, asked_model(request, None))
+    if isinstance(chosen, ModelRefused):
+        return _error(chosen.status, chosen.error.message)
+    model = chosen.served
     if not await model.adapters_enabled():
         return _error(400, "LoRA is not enabled.")
     return model
