@@ -124,6 +124,7 @@ class Residency:
         self._metrics.loaded.set_function(lambda: sum(m.resident for m in self._models))
         self._one_load = _PriorityGate()
         self._loads: dict[str, asyncio.Task[None]] = {}
+        self._waiters: dict[str, int] = {}  # requests waiting for each model's load
         self._idled = asyncio.Event()  # set whenever a model goes idle
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._unloading: set[asyncio.Task[None]] = set()
@@ -163,9 +164,11 @@ class Residency:
         if load is None or load.done():
             priority = LOAD_PRIORITY.get()
             load = asyncio.create_task(self._load(model, priority), name=f"load-{model.name}")
+            load.add_done_callback(_retrieved)  # its refusal is its waiters' (maybe none now)
             self._loads[model.name] = load
         timeout = self._settings.model_load_timeout_seconds
         self._metrics.waiting.inc()
+        self._waiters[model.name] = self._waiters.get(model.name, 0) + 1
         try:
             await asyncio.wait_for(asyncio.shield(load), timeout)
         except TimeoutError:
@@ -176,6 +179,9 @@ class Residency:
             ) from None
         finally:
             self._metrics.waiting.dec()
+            self._waiters[model.name] -= 1
+            if not self._waiters[model.name] and not load.done() and model.holder.unloaded:
+                load.cancel()  # nobody waits for a load still waiting for room: it gives way
 
     async def _load(self, model: ChatModel, priority: int) -> None:
         await self._one_load.acquire(priority)
@@ -290,6 +296,11 @@ class Residency:
         for task in [*self._loads.values(), *self._unloading]:
             task.cancel()
         await asyncio.gather(*self._loads.values(), *self._unloading, return_exceptions=True)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _estimate(model: ChatModel) -> int:
