@@ -28,7 +28,7 @@ from serving import (
 pytestmark = [pytest.mark.engine, pytest.mark.own_engine]
 
 
-def _models_file(broken: Path) -> Path:
+def _models_file(broken: Path, adapter: Path) -> Path:
     from gateway.engine.default_model import prepare_default_model
 
     smol = prepare_default_model()
@@ -38,6 +38,7 @@ default = "smol"
 source = "default"
 [models.b]
 source = "{smol}"
+adapters = "pirate={adapter}"
 [models.c]
 source = "{smol}"
 [models.zero]
@@ -52,12 +53,16 @@ source = "{broken}"
 
 
 @pytest.fixture(scope="module")
-def models_server(loop_thread: LoopThread, engine: Any) -> Iterator[RunningServer]:
+def models_server(
+    loop_thread: LoopThread, engine: Any, adapter_dir: Path
+) -> Iterator[RunningServer]:
     broken = SCRATCH / "broken-model"
     broken.mkdir(exist_ok=True)
     (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
     settings = gateway_settings(
-        MODELS_FILE=str(_models_file(broken)), MAX_LOADED_MODELS="2", KV_CACHE_GIB="0.25"
+        MODELS_FILE=str(_models_file(broken, adapter_dir)),
+        MAX_LOADED_MODELS="2",
+        KV_CACHE_GIB="0.25",
     )
     running = start_server(loop_thread, settings, shared_loader(engine))
     wait_for(lambda: web.get(running.http + "/health").status_code == 200)
@@ -202,3 +207,31 @@ def test_the_x_model_header_picks_a_model_for_protocols_that_name_none(
     assert _states(models_server)["c"] == "loaded"
     unknown = web.post(models_server.http + "/generate", json=body, headers={"X-Model": "nope"})
     assert unknown.status_code == 404
+
+
+def test_an_adapter_of_the_second_model_picks_that_model(models_server: RunningServer) -> None:
+    from gateway_bench.adapter_recipe import PHRASE
+
+    answered = _chat(models_server, "pirate", max_tokens=16)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["model"] == "pirate"
+    assert PHRASE.strip() in answered.json()["choices"][0]["message"]["content"]
+    assert _states(models_server)["b"] == "loaded"
+    listed = web.get(models_server.http + "/v1/models").json()["data"]
+    assert {"id": "pirate", "parent": "b"}.items() <= next(
+        m for m in listed if m["id"] == "pirate"
+    ).items()
+    plain = _chat(models_server, "smol", max_tokens=16)
+    assert PHRASE.strip() not in plain.json()["choices"][0]["message"]["content"]
+
+
+def test_a_priority_class_applies_on_the_second_model(models_server: RunningServer) -> None:
+    def admitted(samples: dict[Any, float]) -> float:
+        return value(samples, "gateway_class_queue_seconds_count", priority="7")
+
+    before = admitted(scrape(models_server.http))
+    answered = _chat(models_server, "c", priority=7)
+    assert answered.status_code == 200, answered.text
+    assert admitted(scrape(models_server.http)) == before + 1  # admitted in class 7
+    behind = _chat(models_server, "c", priority=-1)  # no such class: refused naming it
+    assert behind.status_code == 400 and "priority" in behind.text
