@@ -235,3 +235,22 @@ def test_a_priority_class_applies_on_the_second_model(models_server: RunningServ
     assert admitted(scrape(models_server.http)) == before + 1  # admitted in class 7
     behind = _chat(models_server, "c", priority=-1)  # no such class: refused naming it
     assert behind.status_code == 400 and "priority" in behind.text
+
+
+def test_a_control_session_naming_an_unloaded_model_sees_it_load(
+    models_server: RunningServer,
+) -> None:
+    from control_client import until
+
+    wait_for(lambda: _states(models_server)["zero"] == "unloaded")  # keep_alive 0
+    asked = json.dumps(
+        {"type": "config", "prompt": "Hello", "model": "zero", "parameters": {"max_new_tokens": 2}}
+    )
+    with connect(models_server.ws + "/generate") as ws:
+        ws.send(asked)
+        seen = until(ws, "completion", "error")
+    kinds = [m["type"] for m in seen]
+    loading = [m for m in seen if m["type"] == "status" and m["operation"] == "model_loading"]
+    assert loading and "zero" in loading[0]["message"]
+    assert kinds.index("status") < kinds.index("init") and seen[-1]["type"] == "completion"
+    assert next(m for m in seen if m["type"] == "init")["model"] == "zero"

@@ -26,6 +26,8 @@ from starlette.websockets import WebSocket
 
 from gateway.edge.caller import current_caller
 from gateway.edge.http_errors import status_of
+from gateway.engine_path.chat_model import ChatModel
+from gateway.engine_path.chat_models import ChatModels
 from gateway.engine_path.control_session import ControlSession
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.served_model import ServedModel
@@ -83,6 +85,7 @@ class _Connection:
     """One WebSocket's session: its own, or the one it reattached to."""
 
     session: ControlSession
+    loading: asyncio.Task[None] | None = None  # statuses while a config's model loads
 
 
 async def control_ws(websocket: WebSocket) -> None:
@@ -109,7 +112,9 @@ async def control_ws(websocket: WebSocket) -> None:
     connections = metrics.connections.labels(Protocol.CONTROL)
     connections.inc()
     forget = gateway.drain.on_drained(lambda: close_going_away(outbox))
-    reader = asyncio.create_task(_read(websocket, connection, outbox, gateway.detached, deliver))
+    reader = asyncio.create_task(
+        _read(websocket, connection, outbox, gateway.detached, deliver, gateway.chats)
+    )
     try:
         if await until_overflow(reader, outbox):
             await connection.session.abort(outbox.why)
@@ -119,9 +124,10 @@ async def control_ws(websocket: WebSocket) -> None:
     finally:
         forget()
         connections.dec()
-        reader.cancel()
-        ticker.cancel()
-        await asyncio.gather(reader, ticker, return_exceptions=True)
+        loading = [connection.loading] if connection.loading is not None else []
+        for task in (reader, ticker, *loading):
+            task.cancel()
+        await asyncio.gather(reader, ticker, *loading, return_exceptions=True)
         # The generation stops, or waits for its client (REATTACH_SECONDS).
         await gateway.detached.leave(connection.session, current_caller().owner)
         await outbox.stop()
@@ -133,6 +139,7 @@ async def _read(
     outbox: Outbox,
     detached: Detached,
     deliver: Callable[[ServerMessage], None],
+    chats: ChatModels,
 ) -> None:
     """Each client message to the session, in order, until the client leaves (or is closed
     for sending something other than a `config`, or a `reattach`, first)."""
@@ -165,6 +172,9 @@ async def _read(
             return
         if decoded is not None:
             await session.handle(decoded)
+        chosen = chats.named(session.model) if isinstance(decoded, Config) else None
+        if chosen is not None and not chosen.served.ready and connection.loading is None:
+            connection.loading = asyncio.create_task(_model_loading(chosen, connection))
 
 
 def _reattach(
@@ -200,6 +210,21 @@ async def _loading_status(model: ServedModel, session: ControlSession) -> None:
             Status("model_loading", progress, "Loading the model and starting the engine", eta)
         )
         await asyncio.sleep(STATUS_INTERVAL_SECONDS)
+
+
+async def _model_loading(chosen: ChatModel, connection: _Connection) -> None:
+    """`status` every second while the model a `config` named loads (docs/MODELS.md), until
+    it is ready or its generation ended (a load refused or failed ends it with an error)."""
+    model = chosen.served
+    try:
+        while not model.ready and connection.session.state == "generating":
+            if model.status()[0] == "loading":
+                progress, eta = model.loading_progress()
+                message = f"Loading the model {chosen.name} and starting its engine"
+                connection.session.send(Status("model_loading", progress, message, eta))
+            await asyncio.sleep(STATUS_INTERVAL_SECONDS)
+    finally:
+        connection.loading = None
 
 
 # --- POST /v1/generate ---------------------------------------------------------------------
