@@ -64,7 +64,7 @@ def test_the_tiny_model_answers_the_same_twice_and_not_as_smollm2(
     # The same chat template: the same prompt's tokens reach both models.
     assert tiny_engine.render_chat(ASKED) == engine.render_chat(ASKED)
     tokens, text = greedy(loop_thread, tiny_engine)
-    assert len(tokens) == GREEDY.max_new_tokens  # noise: it never meets its end by chance
+    assert len(tokens) == GREEDY.max_new_tokens  # this seed's noise: no end of sequence
     assert greedy(loop_thread, tiny_engine) == (tokens, text)
     smollm2_tokens, smollm2_text = greedy(loop_thread, engine)
     assert smollm2_tokens != tokens and smollm2_text != text
