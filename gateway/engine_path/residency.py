@@ -26,7 +26,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.config.models_file import DEFAULT_SOURCE, FOREVER
 from gateway.config.settings import Settings
-from gateway.engine.model_memory import GIB, available_bytes, engine_bytes
+from gateway.engine.model_memory import GIB, available_bytes, chat_engine_bytes
 from gateway.engine_path.chat_model import ChatModel
 from gateway.engine_path.generation import LOAD_PRIORITY
 from gateway.engine_path.metrics import GatewayMetrics
@@ -304,7 +304,7 @@ def _retrieved(task: asyncio.Task[None]) -> None:
 
 
 def _estimate(model: ChatModel) -> int:
-    """Its engine's memory at most: weights as on disk, its KV cache, one engine process."""
+    """Its engine's memory at most: weights as on disk, its KV cache, its engine's processes."""
     engine = model.spec.settings.engine
     if model.spec.source == DEFAULT_SOURCE:
         from gateway.engine.default_model import prepare_default_model
@@ -312,4 +312,4 @@ def _estimate(model: ChatModel) -> int:
         directory = prepare_default_model()
     else:
         directory = Path(model.spec.source)
-    return engine_bytes(directory, engine.kv_cache_gib)
+    return chat_engine_bytes(directory, engine.kv_cache_gib)
