@@ -1,6 +1,6 @@
 """What an embedding model loaded at run time (or a chat model loaded on demand) will take of
-the machine's memory, and what the machine has: the management API refuses a load that does not fit (docs/EMBEDDINGS.md), rather
-than let the kernel end the gateway mid-load.
+the machine's memory, and what the machine has: a load that does not fit is refused
+(docs/EMBEDDINGS.md, docs/MODELS.md), rather than let the kernel end the gateway mid-load.
 
 The estimate is an upper bound: the weights' files as they lie on disk (a float32 checkpoint
 loaded in bfloat16 takes half), the engine's cache (EMBEDDING_KV_CACHE_GIB), and one engine
