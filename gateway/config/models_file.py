@@ -59,6 +59,7 @@ class _ModelTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     dtype: Dtype | None = None
     max_model_len: Annotated[int, Meta(ge=1)] | None = None
     kv_cache_gib: Annotated[float, Meta(gt=0)] | None = None
+    max_num_seqs: Annotated[int, Meta(ge=1)] | None = None
     enforce_eager: bool | None = None
     chat_template: str | None = None
     tool_call_parser: str | None = None
@@ -156,7 +157,8 @@ def _spec(
     }
     if not is_default:  # ADAPTERS and ENABLE_LORA are the default model's
         engine_fields.update(adapters="", enable_lora=False)
-    for field in ("dtype", "max_model_len", "kv_cache_gib", "enforce_eager", "adapters"):
+    fields = ("dtype", "max_model_len", "kv_cache_gib", "max_num_seqs", "enforce_eager", "adapters")
+    for field in fields:
         value = getattr(table, field)
         if value is not None:
             engine_fields[field] = value

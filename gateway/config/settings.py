@@ -39,6 +39,8 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     seed: Seed = 0
     # Tokens an engine step computes (0: vLLM's own; auto: by the device, cpu_defaults.py).
     max_num_batched_tokens: Annotated[int, Meta(ge=0)] | Literal["auto"] = "auto"
+    # Sequences the engine runs at once (0: vLLM's own).
+    max_num_seqs: Annotated[int, Meta(ge=0)] = 0
     # "priority": requests carry their class (gateway/config/priorities.py); "fcfs": arrival order.
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # Classes at or past BULK_PRIORITY are bulk; while an interactive request runs or waits,

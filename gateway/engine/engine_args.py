@@ -50,6 +50,7 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
             settings.max_num_batched_tokens, device_type()
         )
         or None,
+        max_num_seqs=settings.max_num_seqs or None,
         scheduler_cls=f"{BulkCapScheduler.__module__}.{BulkCapScheduler.__name__}"
         if own_scheduler
         else None,
