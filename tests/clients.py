@@ -97,12 +97,18 @@ def connect(
     url: str, subprotocols: list[str] | None = None, origin: str | None = None
 ) -> Connection:
     """A websockets client with no opening deadline and no keepalive pings (no clocks); a
-    browser's page would send its `origin`."""
+    browser's page would send its `origin`. It keeps every message it has not read
+    (`max_queue=None`), so it never stops reading its socket: a test that leaves while
+    frames still stream in closes at once, where websockets' bounded queue would stop the
+    reading thread and its close would wait out `close_timeout` (10 s) for the server's close
+    frame queued behind them. (tests/test_backpressure.py's client that does not read has a
+    queue of one on purpose.)"""
     offered = [Subprotocol(s) for s in subprotocols] if subprotocols else None
     connection: Connection = _connect(
         url,
         open_timeout=None,
         ping_interval=None,
+        max_queue=None,
         subprotocols=offered,
         origin=Origin(origin) if origin else None,
     )

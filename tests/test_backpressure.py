@@ -394,7 +394,7 @@ def test_an_sse_stream_that_is_not_read_waits_in_uvicorn_and_its_engine_request_
 KEY = "sk-one-sequence-at-once-0"
 
 
-# `/` (TGI's compat route, the same writer) in `make test-all`: each streams 300 tokens
+# `/` (TGI's compat route, the same writer) in `make test-all`: each streams 200 tokens
 @pytest.mark.parametrize("path", ["/generate_stream", pytest.param("/", marks=pytest.mark.long)])
 def test_a_tgi_stream_that_is_not_read_ends_and_frees_its_slot_and_its_keys_concurrency(
     slow_server: Callable[..., RunningServer], engine_requests: Callable[[], int], path: str
@@ -403,7 +403,9 @@ def test_a_tgi_stream_that_is_not_read_ends_and_frees_its_slot_and_its_keys_conc
     answer is read, its generation goes on to its end in the engine and leaves its admission
     slot and the one sequence its key may run at once, so the key's next request runs."""
     server = slow_server(API_KEYS=KEY, LIMIT_CONCURRENT_REQUESTS="1", METRICS_PUBLIC="true")
-    tokens = 300  # each event carries five top tokens: the answer is far past every buffer
+    # Each event carries five top tokens (about 520 bytes): 200 of them, about 104 KB, are
+    # far past every buffer (82 KB).
+    tokens = 200
     parameters = {
         "max_new_tokens": tokens,
         "ignore_eos_token": True,
