@@ -257,4 +257,6 @@ class EngineHolder(Generic[E]):
             task.cancel()
             await asyncio.wait([task])  # not raising the task's cancellation as this one's
         if self.engine is not None:
-            self.engine.shutdown()
+            # In a worker thread: vLLM waits up to 5 s for its engine-core process to end
+            # (then kills it), which on the event loop would stall every other model's streams.
+            await asyncio.to_thread(self.engine.shutdown)
