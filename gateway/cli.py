@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 
 from gateway.config.loading import load_settings
+from gateway.config.models_file import configured_models
 from gateway.config.settings import ConfigError
 from gateway.server import run_server
 from gateway.stores.feedback import FeedbackStore, feedback_path
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         settings = load_settings(dotenv_path=args.env_file)
+        configured_models(settings)  # MODELS_FILE read before anything starts
     except ConfigError as e:
         print(f"llm-gateway: invalid configuration: {e}", file=sys.stderr)
         return 2
