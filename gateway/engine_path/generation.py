@@ -91,7 +91,7 @@ class GenerationService:
             self.metrics.watch_admission(admission)
             self.metrics.watch_scheduler(lambda: holder.engine.scheduler if holder.engine else None)
         self.classes = classes or PriorityClasses({})
-        self.limiter = limiter or Limiter()
+        self.limiter = limiter if limiter is not None else Limiter()  # an empty one is falsy
         self.deadlines = deadlines or Deadlines(0.0)
         self._in_flight: set[tuple[str, str]] = set()
         # Prompts between their `generate` and their end: a model with any is never unloaded
