@@ -163,6 +163,8 @@ def test_a_request_with_no_prompt_loads_the_model(embedding_server: RunningServe
 
 
 def test_langchain_chat_ollama(embedding_server: RunningServer) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.messages.tool import tool_call
     from langchain_core.tools import tool
     from langchain_ollama import ChatOllama
 
@@ -178,7 +180,17 @@ def test_langchain_chat_ollama(embedding_server: RunningServer) -> None:
         return "sunny"
 
     long = ChatOllama(model=MODEL, base_url=embedding_server.http, temperature=0, num_predict=80)
-    called = long.bind_tools([get_weather]).invoke(FEW_SHOT)
+    few_shot: list[Any] = []
+    for i, message in enumerate(FEW_SHOT):
+        if message["role"] == "user":
+            few_shot.append(HumanMessage(message["content"]))
+        else:
+            [call] = message["tool_calls"]
+            args = call["function"]["arguments"]
+            few_shot.append(
+                AIMessage("", tool_calls=[tool_call(name="get_weather", args=args, id=f"c{i}")])
+            )
+    called = long.bind_tools([get_weather]).invoke(few_shot)
     assert [c["name"] for c in called.tool_calls] == ["get_weather"]
     structured = long.with_structured_output(City).invoke(
         "Paris: city and whether it is a capital."
@@ -253,9 +265,9 @@ def test_ollama_chat_is_counted_as_its_protocol(embedding_server: RunningServer)
         scrape(embedding_server.http),
         "gateway_requests_total",
         protocol="ollama",
-        outcome="completed",
+        outcome="ok",
     )
     client(embedding_server).chat(model=MODEL, messages=HELLO, options=GREEDY)
     after = settled_metrics(embedding_server.http)
-    assert value(after, "gateway_requests_total", protocol="ollama", outcome="completed") > before
+    assert value(after, "gateway_requests_total", protocol="ollama", outcome="ok") > before
     assert json.loads(web.get(embedding_server.http + "/openapi.json").text)["paths"]["/api/chat"]
