@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta
 
 from protocols.embedding import (
+    MAX_DIMENSIONS,
     MAX_TOKENS,
     EmbeddingInput,
     EmbeddingRequest,
@@ -128,7 +129,7 @@ class OllamaEmbedRequest(msgspec.Struct, kw_only=True):
     model: str
     input: Any = UNSET
     truncate: bool = True
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None
     options: OllamaEmbedOptions | None = None
     keep_alive: KeepAlive | None = None
 

@@ -29,6 +29,7 @@ from protocols.errors import invalid
 from protocols.generation import (
     MAX_STOP_SEQUENCES,
     GenerationRequest,
+    LogprobCount,
     MinP,
     Penalty,
     RepetitionPenalty,
@@ -52,7 +53,8 @@ _DURATION = re.compile(r"(\d+(\.\d+)?(ms|s|m|h))+")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _LATEST = ":latest"
 
-KeepAlive = float | str
+# Seconds (a negative number: forever), or a duration; a century at most, as a number.
+KeepAlive = Annotated[float, Meta(ge=-(2**31), le=100 * 365 * 86400)] | str
 TopK = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # 0: off
 NumPredict = Annotated[int, Meta(ge=-2, le=2**31 - 1)]  # -1, -2 (and 0): up to the context
 NumCtx = Annotated[int, Meta(ge=1, le=2**31 - 1)]
@@ -106,7 +108,7 @@ class _Common(msgspec.Struct, kw_only=True):
     keep_alive: KeepAlive | None = None
     think: bool | str | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: LogprobCount | None = None
 
 
 class OllamaChatRequest(_Common, kw_only=True):
