@@ -75,6 +75,7 @@ class OllamaOptions(msgspec.Struct, kw_only=True):
     frequency_penalty: Penalty | None = None
     seed: Seed | None = None
     stop: Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
+    ignore_eos: bool = False  # a gateway extension (vLLM's): `num_predict` tokens, for the bench
 
 
 class OllamaFunction(msgspec.Struct, kw_only=True):
@@ -269,6 +270,7 @@ def _options(body: _Common, context: int) -> SamplingOptions:
         frequency_penalty=given.frequency_penalty or 0.0,
         seed=given.seed,
         stop=tuple(given.stop or ()),
+        ignore_eos=given.ignore_eos,
     )
     return constrained(options, _format(body.format))
 
