@@ -35,7 +35,7 @@ from gateway_bench.metrics import (
 )
 from gateway_bench.worker import Lines, Worker, receive, refused, sse_reads
 from gateway_bench.workload import Request
-from protocols import batch_events, control, lmi, tgi, ws_events
+from protocols import batch_events, control, lmi, ollama_answers, tgi, ws_events
 
 Call = Callable[[Worker, Request, Record], Awaitable[None]]
 _ENCODE = msgspec.json.encode
@@ -453,3 +453,41 @@ async def tgi_generate(worker: Worker, request: Request, record: Record) -> None
         await r.read()
     record.arrive()
     record.finish(request.max_new_tokens)
+
+
+_OLLAMA_CHUNK = msgspec.json.Decoder(ollama_answers.OllamaChunk)
+
+
+async def ollama_chat(worker: Worker, request: Request, record: Record) -> None:
+    """POST `/api/chat` (Ollama's), streamed: NDJSON lines, the last `done` with `eval_count`;
+    `options.ignore_eos` (a gateway extension) fixes the length at `num_predict`."""
+    options = {"num_predict": request.max_new_tokens, "ignore_eos": True, "temperature": 0}
+    model = worker.context.model or "dummy"  # Ollama requires one; "dummy": the served model
+    body = {"model": model, "messages": _messages(request), "stream": True, "options": options}
+    async with worker.post("/api/chat", body, record) as r:
+        if await refused(r, record):
+            return
+        lines = Lines()
+        async for data in r.content.iter_any():
+            text = False
+            for raw in lines.feed(data):
+                if not raw.strip():
+                    continue
+                try:
+                    chunk = _OLLAMA_CHUNK.decode(raw)
+                except msgspec.ValidationError:  # a failure: Ollama's {"error"} line
+                    record.terminal(ERROR, raw[:300].decode(errors="replace"))
+                    return
+                message = chunk.message
+                text = text or (
+                    not isinstance(message, msgspec.UnsetType) and bool(message.content)
+                )
+                if chunk.done:
+                    if text:
+                        record.arrive()
+                    count = chunk.eval_count
+                    record.finish(count if isinstance(count, int) else request.max_new_tokens)
+                    return
+            if text:
+                record.arrive()
+    record.cut = True

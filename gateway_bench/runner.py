@@ -96,6 +96,9 @@ _PROTOCOLS: tuple[tuple[Protocol, str, clients.Call, TokenSource, str, str], ...
      f"{_SAME} (its chat row): stream, include_usage, ignore_eos; usage.completion_tokens", ""),
     (Protocol.OPENAI_COMPLETIONS, "POST /v1/completions", clients.completions, "reported",
      f"{_SAME}: stream, include_usage, ignore_eos; usage.completion_tokens", ""),
+    (Protocol.OLLAMA, "POST /api/chat (Ollama, NDJSON)", clients.ollama_chat, "reported",
+     "stream, options.num_predict and ignore_eos (a gateway extension); the last line's "
+     "eval_count", ""),
 )  # fmt: skip
 
 
@@ -104,7 +107,8 @@ def _gateway(
 ) -> Client:
     """The protocols that count tokens from the stream send each token's log-probability with
     it; the chat route is compared with vLLM's chat route, the others with /v1/completions."""
-    compared: TargetKind = "vllm-server-chat" if name == Protocol.OPENAI_CHAT else "vllm-server"
+    chat = name in (Protocol.OPENAI_CHAT, Protocol.OLLAMA)
+    compared: TargetKind = "vllm-server-chat" if chat else "vllm-server"
     logprobs = tokens == "counted"
     return Client(name, label, call, "gateway", tokens, path or None, notes, logprobs, compared)
 

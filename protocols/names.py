@@ -20,3 +20,4 @@ class Protocol(enum.StrEnum):
     OPENAI_RESPONSES = "openai_responses"  # POST /v1/responses (OpenAI's Responses API)
     ANTHROPIC_MESSAGES = "anthropic_messages"  # POST /v1/messages (Anthropic's Messages API)
     COHERE_CHAT = "cohere_chat"  # POST /v2/chat (Cohere's chat)
+    OLLAMA = "ollama"  # POST /api/chat and /api/generate (Ollama's API)

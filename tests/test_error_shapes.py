@@ -62,11 +62,11 @@ def test_a_path_no_adapter_route_serves_is_djls_error(
     assert body["type"] in ("ResourceNotFoundException", "MethodNotAllowedException")
 
 
-def test_an_unknown_path_elsewhere_is_the_rest_routes_error(server: RunningServer) -> None:
+def test_an_unknown_api_path_is_ollamas_error(server: RunningServer) -> None:
     answer = web.get(server.http + "/api/no-such-route")
     assert answer.status_code == 404
     assert answer.headers["content-type"] == "application/json"
-    assert "/api/no-such-route" in answer.json()["error"]
+    assert set(answer.json()) == {"error"} and "/api/no-such-route" in answer.json()["error"]
 
 
 @pytest.mark.parametrize("seconds", ["600", "0"], ids=["reattach-on", "reattach-off"])

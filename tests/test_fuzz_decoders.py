@@ -31,6 +31,11 @@ from protocols.cohere_chat import decode_chat as decode_cohere_chat
 from protocols.errors import GenerationError
 from protocols.generation import SamplingOptions
 from protocols.lmi_requests import InvalidPayload, decode_lmi, is_chat
+from protocols.ollama_models import OllamaEmbedRequest
+from protocols.ollama_models import decode_embed as decode_ollama_embed
+from protocols.ollama_requests import OllamaChatRequest, OllamaGenerateRequest
+from protocols.ollama_requests import decode_chat as decode_ollama_chat
+from protocols.ollama_requests import decode_generate as decode_ollama_generate
 from protocols.openai_requests import ChatRequest, CompletionRequest, decode_chat, decode_completion
 from protocols.responses_requests import ResponsesRequest, decode_responses
 from protocols.rest_generate import _OnePayload, decode_generate_batch, decode_one
@@ -119,6 +124,18 @@ DECODERS: dict[str, tuple[Callable[[Raw], object], dict[str, Any]]] = {
             "max_tokens": 4,
             "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         },
+    ),
+    "ollama.chat": (
+        lambda raw: decode_ollama_chat(_bytes(raw), 2048),
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "options": {"seed": 1}},
+    ),
+    "ollama.generate": (
+        lambda raw: decode_ollama_generate(_bytes(raw), 2048),
+        {"model": "m", "prompt": "Hi", "context": [1], "options": {"num_predict": 4}},
+    ),
+    "ollama.embed": (
+        lambda raw: decode_ollama_embed(_bytes(raw), dimensions_supported=True),
+        {"model": "m", "input": ["Hi"], "dimensions": 8},
     ),
     "control.client": (
         control.decode_client,
@@ -339,6 +356,9 @@ TYPED: dict[str, Typed] = {
     "rest.one": _typed("rest.one", _OnePayload),
     "rest.batch": _typed("rest.batch", PayloadSettings),
     "ws_events": _typed("ws_events", ws_events.StartIn),
+    "ollama.chat": _typed("ollama.chat", OllamaChatRequest),
+    "ollama.generate": _typed("ollama.generate", OllamaGenerateRequest),
+    "ollama.embed": _typed("ollama.embed", OllamaEmbedRequest),
 }
 
 

@@ -217,6 +217,11 @@ VALID: dict[str, dict[str, Any]] = {
     "PoolingBody": {"input": "Hi"},
     "ScoreBody": {"text_1": "Hi", "text_2": "Hi"},
     "protocols.cohere.EmbedBody": {"texts": ["Hi"]},
+    "OllamaChatRequest": {"model": "SmolLM2-135M-Instruct", "messages": HI, "stream": False},
+    "OllamaGenerateRequest": {"model": "SmolLM2-135M-Instruct", "prompt": "Hi", "stream": False},
+    "OllamaEmbedRequest": {"model": "all-MiniLM-L6-v2", "input": "Hi"},
+    "OllamaEmbeddingsRequest": {"model": "all-MiniLM-L6-v2", "prompt": "Hi"},
+    "OllamaShowRequest": {"model": "SmolLM2-135M-Instruct"},
 }
 
 

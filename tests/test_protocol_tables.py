@@ -21,7 +21,16 @@ from gateway.config.priorities import DEFAULT_CLASSES, MAX_PRIORITY, PriorityCla
 from gateway.edge.api_keys import presented_key
 from gateway.edge.http_errors import status_of
 from gateway.edge.refusals import error_body
-from protocols import anthropic_answers, cohere, control, lmi, openai_answers, rest_generate, tgi
+from protocols import (
+    anthropic_answers,
+    cohere,
+    control,
+    lmi,
+    ollama_answers,
+    openai_answers,
+    rest_generate,
+    tgi,
+)
 from protocols.errors import ErrorKind, GenerationError, named
 from protocols.names import Protocol
 
@@ -93,6 +102,20 @@ ROWS: dict[Protocol, Row] = {
         ("x-api-key", "bearer"),
     ),
     Protocol.COHERE_CHAT: Row(("POST /v2/chat",), cohere.error_of, BEARER),
+    # the ollama clients' headers= (OLLAMA_API_KEY), langchain-ollama's client_kwargs
+    Protocol.OLLAMA: Row(
+        (
+            "POST /api/chat",
+            "POST /api/generate",
+            "POST /api/embed",
+            "GET /api/tags",
+            "GET /api/ps",
+            "POST /api/show",
+            "POST /api/pull",
+        ),
+        ollama_answers.error_of,
+        BEARER,
+    ),
 }
 REFUSED = GenerationError(ErrorKind.UNAUTHORIZED, "no key", "authorization")
 

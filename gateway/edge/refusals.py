@@ -16,6 +16,7 @@ from protocols import (
     control,
     lmi,
     lmi_adapters,
+    ollama_answers,
     openai_answers,
     rest_generate,
     tgi,
@@ -34,6 +35,8 @@ _OPENAI = (
 _LMI = ("/invocations", "/predictions/", "/endpoints/")  # and /models/{model}/invoke
 _TGI = frozenset({"/", "/generate", "/generate_stream", "/info"})
 _DJL_MANAGEMENT = ("/adapters", "/models/")  # DJL's adapter API, which has its own error shape
+# Ollama's API: every /api/ path but the gateway's own REST routes (/api/generate-one, -batch)
+_REST = ("/api/generate-one", "/api/generate-batch")
 
 
 def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
@@ -42,6 +45,8 @@ def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
     routes' shape."""
     if path.startswith("/v1/messages"):
         return anthropic_answers.error_of(error)
+    if path.startswith("/api/") and path not in _REST:
+        return ollama_answers.error_of(error)
     if path.startswith("/v2/"):
         return cohere.error_of(error)
     if path.startswith(_OPENAI) or (path.startswith("/v1/") and path != "/v1/generate"):

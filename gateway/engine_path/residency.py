@@ -127,6 +127,7 @@ class Residency:
         self._waiters: dict[str, int] = {}  # requests waiting for each model's load
         self._idled = asyncio.Event()  # set whenever a model goes idle
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._kept: dict[str, float] = {}  # a request's keep_alive, over the model's own
         self._unloading: set[asyncio.Task[None]] = set()
         for model in self._models:
             self._watch(model)
@@ -257,6 +258,48 @@ class Residency:
             self._idled.clear()  # only busy models stand in the way: wait for one to finish
             await self._idled.wait()
 
+    # --- asked for by a request (Ollama's keep_alive) -----------------------------------------
+
+    async def load_now(self, model: ChatModel) -> None:
+        """Load the model (or join its load) as a request's prompt would; its keep_alive runs
+        from now."""
+        model.touch()
+        await model.holder.wait()
+        self._went_idle(model)
+
+    async def unload_now(self, model: ChatModel) -> bool:
+        """Unload the model now, unless it is pinned, busy or not loaded (False)."""
+        if model.spec.pinned or not model.idle or not model.holder.ready:
+            return False
+        timer = self._timers.pop(model.name, None)
+        if timer is not None:
+            timer.cancel()
+        await self._unload(model, "idle")
+        return model.holder.unloaded
+
+    def keep_alive(self, model: ChatModel, seconds: float) -> None:
+        """A request's keep_alive (seconds; negative: forever) is the model's from now on, until
+        another's; a pinned model stays."""
+        if model.spec.pinned:
+            return
+        self._kept[model.name] = seconds
+        if model.idle:
+            self._went_idle(model)
+
+    def expires_at(self, model: ChatModel) -> float | None:
+        """When its keep_alive unloads the model (`time.time()`'s seconds), counted from now
+        while it is busy; None: never."""
+        keep = self._keep_alive_of(model)
+        if model.spec.pinned or keep == FOREVER:
+            return None
+        timer = self._timers.get(model.name)
+        if timer is None:
+            return time.time() + keep
+        return time.time() + max(0.0, timer.when() - asyncio.get_running_loop().time())
+
+    def _keep_alive_of(self, model: ChatModel) -> float:
+        return self._kept.get(model.name, model.spec.keep_alive_seconds)
+
     # --- unloading ----------------------------------------------------------------------------
 
     def _went_idle(self, model: ChatModel) -> None:
@@ -265,7 +308,7 @@ class Residency:
         timer = self._timers.pop(model.name, None)
         if timer is not None:
             timer.cancel()
-        keep = model.spec.keep_alive_seconds
+        keep = self._keep_alive_of(model)
         if model.spec.pinned or keep == FOREVER or not model.holder.ready:
             return
         loop = asyncio.get_running_loop()

@@ -1,11 +1,12 @@
 """A chat family's answer from its encoder: the one-prompt chat routes that speak another
-vendor's API (Anthropic's Messages, Cohere's chat) answer the same way, whole or streamed, and
-differ only in how the answer is encoded and how an error looks.
+vendor's API (Anthropic's Messages, Cohere's chat, Ollama's chat and generate) answer the same
+way, whole or streamed (server-sent events, or Ollama's NDJSON), and differ only in how the
+answer is encoded and how an error looks.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from functools import partial
 from typing import Protocol
 
@@ -49,8 +50,11 @@ async def encoded_answer(
     *,
     stream: bool,
     error: Callable[[GenerationError], Whole],
+    media_type: str = SSE,
+    headers: Mapping[str, str] | None = SSE_HEADERS,
 ) -> Prepared:
-    """The answer of one prompt's `steps`: a document, or a server-sent event stream."""
+    """The answer of one prompt's `steps`: a document, or a stream (`media_type`: server-sent
+    events unless told)."""
     if not stream:
         collected = await collect(request, steps)
         if collected is None:
@@ -65,8 +69,8 @@ async def encoded_answer(
         ready=has_output,
         refuse=refused_with(error),
         chunks=partial(_events, encoder=encoder),
-        media_type=SSE,
-        headers=SSE_HEADERS,
+        media_type=media_type,
+        headers=headers,
     )
 
 
