@@ -81,8 +81,7 @@ def test_grpc_is_the_other_protocol() -> None:
     assert backend is not None
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    processor = backend.provider._active_span_processor._span_processors[0]  # type: ignore[attr-defined]
-    assert isinstance(processor.span_exporter, OTLPSpanExporter)
+    assert isinstance(backend.exporter, OTLPSpanExporter)
     backend.shutdown()
 
 

@@ -49,8 +49,15 @@ _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 class OtelBackend:
     """The app's tracer, exporting over OTLP in batches."""
 
-    def __init__(self, provider: TracerProvider, content_chars: int, version: str = "") -> None:
+    def __init__(
+        self,
+        provider: TracerProvider,
+        content_chars: int,
+        version: str = "",
+        exporter: SpanExporter | None = None,
+    ) -> None:
         self.provider = provider
+        self.exporter = exporter  # OTLP's, HTTP or gRPC (None: a test's processor instead)
         self.content_chars = content_chars
         self._tracer = provider.get_tracer("llm_gateway", version)
         self._propagator = TraceContextTextMapPropagator()
@@ -97,8 +104,12 @@ def otel_backend(
     name = otel.get("OTEL_SERVICE_NAME") or "llm-gateway"
     resource = Resource.create({"service.name": name, "service.version": version})
     provider = TracerProvider(resource=resource, sampler=_sampler(otel))
-    provider.add_span_processor(processor or _batches(otel, _exporter(otel)))
-    return OtelBackend(provider, content_chars, version)
+    if processor is not None:
+        provider.add_span_processor(processor)
+        return OtelBackend(provider, content_chars, version)
+    exporter = _exporter(otel)
+    provider.add_span_processor(_batches(otel, exporter))
+    return OtelBackend(provider, content_chars, version, exporter)
 
 
 def _sampler(otel: Mapping[str, str]) -> Sampler:

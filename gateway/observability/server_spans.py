@@ -5,11 +5,16 @@ is on (`tracing_of`): with it off, a request meets nothing of it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.settings import ConfigError, Settings
 from gateway.config.version import version
 from gateway.observability.tracing import Backend, Trace, connection_traced, request_trace
+
+if TYPE_CHECKING:  # OpenTelemetry's SDK: imported only when tracing is on
+    from gateway.observability.otel import OtelBackend
 
 
 class TracingMiddleware:
@@ -46,7 +51,7 @@ class TracingMiddleware:
                 raise
 
 
-def tracing_of(settings: Settings) -> Backend | None:
+def tracing_of(settings: Settings) -> OtelBackend | None:
     """The tracer the settings ask for: None without an OTLP endpoint (OpenTelemetry is then
     never imported), or with OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none."""
     otel = settings.otel
