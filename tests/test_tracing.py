@@ -25,8 +25,25 @@ from otlp_receiver import (
     tracing_env,
 )
 
-from clients import CHAT, connect, events_of, frames_until_done, payload, wait_ready, web
-from serving import LoopThread, RunningServer, gateway_settings, shared_loader, start_server
+from clients import (
+    CHAT,
+    CITY_SCHEMA,
+    connect,
+    events_of,
+    frames_until_done,
+    payload,
+    wait_for,
+    wait_ready,
+    web,
+)
+from serving import (
+    LoopThread,
+    RunningServer,
+    gateway_settings,
+    loading_server,
+    shared_loader,
+    start_server,
+)
 
 if TYPE_CHECKING:
     from gateway.engine.vllm_engine import VllmEngine
@@ -140,6 +157,55 @@ def test_a_failed_request_is_an_error_of_its_kind(
     assert server.attributes["error.type"] == "context_length_exceeded"
     [prompt] = prompts(spans, server)
     assert prompt.status == ERROR and prompt.attributes["llm_gateway.outcome"] == "failed"
+
+
+def test_a_constraint_check_says_whether_its_verdict_was_kept(
+    traced: RunningServer, receiver: Receiver
+) -> None:
+    # A schema of its own (a title no other test uses): the first check compiles it.
+    schema = {**CITY_SCHEMA, "title": f"traced-{traceparent()[1]}"}
+    cached = []
+    for _ in range(2):
+        headers, trace_id, caller_span = caller()
+        answer = web.post(
+            traced.http + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "A capital city, as JSON."}],
+                "max_tokens": 24,
+                "temperature": 0,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "city", "schema": schema},
+                },
+            },
+            headers=headers,
+        )
+        assert answer.status_code == 200, answer.text
+        spans = receiver.server_span(trace_id)
+        [prompt] = prompts(spans, server_span(spans, caller_span))
+        check = one(children(spans, prompt), "llm_gateway.constraint_check")
+        cached.append(check.attributes["llm_gateway.constraint.cached"])
+        assert_engine_path(spans, prompt)
+    assert cached == [False, True]
+
+
+def test_the_wait_for_a_loading_model(
+    loop_thread: LoopThread, engine: VllmEngine, receiver: Receiver
+) -> None:
+    headers, trace_id, caller_span = caller()
+    with (
+        loading_server(loop_thread, engine, **tracing_env(receiver)) as (loading, finish_loading),
+        connect(loading.ws + "/ws", headers={"traceparent": headers["traceparent"]}) as ws,
+    ):
+        ws.send(payload(("early", CHAT.format("Hi.")), generation_config={"max_new_tokens": 3}))
+        wait_for(lambda: loading.loop.call(lambda: loading.gateway.service.active) == 1)
+        finish_loading()  # the prompt waits for the engine until now
+        frames_until_done(ws, {"early"})
+    spans = receiver.server_span(trace_id)
+    [prompt] = prompts(spans, server_span(spans, caller_span))
+    names = [s.name for s in sorted(children(spans, prompt), key=lambda s: s.start_ns)]
+    assert names[:2] == ["llm_gateway.model_load", "llm_gateway.admission"], names
 
 
 def test_an_anthropic_message(traced: RunningServer, receiver: Receiver) -> None:
