@@ -275,6 +275,9 @@ def test_a_ws_payload_of_two_prompts(traced: RunningServer, receiver: Receiver) 
     assert server.attributes["gen_ai.usage.output_tokens"] == sum(generated.values())
     inputs = sum(p.attributes["gen_ai.usage.input_tokens"] for p in both)
     assert server.attributes["gen_ai.usage.input_tokens"] == inputs > 0
+    # the payload's request_ids are a continuation key: its histories read, then each kept
+    stored = sorted(s.name for s in children(spans, server) if s not in both)
+    assert stored == ["llm_gateway.continuation.load", *["llm_gateway.continuation.save"] * 2]
 
 
 def test_a_control_generation_paused_and_resumed(traced: RunningServer, receiver: Receiver) -> None:
