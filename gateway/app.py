@@ -3,6 +3,7 @@ lifespan state."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -43,6 +44,7 @@ from gateway.engine_path.model_registry import (
 from gateway.engine_path.reattach import Detached
 from gateway.engine_path.residency import Residency
 from gateway.http.admin import ADMIN_PATHS
+from gateway.observability.server_spans import TracingMiddleware, tracing_of
 from gateway.routes import ROUTES
 from gateway.state import Gateway
 from gateway.stores.configured import open_event_log, open_store
@@ -149,6 +151,8 @@ def create_app(
             for chat in chats:
                 if owns_engine or chat is not default:
                     await chat.holder.stop()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # the last spans exported
 
     deadlines = Deadlines(settings.request_timeout_seconds)
     classes = PriorityClasses(
@@ -166,7 +170,11 @@ def create_app(
         signal.signal(signal.SIGHUP, lambda _signum, _frame: ring.reload())
     open_paths = open_paths_of(settings.auth_open_paths, metrics_public=settings.metrics_public)
     open_paths |= ADMIN_PATHS  # their own key check: ADMIN_API_KEYS (gateway/http/admin.py)
+    # OTEL_EXPORTER_OTLP_ENDPOINT: each request's trace (docs/OBSERVABILITY.md), this app's own
+    tracing = tracing_of(settings)
+    traced = [Middleware(TracingMiddleware, backend=tracing)] if tracing is not None else []
     middleware = [  # the first is the outermost
+        *traced,
         Middleware(OriginMiddleware, allowed=parse_origins(settings.allowed_origins)),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         Middleware(ApiKeyMiddleware, ring=ring, open_paths=open_paths, limits=limits),

@@ -94,7 +94,10 @@ def payload(*prompts: tuple[str, str], **fields: Any) -> str:
 
 
 def connect(
-    url: str, subprotocols: list[str] | None = None, origin: str | None = None
+    url: str,
+    subprotocols: list[str] | None = None,
+    origin: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Connection:
     """A websockets client with no opening deadline and no keepalive pings (no clocks); a
     browser's page would send its `origin`. It keeps every message it has not read
@@ -111,6 +114,7 @@ def connect(
         max_queue=None,
         subprotocols=offered,
         origin=Origin(origin) if origin else None,
+        additional_headers=headers,
     )
     return connection
 

@@ -60,7 +60,8 @@ def test_every_variable_is_documented_in_env_example() -> None:
     from protocols.generation_config import GenerationConfig
     from protocols.names import Protocol
 
-    structured = ("engine", "generation", "priority_classes")  # each field its own variable
+    # each field its own variables (OTEL_*: OpenTelemetry's, docs/OBSERVABILITY.md)
+    structured = ("engine", "generation", "priority_classes", "otel")
     names = {f.upper() for f in Settings.__struct_fields__ if f not in structured}
     names |= {f"PRIORITY_{p.name}" for p in Protocol}
     names |= {f.upper() for f in EngineSettings.__struct_fields__}

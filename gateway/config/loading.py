@@ -42,7 +42,7 @@ def load_settings(
         message, where = split_validation_message(e.message)
         name = GENERATION_PREFIX + (e.field or where).removeprefix("$.").upper()
         raise ConfigError(f"{name}: {message}") from e
-    base = _convert(values, Settings, "", skip=("engine", "generation", "priority_classes"))
+    base = _convert(values, Settings, "", skip=("engine", "generation", "priority_classes", "otel"))
     if generation.num_beams > base.max_num_beams:
         raise ConfigError(
             f"DEFAULT_NUM_BEAMS: {generation.num_beams} is past MAX_NUM_BEAMS "
@@ -52,8 +52,9 @@ def load_settings(
         classes = {p.value: n for p, n in parse_classes(values).items()}
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    otel = {k: v for k, v in values.items() if k.startswith("OTEL_") and v != ""}
     return msgspec.structs.replace(
-        base, engine=engine, generation=generation, priority_classes=classes
+        base, engine=engine, generation=generation, priority_classes=classes, otel=otel
     )
 
 

@@ -259,6 +259,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # Priorities (docs/PRIORITIES.md); the bulk class's cap is an engine setting.
     admission_fairness: Literal["caller", "fifo"] = "caller"
     priority_classes: dict[str, int] = msgspec.field(default_factory=dict)  # PRIORITY_<PROTOCOL>
+    # Traces (docs/OBSERVABILITY.md): OpenTelemetry's own variables (OTEL_*), as it spells
+    # them; none of OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: no traces.
+    otel: dict[str, str] = msgspec.field(default_factory=dict)
+    # The prompt's and the output's text on a span (user content): off; on, each cut at
+    # TRACE_CONTENT_MAX_CHARS characters.
+    trace_content: bool = False
+    trace_content_max_chars: Positive = 1024
     engine: EngineSettings = EngineSettings()
     generation: SamplingOptions = SamplingOptions()
 

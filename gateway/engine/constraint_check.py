@@ -44,6 +44,7 @@ from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely
 
 from gateway.engine.compile_pool import CompileFault, CompilePool
 from gateway.engine.compile_worker import Job, Setup, Verdict
+from gateway.observability.tracing import Span, child
 from protocols.constraints import ANY_OBJECT, UncompilableConstraint
 from protocols.errors import ErrorKind, GenerationError
 
@@ -170,14 +171,30 @@ class ConstraintChecker:
     def close(self) -> None:
         self._pool.close()
 
-    async def check(self, params: SamplingParams, caller: str = "") -> None:
+    async def check(
+        self, params: SamplingParams, caller: str = "", span: Span | None = None
+    ) -> None:
         """Raises UncompilableConstraint when `params`' structured output does not compile
         within the budget, or vLLM's own check refuses it (none: nothing to check); a
         retryable GenerationError (ENGINE_UNAVAILABLE) when no verdict could be had for
-        `caller` within its budget."""
+        `caller` within its budget. With `span` (the prompt's), the check is a child span of
+        it, saying whether the verdict was kept from an earlier compile."""
         so = params.structured_outputs
         if so is None:
             return
+        if span is None:
+            await self._checked(params, so, caller)
+            return
+        with child(span, "llm_gateway.constraint_check") as checking:
+            job = job_of(so)
+            cached = job is not None and _job_key(job) in self._verdicts
+            if checking is not None:
+                checking.set("llm_gateway.constraint.cached", cached)
+            await self._checked(params, so, caller)
+
+    async def _checked(
+        self, params: SamplingParams, so: StructuredOutputsParams, caller: str
+    ) -> None:
         job = job_of(so)
         if job is not None:
             error = await self._verdict(job, caller)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from gateway.observability.tracing import Span
+
 
 class Meter(Protocol):
     outcome: str  # "cancelled" until the request finishes ("ok") or fails (its error kind)
+    span: Span | None  # the prompt's span: the engine's phases are its children (None: untraced)
 
     def started(self, prompt_tokens: int) -> None:
         """The engine request was submitted: `ended` must follow."""

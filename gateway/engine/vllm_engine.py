@@ -40,7 +40,8 @@ from gateway.engine.meter import Meter
 from gateway.engine.outputs import EngineStep, OutputReader, eos_token_ids
 from gateway.engine.sampling import checked_params
 from gateway.engine.scheduler_view import SchedulerView
-from gateway.engine.vllm_seam import SchedulerStatsLogger
+from gateway.engine.vllm_seam import SchedulerStatsLogger, request_timings
+from gateway.observability.tracing import EngineTimings, engine_phases
 from protocols.errors import ErrorKind, GenerationError
 from protocols.generation import SamplingOptions
 from protocols.stop_strings import StopStrings
@@ -153,8 +154,9 @@ class VllmEngine(TokenizerSide):
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         first = True
         constrained = params.structured_outputs is not None
+        span = meter.span if meter is not None else None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            await self.constraints.check(params, caller)
+            await self.constraints.check(params, caller, span)
             async for output in outputs:
                 step = self._reader.step(output, output.outputs[0], first, constrained)
                 first = False
@@ -163,6 +165,8 @@ class VllmEngine(TokenizerSide):
                     step.beyond = stops.beyond(
                         step.text, step.stop_reason, step.token_ids, step.tokens
                     )
+                    if span is not None and (timings := request_timings(output)) is not None:
+                        engine_phases(span, EngineTimings(*timings))
                 if meter is not None:
                     meter.step(len(step.token_ids), step.cached_tokens, step.finished)
                 yield step
@@ -199,10 +203,13 @@ class VllmEngine(TokenizerSide):
         outputs = self._generate(token_ids, params, request_id, priority, adapter)
         constrained = params.structured_outputs is not None
         stops = self._stop_strings(options)
+        span = meter.span if meter is not None else None
         async with self._tracked(request_id, len(token_ids), meter), aclosing(outputs):
-            await self.constraints.check(params, caller)
+            await self.constraints.check(params, caller, span)
             async for output in outputs:
                 if output.finished:
+                    if span is not None and (timings := request_timings(output)) is not None:
+                        engine_phases(span, EngineTimings(*timings))
                     steps = [
                         _cut(self._reader.step(output, c, True, constrained), stops)
                         for c in output.outputs

@@ -25,11 +25,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 from vllm.config import VllmConfig
+from vllm.outputs import RequestOutput
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
-from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+from vllm.v1.metrics.stats import IterationStats, RequestStateStats, SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
 __all__ = ["Request", "RequestStatus", "SchedulerOutput"]
@@ -327,6 +328,26 @@ def masks_that_allow_every_token_skipped() -> bool:
     return bool(runner.apply_grammar_bitmask.__name__ == "apply_restricting_rows")
 
 
+REQUEST_STATS = "vllm.v1.metrics.stats:RequestStateStats"
+
+
+def request_timings(output: RequestOutput) -> tuple[float, float, float, float, int] | None:
+    """vLLM's own timings of a request, in its engine core's monotonic clock: queued, first
+    scheduled, first token, last token (0: not reached), and its preemptions. vLLM keeps them
+    while it logs statistics (the gateway's scheduler figures need them on). The trace's queue,
+    prefill and decode spans (gateway/observability/tracing.py's `EngineTimings`)."""
+    stats = output.metrics
+    if not isinstance(stats, RequestStateStats):
+        return None
+    return (
+        stats.queued_ts,
+        stats.scheduled_ts,
+        stats.first_token_ts,
+        stats.last_token_ts,
+        stats.num_preemptions,
+    )
+
+
 TOUCHPOINTS = (
     Touchpoint(
         "StepScheduler",
@@ -411,6 +432,22 @@ TOUCHPOINTS = (
             Use(GRAMMAR_OUTPUT, "grammar_bitmask"),
             Use(GRAMMAR_OUTPUT, "num_acceptable_drafts"),
             Use("vllm.v1.core.sched.output:SchedulerOutput", "scheduled_spec_decode_tokens"),
+        ),
+    ),
+    Touchpoint(
+        "request_timings",
+        (
+            Use("vllm.outputs:RequestOutput", "metrics"),
+            *(
+                Use(REQUEST_STATS, name)
+                for name in (
+                    "queued_ts",
+                    "scheduled_ts",
+                    "first_token_ts",
+                    "last_token_ts",
+                    "num_preemptions",
+                )
+            ),
         ),
     ),
     Touchpoint(

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from gateway.observability.tracing import Span, child
 from protocols.errors import ErrorKind, GenerationError
 
 
@@ -67,8 +68,15 @@ class Admission:
         return +self._running_by_class
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, caller: str = "") -> AsyncIterator[None]:
-        await self._acquire(priority, caller)
+    async def slot(
+        self, priority: int = 0, caller: str = "", span: Span | None = None
+    ) -> AsyncIterator[None]:
+        """A slot for the block; with `span`, its wait is a child span of it."""
+        if span is None:
+            await self._acquire(priority, caller)
+        else:
+            with child(span, "llm_gateway.admission", {"llm_gateway.priority": priority}):
+                await self._acquire(priority, caller)
         try:
             yield
         finally:

@@ -24,6 +24,7 @@ from gateway.edge.caller import current_caller
 from gateway.engine.affinity import AFFINITY, affinity_key
 from gateway.engine_path.event_steps import StepQueue, relayed
 from gateway.engine_path.generation import GenerationService, _duplicate, _failed
+from gateway.observability.tracing import child, current_span
 from gateway.stores.continuation import Claim, HistoryStore, Key
 from protocols.errors import GenerationError, invalid
 from protocols.events import TERMINAL, Event, Failed, Finished, History
@@ -90,8 +91,10 @@ class BatchRunner:
         key = (owner, *key)
         claim: Claim | None = None
         try:
-            claim = await self.store.claim(owner, [r.request_id for r in requests if r.request_id])
-            known = (await self.store.load(key)) or {}
+            with child(current_span(), "llm_gateway.continuation.load"):
+                ids = [r.request_id for r in requests if r.request_id]
+                claim = await self.store.claim(owner, ids)
+                known = (await self.store.load(key)) or {}
         except GenerationError as e:
             if claim is not None:
                 await claim.release()
@@ -190,7 +193,8 @@ class BatchRunner:
                         history.model = self.model
                     histories[rid] = history
                     try:
-                        await self.store.save(key, dict(histories))
+                        with child(current_span(), "llm_gateway.continuation.save"):
+                            await self.store.save(key, dict(histories))
                     except GenerationError as e:  # its history is lost: say so
                         yield _failed(request.index, e)
                         continue

@@ -25,6 +25,7 @@ from gateway.edge.caller import current_caller
 from gateway.edge.feedback_limits import FeedbackLimits
 from gateway.engine_path.chat_models import ChatModels
 from gateway.engine_path.replay import Replay
+from gateway.observability.tracing import Trace, enter_trace, finish, mark, message_trace
 from gateway.stores.feedback import FeedbackRecord, FeedbackStore, FeedbackStoreFull
 from protocols.control import (
     CANCELLED,
@@ -75,6 +76,7 @@ class _Generation:
         self.last_token_at = self.started
         self.finish_reason: str | None = None
         self.end_announced = False  # a token message said `finished`
+        self.trace: Trace | None = None  # its own, or the REST request's (tracing on)
 
     @property
     def sequence(self) -> list[int]:
@@ -186,6 +188,7 @@ class ControlSession:
         for message in self.replay.since(received):
             send(message)
         self._deliver = send
+        mark(gen.trace, "llm_gateway.control.reattach")
 
     def refuse(self, error: GenerationError) -> None:
         """An error about a client message (one that could not be decoded too): it names the
@@ -195,6 +198,8 @@ class ControlSession:
     async def close(self) -> None:
         """The client left: stop everything (the engine request is aborted)."""
         await self._cancel()
+        if self._gen is not None:
+            finish(self._gen.trace)
 
     async def abort(self, why: str) -> None:
         """The connection cannot go on (its client does not read): stop everything, and a
@@ -203,6 +208,7 @@ class ControlSession:
         running = self.state in ("generating", "paused")
         await self._cancel()
         if running and self._gen is not None:
+            finish(self._gen.trace)
             self.state = "done"
             message = error_message(
                 invalid(why), self._gen.announced_id, recoverable=False, recovery_action="reconnect"
@@ -247,6 +253,7 @@ class ControlSession:
     def _start(self) -> None:
         assert self._config is not None and self._options is not None
         gen = _Generation(f"gen_{uuid.uuid4().hex[:12]}", self._config, self._options)
+        gen.trace = message_trace(self.protocol.value)
         self._gen = gen
         self.state = "generating"
         self._task = asyncio.create_task(self._drive(gen))
@@ -260,6 +267,7 @@ class ControlSession:
         gen = self._generation(("generating",), "`pause` needs a running generation")
         await self._interrupt()
         self.state = "paused"
+        mark(gen.trace, "llm_gateway.control.pause")
         self._pause_timer = asyncio.create_task(self._expire_pause(gen))
         self.send(self._status("paused", gen, f"paused after {gen.completion_tokens} tokens"))
 
@@ -267,6 +275,7 @@ class ControlSession:
         gen = self._generation(("paused",), "`resume` needs a paused generation")
         self._cancel_pause_timer()
         self.state = "generating"
+        mark(gen.trace, "llm_gateway.control.resume")
         self.send(self._status("resumed", gen, f"resuming after {gen.completion_tokens} tokens"))
         self._task = asyncio.create_task(self._drive(gen))
 
@@ -283,6 +292,7 @@ class ControlSession:
         if running:
             await self._interrupt()
         gen.options = self._options = options
+        mark(gen.trace, "llm_gateway.control.modify")
         self.send(self._status("modified", gen, "parameters changed; the rest follows them"))
         if running:
             self.state = "generating"
@@ -356,6 +366,7 @@ class ControlSession:
 
     async def _drive(self, gen: _Generation) -> None:
         """Generate (on): `init` the first time the prompt reaches the engine, then tokens."""
+        enter_trace(gen.trace)  # the prompts' spans go on the generation's trace
         if gen.prompt_length and gen.completion_tokens >= gen.options.max_new_tokens:
             self._complete(gen, gen.finish_reason or "length")
             return
@@ -429,17 +440,20 @@ class ControlSession:
         if gen.config.options.include_timing:
             first = None if gen.first_token_at is None else _ms(gen.first_token_at - gen.started)
             message.timing = CompletionTiming(first, _ms(time.perf_counter() - gen.started))
+        finish(gen.trace, (gen.prompt_length, gen.completion_tokens), reason)
         self.state = "done"
         self.send(message)
 
     def _fail(self, gen: _Generation, error: GenerationError) -> None:
         self._cancel_pause_timer()
+        finish(gen.trace)
         self.state = "done"
         self.send(error_message(error, gen.announced_id))
 
     async def _expire_pause(self, gen: _Generation) -> None:
         await asyncio.sleep(self.settings.pause_timeout_seconds)
         if self._gen is gen and self.state == "paused":
+            finish(gen.trace)
             self.state = "done"
             expired = invalid("Paused for longer than the pause timeout; the generation ended")
             message = error_message(expired, gen.request_id, recovery_action="regenerate")

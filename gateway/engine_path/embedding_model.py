@@ -36,6 +36,7 @@ from gateway.engine_path.admission import Admission
 from gateway.engine_path.bounded_tokens import bounded_encode
 from gateway.engine_path.input_window import InputWindow
 from gateway.engine_path.metrics import ModelMeter
+from gateway.engine_path.traced_prompt import traced_embedding
 from protocols.embedding import (
     EmbeddingInput,
     EmbeddingRequest,
@@ -172,21 +173,30 @@ class EmbeddingModel:
         priority, or `priority`)."""
         priority = self._priority(priority if priority is not None else requests[0].priority)
         start, outcome, inputs, tokens = time.perf_counter(), "cancelled", 0, 0
+        caller = current_caller()
+        traced = traced_embedding(self.name, sum(len(r.inputs) for r in requests), caller.name)
         try:
             async with self._limited() as count:
                 engine = await self._holder.wait(through_rebuilds=False)
                 work = [(r, ids) for r in requests for ids in await self._token_ids(engine, r)]
                 self._check_token_vectors(requests[0], sum(len(ids) for _, ids in work))
-                async with self._admission.slot(priority, current_caller().id):
+                span = traced.span if traced is not None else None
+                async with self._admission.slot(priority, caller.id, span):
                     vectors = await self._pool_all(engine, work, priority)
                 inputs, tokens = len(work), sum(len(ids) for _, ids in work)
                 count(tokens)
             outcome = "ok"
+            if traced is not None:
+                traced.embedded(tokens)
         except GenerationError as e:
             outcome = e.kind
+            if traced is not None:
+                traced.failed(e.kind, e.message)
             raise
         finally:
             self._meter.ended(outcome, inputs, tokens, time.perf_counter() - start)
+            if traced is not None:
+                traced.end()
         return list(vectors), tokens
 
     @asynccontextmanager

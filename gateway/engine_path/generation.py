@@ -35,6 +35,8 @@ from gateway.engine_path.admission import Admission
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
 from gateway.engine_path.sequences import SequenceBounds, checked_sequences
+from gateway.engine_path.traced_prompt import TracedPrompt, traced_prompt
+from gateway.observability.tracing import child
 from protocols.constraint_budget import ConstraintBudget, check_options
 from protocols.constraints import is_constrained, placed
 from protocols.errors import ErrorKind, GenerationError, invalid
@@ -119,6 +121,7 @@ class GenerationService:
         caller = current_caller()
         ending = self.metrics.prompt_accepted(protocol)
         generated = 0
+        traced = traced_prompt(request, protocol, self.model, caller.name)
         try:
             sequences = checked_sequences(request, self.bounds, caller.limits.concurrent)
             check_options(request.options, request.constraint_field, self.budget)
@@ -127,11 +130,14 @@ class GenerationService:
             if isinstance(e, RateLimited):
                 caller.retry_after = e.retry_after
             ending.end(e.kind.value)
+            if traced is not None:
+                traced.failed(e.kind, e.message)
+                traced.end()
             yield _failed(request.index, e)
             return
         self.active += 1
         try:
-            events = self._events(request, protocol, caller.id, caller.owner)
+            events = self._events(request, protocol, caller.id, caller.owner, traced)
             # Each generator closed explicitly, innermost first: a consumer that leaves aborts
             # the engine request at once, never when the garbage collector gets to it.
             bounded = self.deadlines.within(events, request.index)
@@ -144,8 +150,12 @@ class GenerationService:
                         generated = sum(s.generated_tokens for s in event.sequences)
                     elif isinstance(event, Failed):
                         ending.end(event.kind.value)
+                    if traced is not None:
+                        traced.saw(event)
                     yield event
         finally:
+            if traced is not None:
+                traced.end()
             ending.end("client_gone")  # when neither came: the consumer left first
             self.limiter.release(caller.id, caller.limits, generated, sequences)
             self.active -= 1
@@ -153,7 +163,12 @@ class GenerationService:
                 self.on_idle()
 
     async def _events(
-        self, request: GenerationRequest, protocol: Protocol, caller: str, owner: str
+        self,
+        request: GenerationRequest,
+        protocol: Protocol,
+        caller: str,
+        owner: str,
+        traced: TracedPrompt | None = None,
     ) -> AsyncGenerator[Event, None]:
         request_id = request.request_id
         in_flight = (owner, request_id) if request_id is not None else None
@@ -165,9 +180,14 @@ class GenerationService:
         try:
             if self.deadlines.draining:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
+            span = traced.span if traced is not None else None
             waiting = LOAD_PRIORITY.set(self.classes.of(protocol, request.priority))
             try:
-                engine = await self.holder.wait()
+                if self.holder.engine is None and span is not None:  # loading, or to load
+                    with child(span, "llm_gateway.model_load"):
+                        engine = await self.holder.wait()
+                else:
+                    engine = await self.holder.wait()
             finally:
                 LOAD_PRIORITY.reset(waiting)
             adapter = engine.adapters.check(request.adapter, request.adapter_field)
@@ -177,10 +197,11 @@ class GenerationService:
             yield Queued(request.index, history.token_ids)
             priority = self.classes.of(protocol, request.priority)
             queued = time.perf_counter()
-            async with self.admission.slot(priority, caller):
+            async with self.admission.slot(priority, caller, span):
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)
                 yield Started(request.index)
                 meter = self.metrics.meter(protocol, priority, request.adapter, self.model)
+                meter.span = span
                 steps = _engine_events(engine, request, history, meter, priority, caller)
                 async with aclosing(steps):
                     async for event in steps:

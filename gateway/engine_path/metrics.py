@@ -16,6 +16,7 @@ from prometheus_client import Counter as PromCounter
 
 from gateway.config.priorities import MAX_PRIORITY
 from gateway.engine_path.input_window import Entry
+from gateway.observability.tracing import Span
 
 if TYPE_CHECKING:
     from gateway.engine.scheduler_view import SchedulerView
@@ -44,6 +45,7 @@ class StreamMeter:
         "_start",
         "_tokens",
         "outcome",
+        "span",
     )
 
     def __init__(
@@ -64,6 +66,7 @@ class StreamMeter:
         self._tokens = 0
         self._itl = metrics.inter_token.labels(protocol)
         self.outcome = "cancelled"
+        self.span: Span | None = None  # the prompt's, when traced
 
     def started(self, prompt_tokens: int) -> None:
         """The engine request was submitted: `ended` must follow."""

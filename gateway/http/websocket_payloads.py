@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket
 from gateway.engine_path.batch import BatchRunner
 from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.outbox import POLICY_VIOLATION, Outbox, close_going_away, until_overflow
+from gateway.observability.tracing import connection_is_traced, traced_message
 from gateway.state import Gateway, gateway_of
 from protocols.errors import ErrorKind, GenerationError
 from protocols.names import Protocol
@@ -94,6 +95,7 @@ async def serve_payloads(
     outbox = Outbox(websocket, settings.max_queued_bytes_per_connection)
     payloads: set[asyncio.Task[None]] = set()
     limit = settings.max_payloads_per_connection
+    traced = connection_is_traced()  # each payload its own trace
 
     async def read() -> None:
         while True:
@@ -107,7 +109,10 @@ async def serve_payloads(
             if len(payloads) >= limit:
                 refuse(raw, gateway, outbox, too_many_payloads(limit))
                 continue
-            task = asyncio.create_task(serve(raw, gateway, chosen.batches, outbox))
+            payload = serve(raw, gateway, chosen.batches, outbox)
+            if traced:
+                payload = _traced(protocol, payload)
+            task = asyncio.create_task(payload)
             payloads.add(task)
             task.add_done_callback(payloads.discard)
 
@@ -128,6 +133,12 @@ async def serve_payloads(
         connections.dec()
         await _cancel({*payloads, reader})
         await outbox.stop()
+
+
+async def _traced(protocol: Protocol, payload: Coroutine[Any, Any, None]) -> None:
+    """A payload's run: its own trace, when the connection is traced."""
+    with traced_message(protocol.value):
+        await payload
 
 
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
