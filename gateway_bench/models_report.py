@@ -229,6 +229,12 @@ def goals(result: ModelsReport) -> list[Goal]:
         f"{last.uss_mib - first.uss_mib:+,.1f}), {first.processes} -> {last.processes} "
         f"processes, after {last.loads - first.loads} loads"
     )
+    if len(result.memory) > 2:  # where it grew: by the first cycle, or over the cycles after it
+        mid = result.memory[-2]
+        shown += (
+            f"; {mid.rss_mib - first.rss_mib:+,.1f} by load {mid.loads}, "
+            f"{last.rss_mib - mid.rss_mib:+,.1f} over the {last.loads - mid.loads} after"
+        )
     judged = result.options.cycles >= MEMORY_LOADS
     held = grown <= MEMORY_TOLERANCE_MIB and last.processes <= first.processes
     return [ttft, Goal(MEMORY_GOAL, requirement, shown, held if judged else None)]
