@@ -43,6 +43,7 @@ SCENARIOS = {
     "cpu-settings": "cpu_settings",
     "vllm-bench-serve": "vllm_bench_serve",
     "embeddings": "embeddings",
+    "models": "models_bench",
 }
 
 
