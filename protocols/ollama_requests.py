@@ -18,7 +18,6 @@ unloads it (`load_only`).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -40,17 +39,15 @@ from protocols.generation import (
     TopP,
     TypicalP,
 )
+from protocols.keep_alive import keep_alive_seconds as keep_alive
 from protocols.openai_requests import OpenAICall, decode_body
 from protocols.tool_calls import FunctionSpec, Tool, ToolUse, decode_tool_use
 
-FOREVER = -1.0  # keep_alive negative: never unloaded
 # Ollama's documented defaults, where a request gives none.
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.9
 DEFAULT_REPEAT_PENALTY = 1.1
-_DURATION = re.compile(r"(\d+(\.\d+)?(ms|s|m|h))+")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _LATEST = ":latest"
 
 # Seconds (a negative number: forever), or a duration; a century at most, as a number.
@@ -156,22 +153,8 @@ def model_name(name: str) -> str:
 
 
 def keep_alive_seconds(value: KeepAlive | None, field: str = "keep_alive") -> float | None:
-    """Ollama's keep_alive: seconds, a Go duration ("5m", "1h30m", "90s"); negative: forever."""
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return FOREVER if value < 0 else float(value)
-    text = value.strip()
-    if text.startswith("-"):
-        return FOREVER
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    if not _DURATION.fullmatch(text):
-        raise invalid(f"keep_alive {value!r} is not a duration (5m, 90s, 300, -1)", field)
-    found = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
-    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in found)
+    """Ollama's keep_alive (protocols/keep_alive.py); None: not given."""
+    return None if value is None else keep_alive(value, field)
 
 
 def decode_chat(raw: bytes, context: int) -> OllamaCall:

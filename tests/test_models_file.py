@@ -7,13 +7,9 @@ from pathlib import Path
 import pytest
 
 from gateway.config.loading import load_settings
-from gateway.config.models_file import (
-    DEFAULT_KEEP_ALIVE,
-    FOREVER,
-    configured_models,
-    keep_alive_seconds,
-)
+from gateway.config.models_file import DEFAULT_KEEP_ALIVE, configured_models, keep_alive_seconds
 from gateway.config.settings import ConfigError
+from protocols.keep_alive import FOREVER
 
 
 def _model_dir(tmp_path: Path, name: str) -> Path:

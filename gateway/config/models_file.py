@@ -38,13 +38,13 @@ from gateway.config.settings import (
     Settings,
     served_model_name,
 )
+from protocols.errors import GenerationError
+from protocols.keep_alive import FOREVER
+from protocols.keep_alive import keep_alive_seconds as keep_alive
 
 DEFAULT_SOURCE = "default"  # the shipped SmolLM2 (gateway/engine/default_model.py)
-FOREVER = -1.0
 DEFAULT_KEEP_ALIVE = 300.0  # Ollama's five minutes
 _NAME = re.compile(r"[\x21-\x7e]{1,256}")  # printable, no space: it goes in paths and headers
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(ms|s|m|h))+")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
@@ -89,21 +89,11 @@ class ModelsConfig(msgspec.Struct, frozen=True):
 
 
 def keep_alive_seconds(value: float | str, where: str) -> float:
-    """Ollama's keep_alive: seconds, a duration ("5m", "1h30m", "90s"), negative: forever."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return FOREVER if value < 0 else float(value)
-    text = str(value).strip()
-    if re.fullmatch(r"-\d+(\.\d+)?[a-z]*", text):
-        return FOREVER
+    """Ollama's keep_alive (protocols/keep_alive.py), its error naming `where`."""
     try:
-        return float(text)
-    except ValueError:
-        pass
-    if not _DURATION.fullmatch(text):
-        raise ConfigError(f"{where}: keep_alive {value!r} is not a duration (5m, 90s, 300, -1)")
-    return sum(
-        float(n) * _UNIT_SECONDS[unit] for n, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
-    )
+        return keep_alive(value)
+    except GenerationError as e:
+        raise ConfigError(f"{where}: {e.message}") from e
 
 
 def configured_models(settings: Settings) -> ModelsConfig:

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from gateway.config.models_file import DEFAULT_SOURCE, FOREVER
+from gateway.config.models_file import DEFAULT_SOURCE
 from gateway.config.settings import Settings
 from gateway.engine.model_memory import GIB, available_bytes, chat_engine_bytes
 from gateway.engine_path.chat_model import ChatModel
 from gateway.engine_path.generation import LOAD_PRIORITY
 from gateway.engine_path.metrics import GatewayMetrics
 from protocols.errors import ErrorKind, GenerationError
+from protocols.keep_alive import FOREVER
 
 log = logging.getLogger(__name__)
 _LOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
