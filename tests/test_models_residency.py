@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from clients import connect, events_of, frames_until_done, payload, scrape, value, wait_for, web
@@ -86,6 +87,18 @@ def _chat(server: RunningServer, model: str, **extra: Any) -> httpx.Response:
     return web.post(server.http + "/v1/chat/completions", json=body)
 
 
+def _zombies() -> set[int]:
+    """This process's children that ended and were never reaped."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:  # gone (reaped) since it was listed
+            pass
+    return found
+
+
 def _unloads(server: RunningServer, model: str, reason: str) -> float:
     return value(scrape(server.http), "gateway_model_unloads_total", model=model, reason=reason)
 
@@ -114,10 +127,12 @@ def test_the_least_recently_used_idle_model_makes_room_and_loads_again(
 ) -> None:
     assert _chat(models_server, "b").status_code == 200  # room for two: smol and b
     evicted = _unloads(models_server, "b", "evicted")
+    zombies = _zombies()
     assert _chat(models_server, "c").status_code == 200  # b, idle, makes room
     states = _states(models_server)
     assert states["c"] == "loaded" and states["b"] == "unloaded"
     assert _unloads(models_server, "b", "evicted") == evicted + 1
+    assert _zombies() <= zombies  # b's engine processes are gone, reaped
     again = _chat(models_server, "b")  # loaded again, c unloaded for it
     assert again.status_code == 200 and again.json()["model"] == "b"
     states = _states(models_server)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import multiprocessing
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from functools import partial
@@ -298,6 +299,9 @@ class VllmEngine(TokenizerSide):
         self._closing = True
         self.constraints.close()
         self.llm.shutdown()
+        # vLLM kills an engine core that outlives its grace period without reaping it: a zombie
+        # until some other child is started. Reaped here, as its engine is unloaded.
+        multiprocessing.active_children()
 
 
 def _cut(step: EngineStep, stops: StopStrings) -> EngineStep:
