@@ -7,12 +7,9 @@ directory. transformers and torch come with the engine."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +86,6 @@ _RECIPE = "v1"  # change it when the recipe above changes: the cached copy is re
 _DONE = ".recipe.json"  # written last: a directory without it is remade
 
 
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """One process makes the model; another waiting here finds it made."""
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _made(kept: Path) -> bool:
     try:
         return bool(json.loads((kept / _DONE).read_text()).get("recipe") == _RECIPE)
@@ -111,17 +97,16 @@ def tiny_llama_dir(tokenizer_dir: Path | None = None) -> Path:
     """The tiny model, made once on this machine in the gateway's cache directory, with the
     default model's tokenizer (`tokenizer_dir`: its directory, prepared if not given)."""
     from gateway.config.cache import default_cache_dir
+    from gateway.engine.default_model import file_lock, prepare_default_model
 
     kept = default_cache_dir() / "test-models" / f"{NAME}-{_RECIPE}"
     if _made(kept):
         return kept
     kept.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(kept.parent / f".{kept.name}.lock"):
+    with file_lock(kept.parent / f".{kept.name}.lock"):
         if _made(kept):  # another process made it while this one waited
             return kept
         if tokenizer_dir is None:
-            from gateway.engine.default_model import prepare_default_model
-
             tokenizer_dir = prepare_default_model()
         with tempfile.TemporaryDirectory(dir=kept.parent) as scratch:
             made = make_tiny_llama(tokenizer_dir, Path(scratch) / NAME)

@@ -194,7 +194,7 @@ def test_a_broken_model_fails_naming_it_while_the_others_serve(
     assert _chat(models_server, "b").status_code == 200
 
 
-def test_an_unknown_model_is_404_and_the_embedder_name_task(models_server: RunningServer) -> None:
+def test_an_unknown_model_is_404_naming_what_is_served(models_server: RunningServer) -> None:
     missing = _chat(models_server, "no-such-model")
     assert missing.status_code == 404
     assert "`b`" in missing.json()["error"]["message"]  # the models it serves are named
@@ -216,9 +216,17 @@ def test_a_request_id_is_bound_to_the_model_it_was_made_on(models_server: Runnin
 def test_the_x_model_header_picks_a_model_for_protocols_that_name_none(
     models_server: RunningServer,
 ) -> None:
+    def answered_by_c() -> float:
+        samples = scrape(models_server.http)
+        return value(
+            samples, "gateway_model_requests_total", model="c", task="generate", outcome="ok"
+        )
+
     body = {"inputs": "Hello", "parameters": {"max_new_tokens": 2}}
+    before = answered_by_c()
     picked = web.post(models_server.http + "/generate", json=body, headers={"X-Model": "c"})
     assert picked.status_code == 200, picked.text
+    assert answered_by_c() == before + 1  # c's engine answered it, not the default's
     assert _states(models_server)["c"] == "loaded"
     unknown = web.post(models_server.http + "/generate", json=body, headers={"X-Model": "nope"})
     assert unknown.status_code == 404

@@ -178,9 +178,10 @@ def _convert(gguf: Path, out_dir: Path) -> None:
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    # Serializes concurrent prepares (e.g. CLI and server): only one converts, and no one
-    # deletes a temporary directory another process is still writing.
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` across processes: of what is made once in the cache (the
+    default model here, the bench's tiny model), only one process makes it, and no one deletes
+    a temporary directory another process is still writing."""
     with path.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -206,7 +207,7 @@ def prepare_default_model(
         return target
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(target.parent / f".{DEFAULT_MODEL_NAME}.lock"):
+    with file_lock(target.parent / f".{DEFAULT_MODEL_NAME}.lock"):
         if is_complete(target):  # another process finished it while we waited for the lock
             progress(f"reusing complete copy at {target}")
             return target

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.config.adapters import configured_adapters
 from gateway.config.models_file import ChatModelSpec
 from gateway.config.priorities import PriorityClasses
 from gateway.config.settings import constraint_budget
@@ -36,6 +37,7 @@ class ChatModel:
     served: ServedModel
     service: GenerationService
     batches: BatchRunner
+    configured_adapters: tuple[str, ...] = ()  # ADAPTERS' names (its table's), read once
     last_used: float = field(default_factory=time.monotonic)
     memory_bytes: int = 0  # its engine's estimate, once it was loaded
 
@@ -122,4 +124,5 @@ def build_chat_model(
     )
     served = ServedModel(holder, settings.engine, ToolParsing.configured(settings), chat_template)
     batches = BatchRunner(service, shared.store, model=spec.name)
-    return ChatModel(spec, holder, served, service, batches)
+    adapters = tuple(configured_adapters(settings.engine))
+    return ChatModel(spec, holder, served, service, batches, adapters)

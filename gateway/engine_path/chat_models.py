@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gateway.config.adapters import configured_adapters
 from gateway.engine_path.chat_model import ChatModel
 from gateway.engine_path.residency import Residency
 from protocols.openai_requests import ANY_MODEL
@@ -59,4 +58,4 @@ def adapter_names(model: ChatModel) -> list[str]:
     """The model's adapters: its engine's once it is loaded, else those it is configured with."""
     if model.holder.engine is not None:
         return list(model.served.adapter_paths())
-    return list(configured_adapters(model.spec.settings.engine))
+    return list(model.configured_adapters)

@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -181,12 +181,11 @@ class GenerationService:
             if self.deadlines.draining:
                 raise GenerationError(ErrorKind.ENGINE_UNAVAILABLE, SHUTTING_DOWN)
             span = traced.span if traced is not None else None
-            waiting = LOAD_PRIORITY.set(self.classes.of(protocol, request.priority))
+            priority = self.classes.of(protocol, request.priority)
+            waiting = LOAD_PRIORITY.set(priority)
+            loading = self.holder.engine is None and span is not None  # loading, or to load
             try:
-                if self.holder.engine is None and span is not None:  # loading, or to load
-                    with child(span, "llm_gateway.model_load"):
-                        engine = await self.holder.wait()
-                else:
+                with child(span, "llm_gateway.model_load") if loading else nullcontext():
                     engine = await self.holder.wait()
             finally:
                 LOAD_PRIORITY.reset(waiting)
@@ -195,7 +194,6 @@ class GenerationService:
                 request = replace(request, adapter=adapter)
             history = await _history(engine, request, self.chat_template)
             yield Queued(request.index, history.token_ids)
-            priority = self.classes.of(protocol, request.priority)
             queued = time.perf_counter()
             async with self.admission.slot(priority, caller, span):
                 self.metrics.queue_time.labels(str(priority)).observe(time.perf_counter() - queued)

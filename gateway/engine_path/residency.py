@@ -250,8 +250,9 @@ class Residency:
                 freed += victim.memory_bytes
                 await self._unload(victim, "evicted")
                 continue
-            could_fit = not budget or sum(m.memory_bytes for m in unpinned) + budget - held >= need
-            if not unpinned or not could_fit or (budget and need > budget):
+            # unloading every unpinned model would make room (pinned ones and embedders stay)
+            could_fit = not budget or held - sum(m.memory_bytes for m in unpinned) + need <= budget
+            if not unpinned or not could_fit:
                 raise LoadRefused(
                     f"The model `{model.name}` needs about {need / GIB:.2f} GiB and cannot be "
                     f"loaded: {'; '.join(short)}, and no model can be unloaded (pinned or busy)"

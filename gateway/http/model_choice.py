@@ -107,12 +107,3 @@ def embedding_model_for(gateway: Gateway, asked: str | None) -> EmbeddingModel |
     names = ", ".join(f"`{m.name}`" for m in models.embedding_models())
     why = f"The model `{asked}` does not exist; this server embeds with {names}"
     return ModelRefused(404, invalid(why, "model"))
-
-
-def generation_refused(gateway: Gateway, asked: str | None) -> GenerationError | None:
-    """A chat or completion naming an embedding model: refused naming `model`."""
-    if asked is None or gateway.models.task_of(asked) != "embed":
-        return None
-    return invalid(
-        f"The model `{asked}` embeds; it does not generate: ask `{gateway.model.name}`", "model"
-    )
