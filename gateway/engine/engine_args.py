@@ -75,6 +75,14 @@ def device_type() -> str:
     return str(current_platform.device_type)
 
 
+def shutdown_grace_seconds() -> float | None:
+    """How long an engine being shut down is given before vLLM kills its processes. On a CPU
+    the worker's own teardown outlasts vLLM's 5 s default every time (measured: it is killed
+    at 5 s, having freed nothing the exit would not free), so one second; a GPU's keeps vLLM's
+    default, whose teardown releases device memory a kill could leave held."""
+    return 1.0 if device_type() == "cpu" else None
+
+
 def engine_dtype(requested: str, engine: str) -> tuple[str, str]:
     """The dtype an engine about to be built runs in, and why (logged as `engine`'s); on the
     CPU backend vLLM's thread settings go into the environment first (cpu_defaults.py)."""

@@ -127,8 +127,9 @@ class EngineHolder(Generic[E]):
         self.engine = None
         self.status, self.error = "unloaded", None
         self._ready.set()  # waiters wake, find it unloaded and ask for it
-        gc.unfreeze()  # what the engine left behind (frozen with it) can be collected now
-        gc.collect()
+        # Nothing is unfrozen and collected here: that walked everything the process holds
+        # (0.8-1.2 s with the event loop stopped, measured) and made the next load's collection
+        # as long, and the memory after each unload was the same without it (docs/MODELS.md).
 
     @property
     def unloaded(self) -> bool:
@@ -159,6 +160,8 @@ class EngineHolder(Generic[E]):
         # What the process holds now (vLLM, torch, the tokenizer, the app) lives as long as it
         # does: out of the cyclic collector's reach, whose full passes would otherwise walk
         # all of it while tokens stream (issue 47: up to a third of a step's CPU per token).
+        # A model loaded beside others finds the rest frozen already: this walks only what
+        # the process made since (1 ms measured), not everything.
         gc.collect()
         gc.freeze()
         self._ready.set()
@@ -257,6 +260,7 @@ class EngineHolder(Generic[E]):
             task.cancel()
             await asyncio.wait([task])  # not raising the task's cancellation as this one's
         if self.engine is not None:
-            # In a worker thread: vLLM waits up to 5 s for its engine-core process to end
-            # (then kills it), which on the event loop would stall every other model's streams.
+            # In a worker thread: vLLM waits for its engine-core process to end, then kills it
+            # (engine_args.shutdown_grace_seconds), which on the event loop would stall every
+            # other model's streams.
             await asyncio.to_thread(self.engine.shutdown)

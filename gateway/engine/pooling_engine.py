@@ -29,7 +29,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from gateway.config.settings import DEFAULT_EMBEDDING_MODEL, Settings, embedding_model_name
 from gateway.engine import death_watch
-from gateway.engine.engine_args import GIB, engine_dtype
+from gateway.engine.engine_args import GIB, engine_dtype, shutdown_grace_seconds
 from gateway.engine.engine_errors import engine_failure, translated
 from gateway.engine.vllm_seam import core_processes
 
@@ -156,7 +156,7 @@ class PoolingEngine:
         if self._closing:
             return
         self._closing = True
-        self.llm.shutdown()
+        self.llm.shutdown(timeout=shutdown_grace_seconds())
 
 
 async def _built_in_thread(args: AsyncEngineArgs) -> AsyncLLM:

@@ -34,7 +34,7 @@ from gateway.engine import death_watch, lora_loading
 from gateway.engine.beam_requests import searched
 from gateway.engine.constraint_check import CompileLimits, ConstraintChecker
 from gateway.engine.contract import TokenizerSide
-from gateway.engine.engine_args import engine_args, engine_dtype
+from gateway.engine.engine_args import engine_args, engine_dtype, shutdown_grace_seconds
 from gateway.engine.engine_errors import engine_failure, translated
 from gateway.engine.lora import Adapters
 from gateway.engine.meter import Meter
@@ -298,7 +298,7 @@ class VllmEngine(TokenizerSide):
             return
         self._closing = True
         self.constraints.close()
-        self.llm.shutdown()
+        self.llm.shutdown(timeout=shutdown_grace_seconds())
         # vLLM kills an engine core that outlives its grace period without reaping it: a zombie
         # until some other child is started. Reaped here, as its engine is unloaded.
         multiprocessing.active_children()
