@@ -107,6 +107,9 @@ def assert_same_run(server: RunningServer, got: list[int], ref: Reference, label
     return False
 
 
+# `make test-all` only (issue 55: `make test`'s time on the slowest CPU); the stop string's cut
+# and the details stay in `make test`.
+@pytest.mark.long
 def test_each_token_message_carries_the_text_of_its_ids(server: RunningServer) -> None:
     engine = engine_of(server)
     for stop in STOP_LISTS:

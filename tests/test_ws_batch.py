@@ -237,6 +237,8 @@ def test_beam_search_without_streaming_and_the_spec_error_when_streaming(
     }
 
 
+# `make test-all` only (issue 55: `make test`'s time on the slowest CPU).
+@pytest.mark.long
 def test_seed_stop_and_min_tokens_reach_the_engine(server: RunningServer) -> None:
     def complete(request_id: str, prompt: str, **config: Any) -> dict[str, Any]:
         frames = run_ws(

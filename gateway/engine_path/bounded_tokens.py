@@ -15,8 +15,8 @@ whitespace or unknown words (tokens of no vocabulary length) takes more, each ch
 
 from __future__ import annotations
 
-import functools
 import re
+import weakref
 from typing import Any, Literal
 
 MARGIN = 16  # tokens past the limit: a boundary this far from a cut cannot change what is kept
@@ -29,7 +29,7 @@ def bounded_encode(
 ) -> list[int]:
     """`text`'s tokens (no special tokens) when it has at most `limit` of them; else at least
     `limit + MARGIN` of them, those at `side` ("right": the first, "left": the last)."""
-    chunk = max((limit + MARGIN) * _longest_token(tokenizer), 1)
+    chunk = max((limit + MARGIN) * longest_token(tokenizer), 1)
     if len(text) <= chunk:
         return _encode(tokenizer, text)
     found: list[list[int]] = []
@@ -72,10 +72,22 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _longest_token(tokenizer: Any) -> int:
-    return _longest_in(tokenizer)
+# By the tokenizer object, weakly: a model unloaded takes its tokenizer's entry with it (an
+# lru_cache here held the last eight tokenizers, about 50 MiB each, past their models' unloads).
+_LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
-@functools.lru_cache(maxsize=8)
+def longest_token(tokenizer: Any) -> int:
+    """The most characters one token of `tokenizer` stands for."""
+    try:
+        return _LONGEST[tokenizer]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referenceable: computed each time (a few ms)
+        return _longest_in(tokenizer)
+    longest = _LONGEST[tokenizer] = _longest_in(tokenizer)
+    return longest
+
+
 def _longest_in(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1)

@@ -14,13 +14,11 @@ session's actions (gateway/engine_path/control_session.py) are layers on top of 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing, nullcontext
 from contextvars import ContextVar
-from typing import Any
 
 from msgspec.structs import replace
 
@@ -32,6 +30,7 @@ from gateway.engine.contract import Engine
 from gateway.engine.holder import EngineHolder
 from gateway.engine.outputs import EngineStep
 from gateway.engine_path.admission import Admission
+from gateway.engine_path.bounded_tokens import longest_token
 from gateway.engine_path.deadlines import SHUTTING_DOWN, Deadlines
 from gateway.engine_path.metrics import GatewayMetrics, StreamMeter
 from gateway.engine_path.sequences import SequenceBounds, checked_sequences
@@ -274,12 +273,7 @@ async def tokenized(text: str, encode: Callable[[str], list[int]]) -> list[int]:
 def _longest_token(engine: Engine) -> int:
     """The most characters one token stands for: a prompt longer than the context times this
     cannot fit, and is refused before the tokenizer spends seconds on megabytes of it."""
-    return _longest_in(engine.tokenizer)
-
-
-@functools.lru_cache(maxsize=4)
-def _longest_in(tokenizer: Any) -> int:
-    return max(len(token) for token in tokenizer.get_vocab())
+    return longest_token(engine.tokenizer)
 
 
 async def _engine_events(
