@@ -53,6 +53,8 @@ class HeldEngine(Protocol):
 
 E = TypeVar("E", bound=HeldEngine, default=Engine)
 
+_frozen = [False]  # whether the process' first engine froze what the process held
+
 
 class EngineHolder(Generic[E]):
     """Starts the engine in the background and rebuilds it when it dies; requests made
@@ -127,9 +129,11 @@ class EngineHolder(Generic[E]):
         self.engine = None
         self.status, self.error = "unloaded", None
         self._ready.set()  # waiters wake, find it unloaded and ask for it
-        # Nothing is unfrozen and collected here: that walked everything the process holds
-        # (0.8-1.2 s with the event loop stopped, measured) and made the next load's collection
-        # as long, and the memory after each unload was the same without it (docs/MODELS.md).
+        # The engine's own cycles (its ZMQ context and threads among them) are collected now:
+        # only what was built after the process' first engine is walked (see _build), a few
+        # milliseconds where unfreezing and collecting everything stopped the event loop for
+        # 0.8-1.2 s (measured, docs/MODELS.md).
+        gc.collect()
 
     @property
     def unloaded(self) -> bool:
@@ -157,13 +161,16 @@ class EngineHolder(Generic[E]):
         self.engine = engine
         self.status = "ready"
         self.error = None
-        # What the process holds now (vLLM, torch, the tokenizer, the app) lives as long as it
-        # does: out of the cyclic collector's reach, whose full passes would otherwise walk
-        # all of it while tokens stream (issue 47: up to a third of a step's CPU per token).
-        # A model loaded beside others finds the rest frozen already: this walks only what
-        # the process made since (1 ms measured), not everything.
+        # What the process holds once its first engine is built (vLLM, torch, the tokenizer,
+        # the app) lives as long as it does: out of the cyclic collector's reach, whose full
+        # passes would otherwise walk all of it while tokens stream (issue 47: up to a third
+        # of a step's CPU per token). An engine built later (a model loaded on demand, a
+        # rebuild) is not frozen: its garbage stays collectable once it is unloaded, and a
+        # pass over it alone takes about a millisecond (measured).
         gc.collect()
-        gc.freeze()
+        if not _frozen[0]:
+            gc.freeze()
+            _frozen[0] = True
         self._ready.set()
         if self.restarts:
             log.warning("the engine is serving again (restart %d)", self.restarts)
