@@ -365,7 +365,7 @@ def test_beam_search_steps_are_child_spans(traced: RunningServer, receiver: Rece
     config = {"num_beams": 2, "do_sample": False, "max_new_tokens": 4}
     answer = web.post(
         traced.http + "/api/generate-one",
-        json={"prompt": CHAT.format("Hi."), "stream_response": False}
+        json={"request_id": trace_id, "prompt": CHAT.format("Hi."), "stream_response": False}
         | {"generation_config": config},
         headers=headers,
     )
@@ -398,7 +398,7 @@ def test_a_background_response_ends_its_span_with_its_generation(
     assert made.status in ("queued", "in_progress")
     spans = receiver.server_span(trace_id)  # it comes once the generation is over
     done = api.responses.retrieve(made.id)
-    assert done.status == "completed" and done.usage is not None
+    assert done.status in ("completed", "incomplete") and done.usage is not None  # it ended
     server = server_span(spans, caller_span)
     assert server.attributes["llm_gateway.background"] is True
     assert server.attributes["http.response.status_code"] == 200
