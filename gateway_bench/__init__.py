@@ -44,6 +44,7 @@ SCENARIOS = {
     "vllm-bench-serve": "vllm_bench_serve",
     "embeddings": "embeddings",
     "models": "models_bench",
+    "tracing": "tracing_bench",
 }
 
 

@@ -326,3 +326,84 @@ def test_an_embedding_request(
     embed = one(children(spans, server), "llm_gateway.embed")
     assert embed.attributes["llm_gateway.inputs"] == 2
     assert [s.name for s in children(spans, embed)] == ["llm_gateway.admission"]
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "status", "kind"),
+    [
+        ({"model": "no-such-model"}, KEY, 404, "invalid_request"),  # an unknown model
+        ({"model": MODEL, "temperature": "hot"}, KEY, 400, "invalid_request"),  # a bad field
+        ({"model": MODEL}, "sk-not-a-key", 401, "unauthorized"),  # refused at the edge
+    ],
+)
+def test_a_refused_request_is_one_error_span_of_its_kind(
+    traced: RunningServer,
+    receiver: Receiver,
+    body: dict[str, object],
+    key: str,
+    status: int,
+    kind: str,
+) -> None:
+    headers, trace_id, caller_span = caller()
+    messages = [{"role": "user", "content": "Hi."}]
+    answer = web.post(
+        traced.http + "/v1/chat/completions",
+        json={**body, "messages": messages, "max_tokens": 2},
+        headers={**headers, "Authorization": f"Bearer {key}"},
+    )
+    assert answer.status_code == status, answer.text
+    spans = receiver.server_span(trace_id)
+    [server] = spans  # nothing was generated: the server span alone
+    assert server.kind == SERVER and server.parent_id == caller_span
+    assert server.status == ERROR
+    assert server.attributes["error.type"] == kind
+    assert server.attributes["http.response.status_code"] == status
+
+
+def test_beam_search_steps_are_child_spans(traced: RunningServer, receiver: Receiver) -> None:
+    headers, trace_id, caller_span = caller()
+    config = {"num_beams": 2, "do_sample": False, "max_new_tokens": 4}
+    answer = web.post(
+        traced.http + "/api/generate-one",
+        json={"request_id": trace_id, "prompt": CHAT.format("Hi."), "stream_response": False}
+        | {"generation_config": config},
+        headers=headers,
+    )
+    assert answer.status_code == 200, answer.text
+    spans = receiver.server_span(trace_id)
+    [prompt] = prompts(spans, server_span(spans, caller_span))
+    assert prompt.attributes["llm_gateway.request.num_beams"] == 2
+    steps = sorted(children(spans, prompt), key=lambda s: s.start_ns)
+    steps = [s for s in steps if s.name == "llm_gateway.beam_step"]
+    assert 1 <= len(steps) <= 4
+    assert [s.attributes["llm_gateway.beam.step"] for s in steps] == list(range(1, len(steps) + 1))
+    assert steps[0].attributes["llm_gateway.beam.sequences"] == 1  # the prompt alone
+    assert all(s.attributes["llm_gateway.beam.sequences"] <= 2 for s in steps)
+    assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(steps))
+
+
+def test_a_background_response_ends_its_span_with_its_generation(
+    traced: RunningServer, receiver: Receiver
+) -> None:
+    headers, trace_id, caller_span = caller()
+    api = openai.OpenAI(base_url=traced.http + "/v1", api_key=KEY, max_retries=0)
+    made = api.responses.create(
+        model=MODEL,
+        input="Write a story about a dragon.",
+        max_output_tokens=24,
+        temperature=0,
+        background=True,
+        extra_headers=headers,
+    )
+    assert made.status in ("queued", "in_progress")
+    spans = receiver.server_span(trace_id)  # it comes once the generation is over
+    done = api.responses.retrieve(made.id)
+    assert done.status in ("completed", "incomplete") and done.usage is not None  # it ended
+    server = server_span(spans, caller_span)
+    assert server.attributes["llm_gateway.background"] is True
+    assert server.attributes["http.response.status_code"] == 200
+    assert server.attributes["gen_ai.usage.input_tokens"] == done.usage.input_tokens
+    assert server.attributes["gen_ai.usage.output_tokens"] == done.usage.output_tokens
+    [prompt] = prompts(spans, server)
+    assert prompt.attributes["llm_gateway.outcome"] == "finished"
+    assert prompt.end_ns <= server.end_ns

@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.edge.http_errors import status_of
+from gateway.observability.tracing import refused
 from protocols import (
     anthropic_answers,
     cohere,
@@ -42,7 +43,8 @@ _REST = ("/api/generate-one", "/api/generate-batch")
 def error_body(path: str, error: GenerationError) -> tuple[int, bytes]:
     """The status and body the route at `path` answers `error` with. A protocol's paths each
     need their branch here (tests/test_protocol_tables.py): one without answers in the REST
-    routes' shape."""
+    routes' shape. The request's trace fails with the error's kind."""
+    refused(error)
     if path.startswith("/v1/messages"):
         return anthropic_answers.error_of(error)
     if path.startswith("/api/") and path not in _REST:

@@ -4,8 +4,10 @@ next tokens (the algorithm, transformers', is gateway/engine/beams.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from contextlib import aclosing
 from functools import partial
+from itertools import count
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -13,9 +15,10 @@ from vllm import SamplingParams
 from vllm.inputs.engine import tokens_input
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from gateway.engine.beams import Hypothesis, beam_search
+from gateway.engine.beams import Hypothesis, NextTokens, beam_search
 from gateway.engine.engine_errors import FAILED, engine_failure
 from gateway.engine.outputs import EngineStep, OutputReader
+from gateway.observability.tracing import Span, child
 from protocols.generation import SamplingOptions
 
 if TYPE_CHECKING:
@@ -35,13 +38,16 @@ async def searched(
     request_id: str,
     priority: int,
     lora: LoRARequest | None,
+    span: Span | None = None,
 ) -> list[EngineStep]:
     """Every beam, best first, each as one final step whose tokens carry the log-probability
-    the model gave them (no alternatives); `room`: the tokens left in the context."""
+    the model gave them (no alternatives); `room`: the tokens left in the context. Traced
+    (`span`, the prompt's), each step is a child span of it."""
     sample = options.do_sample and options.temperature > 0
+    ask = partial(_next_tokens, llm, request_id, priority, lora)
     beams = await beam_search(
         token_ids,
-        partial(_next_tokens, llm, request_id, priority, lora),
+        ask if span is None else partial(_traced_step, span, ask, count(1)),
         num_beams=options.num_beams,
         max_new_tokens=min(options.max_new_tokens, room),
         eos_token_ids=frozenset() if options.ignore_eos else eos_token_ids,
@@ -51,6 +57,20 @@ async def searched(
         seed=options.seed,
     )
     return [_step(beam, reader, options) for beam in beams]
+
+
+async def _traced_step(
+    span: Span, ask: NextTokens, steps: Iterator[int], sequences: list[list[int]], keep: int
+) -> list[dict[int, float]]:
+    """One step of the search as a child of the prompt's span: which step, how many beams
+    ran in it (each one engine request), how many candidates each asked for."""
+    attributes = {
+        "llm_gateway.beam.step": next(steps),
+        "llm_gateway.beam.sequences": len(sequences),
+        "llm_gateway.beam.candidates": keep,
+    }
+    with child(span, "llm_gateway.beam_step", attributes):
+        return await ask(sequences, keep)
 
 
 def _step(beam: Hypothesis, reader: OutputReader, options: SamplingOptions) -> EngineStep:

@@ -277,6 +277,7 @@ class VllmEngine(TokenizerSide):
                 request_id=request_id,
                 priority=priority,
                 lora=lora,
+                span=meter.span if meter is not None else None,
             )
         if meter is not None:
             meter.step(sum(len(s.token_ids) for s in steps), 0, True)

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 
+from gateway.observability.tracing import current_trace
 from gateway.stores.continuation import Key
 from gateway.stores.event_log import EventLog
 from protocols.errors import GenerationError
@@ -64,7 +65,12 @@ class Background:
             await events.aclose()
             raise
         self._running[key] = run
+        trace = current_trace()
+        if trace is not None:  # its server span ends with the generation, not the answer
+            trace.hold()
         run.task = asyncio.create_task(self._run(key, run, events))
+        if trace is not None:
+            run.task.add_done_callback(lambda _: trace.release())
 
     async def _keep(self, key: Key, run: _Run, events: Sequence[bytes]) -> None:
         if await self.events.append(key, run.count, events):

@@ -27,6 +27,7 @@ from gateway.http.prepared import (
     streamed,
 )
 from gateway.http.streaming import Step, chained, collect, has_output
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
 from protocols.events import Delta, Failed, Finished
@@ -44,7 +45,8 @@ from protocols.tool_calls import ToolAnswers
 
 
 def error_answer(error: GenerationError) -> Whole:
-    """An error in OpenAI's shape, with its status."""
+    """An error in OpenAI's shape, with its status (the request's trace fails with it)."""
+    refused(error)
     status, body = error_of(error)
     return Whole(status, body, JSON)
 

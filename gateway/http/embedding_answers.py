@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from gateway.engine_path.embedding_model import EmbeddingModel, Piece
 from gateway.http.model_choice import ModelRefused, embedding_model_for, named_model
 from gateway.http.prepared import JSON, Whole
+from gateway.observability.tracing import refused
 from gateway.state import Gateway
 from protocols import tei, vllm_pooling
 from protocols.embedding import Body, EmbeddingRequest, Embeddings, ScoreRequest, TokenEmbeddings
@@ -54,6 +55,7 @@ def refusal(refused: ModelRefused, error_of: ErrorOf) -> Whole:
 
 
 def failure(error: GenerationError, error_of: ErrorOf) -> Whole:
+    refused(error)
     status, body = error_of(error)
     return Whole(status, body, JSON)
 

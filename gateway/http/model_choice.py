@@ -20,6 +20,7 @@ from starlette.requests import HTTPConnection
 
 from gateway.engine_path.chat_model import ChatModel
 from gateway.engine_path.embedding_model import EmbeddingModel
+from gateway.observability.tracing import refused
 from gateway.state import Gateway
 from protocols.errors import GenerationError, invalid
 from protocols.openai_requests import ANY_MODEL
@@ -34,6 +35,9 @@ class ModelRefused:
 
     status: int
     error: GenerationError
+
+    def __post_init__(self) -> None:
+        refused(self.error)  # the request answered with it: its trace fails with its kind
 
 
 class _Named(msgspec.Struct):

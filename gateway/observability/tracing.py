@@ -2,8 +2,9 @@
 
 A `Trace` is one request's: an HTTP request's, or a WebSocket message's that starts a
 generation. Its server span is made the first time something of the request asks for it (the
-engine path, as a prompt comes), with the request's arrival as its start, so a request that
-generates nothing (a probe, a refusal) makes no span. The engine path names it by the GenAI
+engine path, as a prompt comes; a refusal, `refused`, or an error status), with the request's
+arrival as its start, so a request that generates nothing and is not refused (a probe) makes
+no span. The engine path names it by the GenAI
 conventions (`chat {model}`) and sums every prompt's usage on it; each prompt is a child span
 with its own children (admission, a model's load, a constraint's compile, the engine's queue,
 prefill and decode). With tracing off, no trace is ever current: what the code asks of it is a
@@ -28,6 +29,7 @@ Attributes = Mapping[str, Value]
 Headers = Iterable[tuple[bytes, bytes]]
 # The GenAI conventions' provider: the engine that answers (vLLM's own traces say so too).
 PROVIDER = "vllm"
+_CLIENT_GONE = 499  # gateway/http/streaming.py's: no answer, the client left first
 
 
 class Backend(Protocol):
@@ -111,8 +113,10 @@ class Trace:
         "_attributes",
         "_backend",
         "_failed",
+        "_holds",
         "_name",
         "_named",
+        "_over",
         "_parent",
         "_request",
         "_span",
@@ -143,6 +147,8 @@ class Trace:
         self._start_ns = time.time_ns()
         self._span: Span | None = None
         self._failed = False
+        self._holds = 0  # generations outliving the request (`hold`)
+        self._over = False  # the request ended while one was held
         self.input_tokens = self.output_tokens = self.cached_tokens = 0
         self.finish_reasons: list[str] = []
         self.status_code: int | None = None
@@ -223,14 +229,31 @@ class Trace:
         if not self._request:
             self.end()
 
+    def hold(self) -> None:
+        """A generation goes on past the request's answer (a background response's): the
+        span ends when it is `release`d, not with the answer."""
+        self._holds += 1
+        self.span.set("llm_gateway.background", True)
+
+    def release(self) -> None:
+        self._holds -= 1
+        if not self._holds and self._over:
+            self.end()
+
     def end(self) -> None:
-        span = self._span
-        if span is None:
+        """The span ended (made now for a refusal: an HTTP error status that generated
+        nothing); a status of 400 or more without a kind is an error of its code."""
+        if self._holds:
+            self._over = True
             return
         code = self.status_code
+        refused = code is not None and code >= 400 and code != _CLIENT_GONE
+        if self._span is None and not refused:
+            return
+        span = self.span
         if code is not None:
             span.set("http.response.status_code", code)
-            if code >= 500 and not self._failed:
+            if refused and not self._failed:
                 span.fail(str(code), f"HTTP {code}")
         span.end()
 
@@ -298,6 +321,14 @@ def traced_message(protocol: str) -> Iterator[None]:
         return
     with request_trace(trace):
         yield
+
+
+def refused(error: GenerationError) -> None:
+    """The request is answered with `error` (a refusal, before or instead of a generation):
+    its server span, made now if it was not yet, fails with the error's neutral kind."""
+    trace = _TRACE.get()
+    if trace is not None:
+        trace.fail(error.kind.value, error.message)
 
 
 def mark(trace: Trace | None, name: str) -> None:

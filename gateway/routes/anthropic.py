@@ -17,6 +17,7 @@ from gateway.http.encoded_chat import encoded_answer
 from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import JSON, SSE, Prepared, Whole, to_response
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols import anthropic_answers, anthropic_requests
 from protocols.anthropic_answers import AnthropicEncoder, encode_token_count, error_of, not_found
@@ -27,6 +28,7 @@ from protocols.openai_requests import unknown_model
 
 
 def _error(error: GenerationError) -> Whole:
+    refused(error)
     status, body = error_of(error)
     return Whole(status, body, JSON)
 

@@ -16,6 +16,7 @@ from gateway.http.encoded_chat import encoded_answer
 from gateway.http.model_choice import ModelRefused, asked_model, body_model, chat_model_for
 from gateway.http.openapi import Events, Op
 from gateway.http.prepared import JSON, SSE, Prepared, Whole, to_response
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols import cohere, cohere_chat, cohere_chat_answers
 from protocols.cohere_chat_answers import CohereChatEncoder
@@ -24,6 +25,7 @@ from protocols.names import Protocol
 
 
 def _error(error: GenerationError, status: int | None = None) -> Whole:
+    refused(error)
     own, body = cohere.error_of(error)
     return Whole(status or own, body, JSON)
 

@@ -51,6 +51,7 @@ from gateway.http.prepared import (
     to_response,
 )
 from gateway.http.streaming import chained, collect
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols.control import (
     ClientMessage,
@@ -320,6 +321,7 @@ async def _v1_generate(request: Request) -> Prepared:
 
 
 def _error_answer(error: Error, kind: ErrorKind) -> Whole:
+    refused(GenerationError(kind, error.message))
     return Whole(status_of(kind), encode(error), JSON)
 
 

@@ -14,6 +14,7 @@ from gateway.http.embedding_answers import encoded
 from gateway.http.model_choice import ModelRefused, embedding_model_for, named_model
 from gateway.http.openapi import OPENAI_ERRORS, Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols.errors import GenerationError
 from protocols.json_body import decode_json_object
@@ -53,6 +54,7 @@ def _refused(refused: ModelRefused) -> Whole:
 
 
 def _error(error: GenerationError) -> Whole:
+    refused(error)
     status, body = error_of(error)
     return Whole(status, body, JSON)
 

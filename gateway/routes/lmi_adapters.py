@@ -20,6 +20,7 @@ from gateway.http.admin import djl_admin_refusal, djl_error, djl_json
 from gateway.http.model_choice import ModelRefused, asked_model, chat_model_for
 from gateway.http.openapi import Op, Schema
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols.errors import ErrorKind, GenerationError
 from protocols.lmi_adapters import (
@@ -46,6 +47,7 @@ def _error(status: int, message: str) -> Whole:
 def _failed(error: GenerationError) -> Whole:
     """DJL's BadRequestException (400) for what the caller sent; the engine's own failures
     as the gateway's REST routes answer them (500, 503)."""
+    refused(error)
     status = 400 if error.kind == ErrorKind.INVALID_REQUEST else status_of(error.kind)
     return _error(status, error.message)
 

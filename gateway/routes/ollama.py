@@ -34,6 +34,7 @@ from gateway.http.model_choice import (
 from gateway.http.openapi import TEXT, Op
 from gateway.http.prepared import JSON, Prepared, Whole, to_response
 from gateway.http.streaming import Step
+from gateway.observability.tracing import refused
 from gateway.state import Gateway, gateway_of
 from protocols import ollama_answers, ollama_models, ollama_requests
 from protocols.embedding import EmbeddingRequest
@@ -49,6 +50,7 @@ _STARTED = datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _error(error: GenerationError) -> Whole:
+    refused(error)
     status, body = error_of(error)
     return Whole(status, body, JSON)
 

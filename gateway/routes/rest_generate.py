@@ -30,6 +30,7 @@ from gateway.http.prepared import (
     to_response,
 )
 from gateway.http.streaming import Step, chained, collect
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols.batch_payload import PayloadSettings
 from protocols.errors import GenerationError
@@ -56,6 +57,7 @@ class GenerationAborted(Exception):
 
 
 def error_answer(error: GenerationError) -> Whole:
+    refused(error)
     return Whole(status_of(error.kind), encode_error(error), JSON)
 
 

@@ -34,6 +34,7 @@ from gateway.http.prepared import (
     to_response,
 )
 from gateway.http.streaming import Step, chained, collect, ended, has_output
+from gateway.observability.tracing import refused
 from gateway.state import gateway_of
 from protocols import tei
 from protocols.errors import GenerationError
@@ -67,10 +68,12 @@ def _asks_stream(raw: bytes) -> bool:
 
 
 def _sse_error(error: GenerationError) -> Whole:
+    refused(error)
     return Whole(200, error_event(error), SSE, SSE_HEADERS)
 
 
 def _json_error(error: GenerationError) -> Whole:
+    refused(error)
     status, body = error_body(error)
     return Whole(status, body, JSON)
 
