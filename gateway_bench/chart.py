@@ -19,6 +19,7 @@ _STYLE: dict[str, dict[str, Any]] = {
     "vllm-server-logprobs": {"color": "grey", "linestyle": ":", "linewidth": 1.5, "zorder": 4},
     "vllm-server-defaults": {"color": "grey", "linestyle": "-.", "linewidth": 1.5, "zorder": 4},
     "vllm-server-chat": {"color": "black", "linestyle": "--", "linewidth": 1.5, "zorder": 4},
+    "llama-cpp": {"color": "brown", "linestyle": "-.", "linewidth": 2.0, "zorder": 4},
 }
 
 

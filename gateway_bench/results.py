@@ -16,6 +16,7 @@ TargetKind = Literal[
     "vllm-server-logprobs",
     "vllm-server-defaults",
     "vllm-server-chat",
+    "llama-cpp",
     "gateway",
 ]
 TokenSource = Literal["counted", "reported", "requested"]

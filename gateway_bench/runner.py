@@ -70,6 +70,9 @@ _REFERENCES: tuple[tuple[TargetKind, str, clients.Call, TokenSource, str], ...] 
         ("vllm-server-chat", "vLLM OpenAI server, chat", clients.chat_completions, "reported",
          "streaming /v1/chat/completions (the prompt as one user message), ignore_eos, "
          "include_usage; the reference for the gateway's chat route"),
+        ("llama-cpp", "llama.cpp llama-server, chat", clients.chat_completions, "reported",
+         "llama.cpp's own server (--llama-cpp: built from llama-cpp-python's sdist) on the "
+         "shipped Q4_1 GGUF, streaming /v1/chat/completions, ignore_eos, include_usage"),
 )  # fmt: skip
 REFERENCES: dict[TargetKind, Client] = {
     kind: Client(kind, label, call, kind, tokens, notes=notes)

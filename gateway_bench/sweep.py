@@ -69,6 +69,9 @@ class BenchOptions(Options, frozen=True, kw_only=True):
     vllm_server: bool = True
     vllm_server_defaults: bool = True  # vLLM's server once more, with vLLM's own defaults
     gateway: bool = True
+    llama_cpp: bool = (
+        False  # llama.cpp's llama-server on the shipped GGUF (built once: llama_cpp.py)
+    )
     protocols: tuple[Protocol, ...] = PROTOCOL_NAMES
     gateway_url: str = ""  # measure this running gateway instead of starting one
     gateway_pid: int | None = None  # its process, for the memory figure
@@ -250,6 +253,20 @@ class _Run:
             yield self.context(endpoint, endpoint.model), endpoint.start_s
 
     @asynccontextmanager
+    async def llama_cpp(self) -> AsyncIterator[Ready]:
+        """llama.cpp's llama-server on the shipped GGUF, built into the cache the first time."""
+        from gateway.config.cache import default_cache_dir
+        from gateway_bench import llama_cpp
+
+        cache = default_cache_dir() / "llama-cpp"
+        await asyncio.to_thread(cache.mkdir, parents=True, exist_ok=True)
+        binary = await asyncio.to_thread(llama_cpp.built_server, cache, self.say)
+        gguf = await asyncio.to_thread(llama_cpp.shipped_gguf)
+        launch = partial(llama_cpp.llama_launch, binary, gguf)
+        async with targets.started(self.options, self.out, "llama-cpp", launch) as endpoint:
+            yield self.context(endpoint, endpoint.model), endpoint.start_s
+
+    @asynccontextmanager
     async def gateway(self, provided: targets.Endpoint | None) -> AsyncIterator[Ready]:
         o = self.options
         if provided is not None or o.gateway_url:
@@ -350,6 +367,8 @@ async def run_benchmark(
                 await run.group(servers, run.vllm(model))
             if _vllm_defaults(options):
                 await run.group(_of("vllm-server-defaults"), run.vllm(model, own_defaults=True))
+            if options.llama_cpp:
+                await run.group(_of("llama-cpp"), run.llama_cpp())
             if options.gateway:
                 chosen = [p for p in GATEWAY_CLIENTS if p.name in options.protocols]
                 await run.group(chosen, run.gateway(gateway), gateway=True)
