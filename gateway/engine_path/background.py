@@ -65,11 +65,10 @@ class Background:
             await events.aclose()
             raise
         self._running[key] = run
+        run.task = asyncio.create_task(self._run(key, run, events))
         trace = current_trace()
         if trace is not None:  # its server span ends with the generation, not the answer
             trace.hold()
-        run.task = asyncio.create_task(self._run(key, run, events))
-        if trace is not None:
             run.task.add_done_callback(lambda _: trace.release())
 
     async def _keep(self, key: Key, run: _Run, events: Sequence[bytes]) -> None:
