@@ -63,6 +63,22 @@ VARIANTS: dict[str, dict[str, str]] = {
         }
         for size in (128, 64, 32)
     },
+    # issue 60: the model's worker inside the engine core's process (vLLM's single-process
+    # executor), where the two spin on a shared-memory queue handing each step over; beside
+    # the gateway's defaults (both cores, step 512, block 32)
+    "bf16 both-cores step512 block32 worker-in-core": {
+        "DTYPE": "bfloat16",
+        "MAX_NUM_BATCHED_TOKENS": "512",
+        "KV_BLOCK_SIZE": "32",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        **BOTH_CORES,
+    },
+    "bf16 default-bind step512 block32 worker-in-core": {
+        "DTYPE": "bfloat16",
+        "MAX_NUM_BATCHED_TOKENS": "512",
+        "KV_BLOCK_SIZE": "32",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    },
 }
 
 

@@ -138,7 +138,7 @@ class _Gateway:
     async def memory(self, when: str) -> Memory:
         counts = await self.samples()
         assert self.at.pid is not None, "a gateway the bench started"
-        processes, own, rss, uss = await asyncio.to_thread(tree_memory, self.at.pid)
+        processes, own, rss, uss, by_name = await asyncio.to_thread(tree_memory, self.at.pid)
         return Memory(
             when,
             counts.loads,
@@ -147,6 +147,7 @@ class _Gateway:
             round(own / MIB, 1),
             round(rss / MIB, 1),
             round(uss / MIB, 1),
+            by_name,
         )
 
     async def settle(self, processes: int) -> bool:
@@ -161,21 +162,24 @@ class _Gateway:
         return True
 
 
-def tree_memory(pid: int) -> tuple[int, int, int, int]:
-    """(processes, the process' own RSS, RSS and USS summed over it and its descendants);
-    a zombie is not counted."""
+def tree_memory(pid: int) -> tuple[int, int, int, int, dict[str, float]]:
+    """(processes, the process' own RSS, RSS and USS summed over it and its descendants, RSS
+    MiB by process name); a zombie is not counted."""
     root = psutil.Process(pid)
     count, own, rss, uss = 0, 0, 0, 0
+    by_name: dict[str, float] = defaultdict(float)
     for process in [root, *root.children(recursive=True)]:
         try:
             if process.status() == psutil.STATUS_ZOMBIE:
                 continue  # exited, holding no memory (vLLM's EngineCore, until reaped)
             info = process.memory_full_info()
+            name = "gateway" if process.pid == pid else process.name()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # gone meanwhile
         count, rss, uss = count + 1, rss + info.rss, uss + info.uss
         own = info.rss if process.pid == pid else own
-    return count, own, rss, uss
+        by_name[name] += info.rss / MIB
+    return count, own, rss, uss, {name: round(mib, 1) for name, mib in sorted(by_name.items())}
 
 
 def _latency(record: Record) -> float:
@@ -250,9 +254,10 @@ async def alternate(gw: _Gateway, result: ModelsReport) -> None:
 
 
 async def cycles(gw: _Gateway, result: ModelsReport, baseline: Memory) -> None:
-    """ZERO's requests one after another, each waiting for its unload: `cycles` loads and
-    unloads; the memory after the first and after the last, once its processes are gone."""
-    for index in range(gw.options.cycles):
+    """ZERO's requests one after another, each waiting for its unload: one warm cycle, then
+    `cycles` loads and unloads; the memory after the first and after the last, once its
+    processes are gone."""
+    for index in range(gw.options.cycles + 1):
         record = await gw.chat(ZERO)
         result.cycles_s.append(_latency(record))
         await gw.wait_state(ZERO, "unloaded")
@@ -262,7 +267,8 @@ async def cycles(gw: _Gateway, result: ModelsReport, baseline: Memory) -> None:
             result.memory.append(await gw.memory(f"after {ZERO}'s first load and unload"))
     if not await gw.settle(baseline.processes):
         result.notes.append("more processes under the gateway at the end than at the start")
-    result.memory.append(await gw.memory(f"after {ZERO}'s {gw.options.cycles} loads and unloads"))
+    after = f"after {gw.options.cycles} more loads and unloads of {ZERO}"
+    result.memory.append(await gw.memory(after))
 
 
 def per_model(samples: _Samples) -> list[ModelLoads]:
