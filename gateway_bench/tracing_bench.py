@@ -3,14 +3,18 @@
 with tracing off (no OTLP endpoint: nothing of OpenTelemetry imported) and one exporting every
 request's trace over OTLP/HTTP to a receiver on loopback (this process's), measured in turn
 within each repeat (variants.py): each one's tok/s and frontend CPU per token, the traced
-one's ratio to the untraced one, and the CPU a traced request costs."""
+one's ratio to the untraced one, and the CPU a traced request costs. With `--baseline` a third
+gateway runs beside them from another checkout (the tree before tracing was built): the
+untraced one's ratio to it is what tracing off costs."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,13 +28,16 @@ from gateway_bench.report import Goal, Report, Section, Table, write
 from gateway_bench.variants import Row, VariantOptions, measure_variants, variants_report
 from gateway_bench.worker import Context, session
 
-OFF, ON = "tracing off", "tracing on"
+OFF, ON, BEFORE = "tracing off", "tracing on", "before tracing"
 GOAL_AT, GOAL_RATIO = 8, 0.95  # the traced gateway's tok/s at least this of the untraced's
 
 
 class TracingOptions(VariantOptions, frozen=True, kw_only=True):
     concurrency: list[Positive] = msgspec.field(default_factory=lambda: [1, 8])
     out: str = "docs/bench/tracing"
+    # a checkout of the gateway (a git worktree of a commit before tracing) run as a third
+    # gateway, on this venv: `llm-gateway serve` imported from there
+    baseline: str = ""
 
 
 QUICK = TracingOptions(concurrency=[1, 2], rounds=1, repeats=1, output_tokens=4, quick=True)
@@ -101,25 +108,45 @@ def costs(rows: list[Row], output_tokens: int) -> list[Cost]:
     return each
 
 
+def baseline_launch(options: TracingOptions, port: int) -> targets.Launch:
+    """The gateway of the `baseline` checkout: its `gateway.cli` first on the path."""
+    launch = targets.gateway_launch(options, port)
+    command = [sys.executable, "-m", "gateway.cli", *launch.command[1:]]
+    path = os.pathsep.join(p for p in (options.baseline, os.environ.get("PYTHONPATH")) if p)
+    return targets.Launch(command, {**launch.env, "PYTHONPATH": path}, launch.served)
+
+
+def compared_to(variant: str, baseline: bool) -> str | None:
+    if variant == ON:
+        return OFF
+    return BEFORE if variant == OFF and baseline else None
+
+
 async def run_tracing(options: TracingOptions, command: str) -> tuple[TracingReport, Path]:
     out, host = await begin(options, 4 * max(options.concurrency) + 256)
+    baseline = bool(options.baseline)
+    variants = [BEFORE, OFF, ON] if baseline else [OFF, ON]
     with receiver() as (url, exported):
         traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_SERVICE_NAME": "llm-gateway-bench"}
-        async with (
-            session() as client_session,
-            targets.started_gateway(options, out, "gateway-untraced") as off,
-            targets.started_gateway(options, out, "gateway-traced", traced) as on,
-        ):
-            profiles = options.profiles(out)
-            contexts: dict[str, Context] = {
-                OFF: off.context(client_session, profiles, off.model),
-                ON: on.context(client_session, profiles, on.model),
+        async with AsyncExitStack() as stack:
+            client_session = await stack.enter_async_context(session())
+            servers = {
+                OFF: targets.started_gateway(options, out, "gateway-untraced"),
+                ON: targets.started_gateway(options, out, "gateway-traced", traced),
             }
+            if baseline:
+                launch = lambda port: baseline_launch(options, port)  # noqa: E731
+                servers[BEFORE] = targets.started(options, out, "gateway-before", launch)
+            profiles = options.profiles(out)
+            contexts: dict[str, Context] = {}
+            for variant in variants:
+                at = await stack.enter_async_context(servers[variant])
+                contexts[variant] = at.context(client_session, profiles, at.model)
             rows = await measure_variants(
                 options,
-                [OFF, ON],
+                variants,
                 lambda v: (contexts[v], {"ignore_eos": True}),
-                lambda v: OFF if v == ON else None,
+                lambda v: compared_to(v, baseline),
             )
     host.load_end = machine.load()
     result = TracingReport(
@@ -134,17 +161,26 @@ async def run_tracing(options: TracingOptions, command: str) -> tuple[TracingRep
     return result, out
 
 
-def report(result: TracingReport) -> Report:
-    chosen = [r for r in result.rows if r.concurrency == GOAL_AT and r.variant == ON]
+def _goal(rows: list[Row], variant: str, name: str) -> Goal:
+    chosen = [r for r in rows if r.concurrency == GOAL_AT and r.variant == variant]
     passed = all(r.ratio is not None and r.ratio >= GOAL_RATIO for r in chosen) if chosen else None
-    goal = Goal(f"traced tok/s >= {GOAL_RATIO}x untraced at {GOAL_AT}", "", "", passed)
+    return Goal(name, "", "", passed)
+
+
+def report(result: TracingReport) -> Report:
+    goals = [_goal(result.rows, ON, f"traced tok/s >= {GOAL_RATIO}x untraced at {GOAL_AT}")]
+    column = "x untraced"
+    if any(r.variant == BEFORE for r in result.rows):
+        off = f"untraced tok/s >= {GOAL_RATIO}x the tree before tracing at {GOAL_AT}"
+        goals.append(_goal(result.rows, OFF, off))
+        column = "ratio (on: x off; off: x before tracing)"
     base = variants_report(
         "Tracing: tok/s and frontend CPU, traced against untraced",
         result.command,
         result.machine,
         result.rows,
-        "x untraced",
-        [goal],
+        column,
+        goals,
     )
     table = Table(["concurrency", "traced CPU ms per request beyond untraced"])
     table.rows = [
