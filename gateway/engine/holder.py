@@ -29,6 +29,7 @@ from typing_extensions import TypeVar
 
 from gateway.engine.contract import Engine
 from gateway.engine.cpu_defaults import cpu_flags, reported_flags
+from gateway.engine.heap import return_freed_memory
 from protocols.errors import ErrorKind, GenerationError
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class EngineHolder(Generic[E]):
         # milliseconds where unfreezing and collecting everything stopped the event loop for
         # 0.8-1.2 s (measured, docs/MODELS.md).
         gc.collect()
+        await asyncio.to_thread(return_freed_memory)
 
     @property
     def unloaded(self) -> bool:
