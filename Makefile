@@ -36,15 +36,16 @@ test: install browser
 # `make test` plus what starts engines, servers or clusters of its own (vLLM's server, Ray
 # replicas, the SageMaker container, engine recovery, the LoRA engine), the benches' quick
 # runs, the long runs on the session's engine and the default model's conversion afresh:
-# what CI runs (.ci/run). About 30 minutes on 2 cores (README).
-test-all: install browser
-	$(PY) -m pytest -q -m "not agent_cli" --durations=25 $(PYTEST_ARGS)
+# what CI runs (.ci/run), the real coding agents among them (`make agents` installs them). About
+# 30 minutes on 2 cores (README).
+test-all: install browser agents
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
-# The real coding agents (Claude Code, Codex CLI, installed pinned from npm) completing a turn
-# against the gateway. Not in CI yet: with the default model (8,192 positions, sampled at the
-# agents' temperature 1) a turn ends by chance, not by the gateway (docs/ANTHROPIC.md).
+# Claude Code and Codex CLI (installed pinned from npm) against the gateway alone: their
+# recorded requests replayed and each completing a turn, on the default model with its RoPE
+# scaled and its sampling set (tests/test_agents.py says why). `make test-all` runs them too.
 test-agents: install agents
-	$(PY) -m pytest -q -m agent_cli $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/test_agents.py $(PYTEST_ARGS)
 
 # The pure tests only (protocols, config, admission, store...): no engine is started, none
 # needs vLLM (tests/conftest.py marks every test that uses the engine), and the default model

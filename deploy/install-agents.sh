@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the coding agents the suite runs against the gateway (tests/test_agents_run.py):
+# Installs the coding agents the suite runs against the gateway (tests/test_agents.py, in `make test-all`):
 # Claude Code and Codex CLI, pinned, from the npm registry into $VENV/agents (no global
 # install; their native binaries come as optional npm dependencies). Once: idempotent.
 set -euo pipefail

@@ -23,6 +23,7 @@ from protocols.constraints import Constraint, constrained, only_one
 from protocols.errors import invalid, validation_error
 from protocols.generation import GenerationRequest, MaxNewTokens, SamplingOptions, TopK, TopP
 from protocols.openai_requests import OpenAICall, decode_body
+from protocols.sampling_defaults import left_out
 from protocols.tool_calls import (
     FunctionSpec,
     NamedChoice,
@@ -175,6 +176,7 @@ def decode_messages(raw: bytes) -> OpenAICall:
         prompt_field="messages",
         stream=body.stream,
         constraint_field=constraint.field if constraint is not None else None,
+        left_out=left_out(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
     )
     return OpenAICall(
         model=body.model,

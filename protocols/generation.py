@@ -150,6 +150,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     cannot compile is refused naming it. `adapter` names the LoRA adapter to generate with
     (None: the base model), `adapter_field` where the request named it. `tools`: the
     functions the chat template shows the model (OpenAI's `tools`), with `messages`.
+    `left_out`: the sampling fields the request left out, for the served model's defaults
+    (protocols/sampling_defaults.py; empty: none apply).
     """
 
     options: SamplingOptions
@@ -169,3 +171,4 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     adapter: str | None = None
     adapter_field: str = "model"
     model_field: str = "model"  # where the request named its chat model
+    left_out: frozenset[str] = frozenset()

@@ -41,6 +41,7 @@ from protocols.generation import (
     sequences_asked,
 )
 from protocols.json_body import MALFORMED, malformed
+from protocols.sampling_defaults import left_out
 from protocols.tool_calls import (
     ToolCall,
     ToolChoice,
@@ -337,9 +338,21 @@ def _call(body: _Common, prompts: list[GenerationRequest], top_logprobs: int | N
     each request names `n`, for its bound and the caller's limit."""
     per_prompt = body.n if body.stream else 1
     asked = sequences_asked("$", n=body.n)
+    unset = left_out(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+    )
     requests = [
         msgspec.structs.replace(
-            p, index=i * per_prompt + j, stream=body.stream, priority=body.priority, asked=asked
+            p,
+            index=i * per_prompt + j,
+            stream=body.stream,
+            priority=body.priority,
+            asked=asked,
+            left_out=unset,
         )
         for i, p in enumerate(prompts)
         for j in range(per_prompt)

@@ -22,6 +22,7 @@ from protocols.constraints import Constraint, TextFormat, constrained, text_form
 from protocols.errors import GenerationError, invalid, validation_error
 from protocols.generation import GenerationRequest, MaxNewTokens, Priority, SamplingOptions, TopP
 from protocols.openai_requests import Temperature, decode_body
+from protocols.sampling_defaults import SamplingDefaults, left_out, with_defaults
 from protocols.tool_calls import (
     CalledFunction,
     FunctionSpec,
@@ -140,6 +141,17 @@ class ResponsesCall(msgspec.Struct, frozen=True, kw_only=True):
     namespaces: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+def defaulted(call: ResponsesCall, defaults: SamplingDefaults) -> ResponsesCall:
+    """`call` sampling with the served model's defaults for what it left out, its response
+    object reporting the temperature and top_p it samples with."""
+    request = with_defaults(call.request, defaults)
+    if request is call.request:
+        return call
+    options = request.options
+    echo = {**call.echo, "temperature": options.temperature, "top_p": options.top_p}
+    return msgspec.structs.replace(call, request=request, echo=echo)
+
+
 def decode_responses(raw: bytes, context: int) -> ResponsesCall:
     body: ResponsesRequest = decode_body(raw, ResponsesRequest)
     if body.background and not body.store:
@@ -169,6 +181,7 @@ def decode_responses(raw: bytes, context: int) -> ResponsesCall:
         stream=body.stream or body.background,  # a background response's readers stream it
         priority=body.priority,
         constraint_field=_field(constraint),
+        left_out=left_out(temperature=body.temperature, top_p=body.top_p),
     )
     echo = {
         "instructions": body.instructions,

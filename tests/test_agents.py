@@ -2,17 +2,18 @@
 requests (tests/data/agents/, every body as the agent sent it) replayed, each answered 200
 with every event validated strictly by the anthropic and openai SDKs' own types; and the
 agents themselves (`make agents` installs them, pinned, into the venv's `agents/`), each
-completing a turn with its default settings (`claude -p`, `codex exec`).
+completing a turn (`claude --bare -p`, `codex exec` with its default features).
 
-Their default prompts (about 12,400 and 9,100 tokens) are past the test servers' context: one
-engine of the module's own serves the default model with MAX_MODEL_LEN raised past the model's
-own 8,192 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN). The engine is real; past 8,192 its answers
-are noise that never ends the turn, so a default body is answered to the context's end
-(Claude Code's `max_tokens` is cut to the little room left) or, for Codex, which sends no
-bound, to the `max_output_tokens` the replay adds. The agents themselves run with the prompt
-each lets a user trim (`claude --bare`; Codex without its sub-agent tools): they then fit the
-model's own context and it ends its turn, as both agents need (Claude Code takes an answer cut
-by `max_tokens` as a failure)."""
+Their default prompts (about 12,400 and 9,100 tokens) are past the default model's own 8,192
+positions: the module's engine serves it with its RoPE scaled by YaRN (ROPE_SCALING, factor 2:
+16,384 positions) and MAX_MODEL_LEN 12,800 within them. Neither agent sends a temperature, and
+the default model sampled at the APIs' temperature 1 over its whole vocabulary rarely ends a
+turn (Claude Code takes an answer cut by `max_tokens` as a failure; Codex sends no bound): the
+engine serves the model with its model card's sampling (temperature 0.2, top_p 0.9) and a
+repetition penalty for the fields a request leaves out (SAMPLING_DEFAULTS), as an operator
+would serve it. Codex's default prompt then ends its turn; Claude Code's 12,400 tokens do not
+(the model writes off the subject to the bound, measured): Claude Code runs with the prompt it
+lets a user trim (`--bare`: no hooks, skills, CLAUDE.md or extra tools, about 1,200 tokens)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,14 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.own_engine, pytest.mark.timeout(1800)]
 MODEL = "SmolLM2-135M-Instruct"
-# Claude Code's default prompt (12,353 tokens recorded) and a few hundred tokens of answer
+# Within the 16,384 positions of the default model scaled by YaRN: Claude Code's default
+# prompt (12,353 tokens recorded) and a few hundred tokens of answer (its replay's
+# `max_tokens` is cut to them: past its prompt the model does not end its turn).
 LONG_CONTEXT = 12800
+ROPE_SCALING = '{"rope_type": "yarn", "factor": 2}'
+# SmolLM2's model card's sampling, and a repetition penalty: at temperature 0.2 alone the model
+# may repeat one sentence to the bound.
+SAMPLING_DEFAULTS = '{"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}'
 REPLAY_OUTPUT_TOKENS = 32  # what a Codex replay adds: Codex sends no bound
 AGENTS = Path(os.environ.get("AGENTS_DIR") or Path(sys.prefix) / "agents") / "node_modules/.bin"
 
@@ -48,14 +55,17 @@ AGENTS = Path(os.environ.get("AGENTS_DIR") or Path(sys.prefix) / "agents") / "no
 @pytest.fixture(scope="module")
 def long_server(loop_thread: LoopThread) -> Iterator[RunningServer]:
     """A server on an engine of its own with a context the agents' prompts fit in."""
-    settings = gateway_settings(MAX_MODEL_LEN=str(LONG_CONTEXT), KV_CACHE_GIB="2")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # past the model's 8,192 positions
-        running = own_engine_server(loop_thread, settings)
-        try:
-            yield running
-        finally:
-            running.stop()
+    settings = gateway_settings(
+        MAX_MODEL_LEN=str(LONG_CONTEXT),
+        ROPE_SCALING=ROPE_SCALING,
+        SAMPLING_DEFAULTS=SAMPLING_DEFAULTS,
+        KV_CACHE_GIB="2",
+    )
+    running = own_engine_server(loop_thread, settings)
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def _strict(kind: Any, data: Any) -> Any:
@@ -111,6 +121,17 @@ def test_codexs_recorded_requests_are_answered(
     assert events[-1].type in ("response.completed", "response.incomplete")
 
 
+def test_the_models_sampling_is_what_a_request_leaving_it_out_gets(
+    long_server: RunningServer,
+) -> None:
+    """SAMPLING_DEFAULTS on the engine: the Responses object says what the turn sampled with."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 1}
+    answer = web.post(long_server.http + "/v1/responses", json=body).json()
+    assert (answer["temperature"], answer["top_p"]) == (0.2, 0.9)
+    given = web.post(long_server.http + "/v1/responses", json={**body, "temperature": 1.0})
+    assert (given.json()["temperature"], given.json()["top_p"]) == (1.0, 0.9)
+
+
 def _agent(name: str) -> Path:
     """The installed agent; missing, the test fails in CI (which installs it) and is skipped
     elsewhere."""
@@ -129,7 +150,6 @@ def _quiet_env(home: Path) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k in keep}, "HOME": str(home)}
 
 
-@pytest.mark.agent_cli  # make test-agents (Makefile: why not in CI yet)
 def test_claude_code_completes_a_turn(long_server: RunningServer) -> None:
     claude = _agent("claude")
     with tempfile.TemporaryDirectory() as scratch:
@@ -145,8 +165,8 @@ def test_claude_code_completes_a_turn(long_server: RunningServer) -> None:
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_AUTOUPDATER": "1",
-            # Its own bound on an answer (else 32,000, cut to the context's room): a turn the
-            # model at temperature 1 does not end is cut soon, and Claude Code asks again.
+            # Its own bound on an answer (else 32,000, cut to the context's room): an answer
+            # the model does not end is cut soon, and Claude Code asks it to go on.
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "400",
         }
         done = subprocess.run(
@@ -162,7 +182,6 @@ def test_claude_code_completes_a_turn(long_server: RunningServer) -> None:
     assert done.stdout.strip(), done.stderr
 
 
-@pytest.mark.agent_cli
 def test_codex_completes_a_turn(long_server: RunningServer) -> None:
     codex = _agent("codex")
     with tempfile.TemporaryDirectory() as scratch:
@@ -179,14 +198,7 @@ def test_codex_completes_a_turn(long_server: RunningServer) -> None:
         )
         env = {**_quiet_env(home), "CODEX_HOME": str(home / "codex"), "GATEWAY_API_KEY": "unused"}
         done = subprocess.run(
-            [
-                str(codex),
-                "exec",
-                "--skip-git-repo-check",
-                "-c",
-                "features.multi_agent=false",
-                "say hi",
-            ],
+            [str(codex), "exec", "--skip-git-repo-check", "say hi"],
             env=env,
             cwd=home,
             stdin=subprocess.DEVNULL,

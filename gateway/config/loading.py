@@ -17,6 +17,8 @@ from dotenv import dotenv_values
 from gateway.config.adapters import configured_adapters
 from gateway.config.aliases import resolve_aliases
 from gateway.config.priorities import parse_classes
+from gateway.config.rope_scaling import configured_rope_scaling
+from gateway.config.sampling_defaults import configured_sampling_defaults
 from gateway.config.settings import GENERATION_PREFIX, ConfigError, EngineSettings, Settings
 from protocols.errors import GenerationError, split_validation_message
 from protocols.generation import SamplingOptions
@@ -35,6 +37,8 @@ def load_settings(
     values = resolve_aliases(values)  # LMI's and TGI's names, where the gateway's own are unset
     engine = _convert(values, EngineSettings, "")
     configured_adapters(engine)  # every adapter named is there, before the engine is built
+    configured_rope_scaling(engine)
+    configured_sampling_defaults(engine)
     generation = _convert(_generation_fields(values), SamplingOptions, GENERATION_PREFIX)
     try:
         check_options(generation, streaming=False, path="$")

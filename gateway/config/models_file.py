@@ -23,15 +23,18 @@ A model's engine settings are MODEL's (the environment's) but for what its table
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from gateway.config.adapters import configured_adapters
+from gateway.config.rope_scaling import configured_rope_scaling
+from gateway.config.sampling_defaults import configured_sampling_defaults
 from gateway.config.settings import (
     ConfigError,
     EngineSettings,
@@ -58,6 +61,8 @@ class _ModelTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pinned: bool | None = None  # None: the default model is pinned, the others are not
     dtype: Dtype | None = None
     max_model_len: Annotated[int, Meta(ge=1)] | None = None
+    rope_scaling: dict[str, Any] | str | None = None  # ROPE_SCALING's, as a table or its JSON
+    sampling_defaults: dict[str, Any] | str | None = None  # SAMPLING_DEFAULTS', the same
     kv_cache_gib: Annotated[float, Meta(gt=0)] | None = None
     max_num_seqs: Annotated[int, Meta(ge=1)] | None = None
     enforce_eager: bool | None = None
@@ -154,11 +159,17 @@ def _spec(
             engine_fields[field] = value
     if table.enable_lora is not None:
         engine_fields["enable_lora"] = table.enable_lora
+    if table.rope_scaling is not None:
+        engine_fields["rope_scaling"] = _json_setting(table.rope_scaling)
+    if table.sampling_defaults is not None:
+        engine_fields["sampling_defaults"] = _json_setting(table.sampling_defaults)
     engine: EngineSettings = msgspec.structs.replace(base.engine, **engine_fields)
     try:
         configured_adapters(engine)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from e
+    configured_rope_scaling(engine, f"{where} rope_scaling")
+    configured_sampling_defaults(engine, f"{where} sampling_defaults")
     model_settings = msgspec.structs.replace(base, engine=engine)
     if table.chat_template is not None:
         model_settings = msgspec.structs.replace(model_settings, chat_template=table.chat_template)
@@ -177,3 +188,9 @@ def _spec(
         keep_alive_seconds=keep,
         pinned=is_default if table.pinned is None else table.pinned,
     )
+
+
+def _json_setting(value: str | dict[str, Any]) -> str:
+    """A table's JSON-object setting (`rope_scaling`, `sampling_defaults`), written as a TOML
+    table or as the JSON text, as the environment's variable."""
+    return value if isinstance(value, str) else json.dumps(value)

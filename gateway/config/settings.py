@@ -30,6 +30,13 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     model: str = ""  # empty: the embedded default model, prepared on first use
     served_model_name: str = ""
     max_model_len: Positive = 2048
+    # The model's RoPE scaled past its own positions (gateway/config/rope_scaling.py), a JSON
+    # object such as {"rope_type": "yarn", "factor": 2}; empty: the model's own.
+    rope_scaling: str = ""
+    # Sampling for the fields a request of the OpenAI and Anthropic routes leaves out
+    # (gateway/config/sampling_defaults.py), a JSON object such as {"temperature": 0.2};
+    # empty: each API's own defaults.
+    sampling_defaults: str = ""
     kv_cache_gib: PositiveFloat = 2.0
     enforce_eager: bool = False
     enable_prefix_caching: bool = True

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
+from transformers import AutoConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 
 from gateway.config.adapters import lora_enabled
+from gateway.config.rope_scaling import configured_rope_scaling, rope_overrides
 from gateway.config.settings import EngineSettings
 from gateway.engine.bulk_scheduler import BulkCapScheduler, engine_config
 from gateway.engine.cpu_defaults import (
@@ -37,6 +40,7 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         model=model,
         served_model_name=[settings.served_model_name] if settings.served_model_name else None,
         max_model_len=settings.max_model_len,
+        hf_overrides=hf_overrides(settings, model),
         kv_cache_memory_bytes=int(settings.kv_cache_gib * GIB),
         enforce_eager=settings.enforce_eager,
         enable_prefix_caching=settings.enable_prefix_caching,
@@ -65,6 +69,18 @@ def engine_args(settings: EngineSettings, model: str) -> AsyncEngineArgs:
         enable_lora=lora_enabled(settings),
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
+    )
+
+
+def hf_overrides(settings: EngineSettings, model: str) -> dict[str, Any]:
+    """What the settings change of the model's config (vLLM's `hf_overrides`): ROPE_SCALING's
+    RoPE, from the model's own (gateway/config/rope_scaling.py)."""
+    scaling = configured_rope_scaling(settings)
+    if scaling is None:
+        return {}
+    config = AutoConfig.from_pretrained(model).get_text_config()
+    return rope_overrides(
+        scaling, getattr(config, "rope_parameters", None), config.max_position_embeddings
     )
 
 

@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from gateway.config.sampling_defaults import configured_sampling_defaults
 from gateway.config.settings import EngineSettings, served_model_name
 from gateway.engine.holder import EngineHolder
 from gateway.engine.tool_calls import ToolParsing
@@ -40,6 +41,8 @@ class ServedModel:
         self._tool_parsing = tool_parsing
         self.chat_template = chat_template  # CHAT_TEMPLATE; None: the model's own
         self.name = served_model_name(settings)
+        # what a request leaving sampling fields out samples with (SAMPLING_DEFAULTS)
+        self.sampling_defaults = configured_sampling_defaults(settings)
 
     # --- the engine's state, as it is now ---------------------------------------------------
 

@@ -41,6 +41,7 @@ from protocols.openai_requests import (
     decode_completion,
     unknown_model,
 )
+from protocols.sampling_defaults import with_defaults
 from protocols.tool_calls import ToolAnswers
 
 
@@ -77,6 +78,8 @@ async def resolve(model: ServedModel, call: OpenAICall, component: str | None = 
     (SageMaker's inference component header) an adapter for a request whose `model` names
     none. Raises GenerationError (a refusal) or ModelNotServed (404, its message the why)."""
     tools: ToolAnswers | None = None
+    defaulted = [with_defaults(r, model.sampling_defaults) for r in call.requests]
+    call = replace(call, requests=defaulted)
     if call.names_token_ids:
         call = await model.spell(call)
     if call.tool_use is not None:  # its parsers read the engine's tokenizer

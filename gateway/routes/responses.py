@@ -53,7 +53,12 @@ from protocols.responses_answers import (
     input_items,
     not_found,
 )
-from protocols.responses_requests import ResponsesCall, ResponsesRequest, decode_responses
+from protocols.responses_requests import (
+    ResponsesCall,
+    ResponsesRequest,
+    decode_responses,
+    defaulted,
+)
 from protocols.tool_calls import ToolAnswers
 
 
@@ -81,7 +86,7 @@ async def _turn(responses: Responses, raw: bytes) -> _Turn | Whole:
     or the answer that refuses it. GenerationError: a refusal in OpenAI's shape."""
     served = responses.model
     tools: ToolAnswers | None = None
-    call = decode_responses(raw, served.context_length())
+    call = defaulted(decode_responses(raw, served.context_length()), served.sampling_defaults)
     adapters = await served.adapter_names()
     why = unknown_model(call.model, served.name, adapters)
     if why is not None:
