@@ -51,7 +51,7 @@ test-agents: install agents
 # needs vLLM (tests/conftest.py marks every test that uses the engine), and the default model
 # is not converted afresh (the `conversion` tests: `make test-all` runs them).
 test-fast: install
-	$(PY) -m pytest -q -m "not engine and not conversion" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not engine and not own_engine and not conversion" $(PYTEST_ARGS)
 
 # The newest releases of everything, in a scratch venv, through `make test`: drift met on
 # purpose. When it passes (fixed in its own commit where it did not), `make lock` writes the
