@@ -202,8 +202,8 @@ def _memory_sections(result: ModelsReport) -> list[Section]:
         f"once no more processes run than at the start). {ZERO}'s request, its load included: "
         f"median {cell(median(cycles), 2)} s. The goal is judged over those "
         f"{result.options.cycles} loads and unloads, from the second reading: what the first "
-        f"loads leave once (each configured model's state in the gateway, the pages of the "
-        f"default engine's KV cache it first writes while it serves) is in the rows above it. "
+        f"loads leave once (measured: the constraint compile workers' growth and the gateway's "
+        f"first loads; the engines' own processes stay flat) is in the rows above it. "
         f"Tolerance: {MEMORY_TOLERANCE_MIB:g} MiB (20 loads each leaving 5 MiB behind pass; "
         f"one engine or one process left behind does not).",
     ]
