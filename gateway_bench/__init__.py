@@ -45,6 +45,7 @@ SCENARIOS = {
     "embeddings": "embeddings",
     "models": "models_bench",
     "tracing": "tracing_bench",
+    "speculation": "speculation",
 }
 
 

@@ -1,11 +1,12 @@
 """`llm-gateway bench cpu-settings`: vLLM's CPU engine settings, measured side by side.
 
 Each variant (dtype, OpenMP thread binding, allocator and OpenMP runtime preloaded or not,
-step budget, KV block size) runs in a fresh process that builds an in-process `AsyncLLM`
-(eager, the default model) and sends 64-token greedy requests with `ignore_eos` at each
-concurrency. Variants run in turn, `--repeats` times in interleaved order, so slow drift on a
-shared machine spreads over all. The figures decide the gateway's CPU defaults
-(gateway/engine/cpu_defaults.py, docs/BENCHMARKS.md).
+step budget, KV block size, the model's worker in the engine core's process, eager or
+compiled) runs in a fresh process that builds an in-process `AsyncLLM` (the default model,
+eager unless the variant says `compiled`) and sends 64-token greedy requests with
+`ignore_eos` at each concurrency. Variants run in turn, `--repeats` times in interleaved
+order, so slow drift on a shared machine spreads over all. The figures decide the gateway's
+CPU defaults (gateway/engine/cpu_defaults.py, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -79,6 +80,23 @@ VARIANTS: dict[str, dict[str, str]] = {
         "KV_BLOCK_SIZE": "32",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     },
+    # torch.compile (`make run`'s default, ENFORCE_EAGER=false) instead of eager, with and
+    # without the worker in the engine core
+    "bf16 both-cores step512 block32 compiled": {
+        "DTYPE": "bfloat16",
+        "MAX_NUM_BATCHED_TOKENS": "512",
+        "KV_BLOCK_SIZE": "32",
+        "ENFORCE_EAGER": "false",
+        **BOTH_CORES,
+    },
+    "bf16 both-cores step512 block32 worker-in-core compiled": {
+        "DTYPE": "bfloat16",
+        "MAX_NUM_BATCHED_TOKENS": "512",
+        "KV_BLOCK_SIZE": "32",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "ENFORCE_EAGER": "false",
+        **BOTH_CORES,
+    },
 }
 
 
@@ -108,7 +126,7 @@ async def _measure(
     from gateway_bench.ceiling import start_llm
 
     variant: dict[str, object] = {
-        "ENFORCE_EAGER": True,
+        "ENFORCE_EAGER": os.environ.get("ENFORCE_EAGER", "true") == "true",
         "DTYPE": os.environ["DTYPE"],
         "KV_CACHE_GIB": 2.0,
         "MAX_NUM_BATCHED_TOKENS": int(os.environ.get("MAX_NUM_BATCHED_TOKENS", "0")),

@@ -263,8 +263,15 @@ class _Run:
         binary = await asyncio.to_thread(llama_cpp.built_server, cache, self.say)
         gguf = await asyncio.to_thread(llama_cpp.shipped_gguf)
         launch = partial(llama_cpp.llama_launch, binary, gguf)
-        async with targets.started(self.options, self.out, "llama-cpp", launch) as endpoint:
-            yield self.context(endpoint, endpoint.model), endpoint.start_s
+        # llama-server closes kept-alive connections by its HTTP library's own limits, and a
+        # request written into one it has closed fails ("Can not write request body": half of
+        # them at one caller, 2026-12-03): each request on a connection of its own.
+        async with (
+            session(fresh_connections=True) as fresh,
+            targets.started(self.options, self.out, "llama-cpp", launch) as endpoint,
+        ):
+            context = endpoint.context(fresh, self.options.profiles(self.out), endpoint.model)
+            yield context, endpoint.start_s
 
     @asynccontextmanager
     async def gateway(self, provided: targets.Endpoint | None) -> AsyncIterator[Ready]:

@@ -26,10 +26,13 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_S = 2.0
 
 
-def session(**settings: Any) -> aiohttp.ClientSession:
+def session(*, fresh_connections: bool = False, **settings: Any) -> aiohttp.ClientSession:
     """A run's client session: any number of connections at once, an idle one not reused once
-    the server may have closed it, no overall timeout (each request has its own)."""
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    the server may have closed it (`fresh_connections`: none reused), no overall timeout (each
+    request has its own)."""
+    connector = aiohttp.TCPConnector(
+        limit=0, keepalive_timeout=KEEPALIVE_S, force_close=fresh_connections
+    )
     return aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None), **settings
     )

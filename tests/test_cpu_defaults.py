@@ -63,12 +63,16 @@ def test_reported_flags_name_only_those_that_decide() -> None:
     assert reported_flags(AMX) == ["avx2", "avx512f", "amx_bf16"]
 
 
-def test_on_two_cores_the_model_gets_both_and_the_operators_own_settings_win() -> None:
+def test_on_two_cores_the_model_has_both_in_the_engine_cores_process_and_own_settings_win() -> None:
     chosen = engine_environment({}, cpus={1, 0})
-    assert chosen == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    assert engine_environment({"VLLM_CPU_OMP_THREADS_BIND": "1"}, cpus={0, 1}) == {
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"
+    assert chosen == {
+        "VLLM_CPU_OMP_THREADS_BIND": "0,1",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
+    assert engine_environment(
+        {"VLLM_CPU_OMP_THREADS_BIND": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, cpus={0, 1}
+    ) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def test_on_a_larger_machine_vllms_own_binding_is_kept() -> None:

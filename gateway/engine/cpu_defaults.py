@@ -113,6 +113,10 @@ def _on_cpu(requested: int | str, cpu_value: int, device: str) -> int:
 # 2 cores that leaves the model one core while the frontend needs a few percent of the other:
 # the model on both measured 1.1-1.4x the tok/s at concurrency 32 and 64 on every CPU kind
 # tried (docs/BENCHMARKS.md). Past SMALL_MACHINE_CORES vLLM's own binding is kept (not measured).
+# There the model's worker also runs inside the engine core's process (vLLM's single-process
+# executor): apart, the two hand every step over a shared-memory queue whose readers spin, and
+# the engine core's spin took CPU from the forward on both cores; together they measured
+# 1.12-1.26x the tok/s at 1-64 at once, compiled (issue 60, docs/BENCHMARKS.md).
 SMALL_MACHINE_CORES = 2
 
 
@@ -131,6 +135,7 @@ def engine_environment(
     if 0 < len(usable) <= SMALL_MACHINE_CORES:
         defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in usable)
         defaults["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     present = {} if environ is None else environ
     return {k: v for k, v in defaults.items() if k not in present}
 
