@@ -1,11 +1,13 @@
 """`llm-gateway bench speculation`: vLLM's ngram speculative decoding against none (issue 60).
 
 Each variant runs in a fresh process that builds an in-process `AsyncLLM` at the gateway's CPU
-defaults (compiled unless `--enforce-eager`) and answers three kinds of prompt greedily, each
+defaults but typical sampling's logits processor, which vLLM refuses beside speculation
+(compiled unless `--enforce-eager`) and answers three kinds of prompt greedily, each
 to its own end: a chat question (little of the answer is in the prompt), a code edit (the
 answer repeats the prompt's code) and a quote from a passage (the answer copies a sentence).
-Per kind and concurrency: output tok/s and the tokens each engine step gave one request (1.0
-without speculation; above it, the drafts accepted). The answers at one caller must be the
+Per kind and concurrency: output tok/s and the tokens each of a request's outputs carried (one
+an engine step, unless the reader fell behind and vLLM merged two: about 1.0 without
+speculation; above it, the drafts accepted). The answers at one caller must be the
 same token for token with and without it: greedy speculation changes no token.
 """
 
@@ -91,6 +93,9 @@ async def _measure(options: SpeculationOptions, variant: str) -> dict[str, Any]:
     from gateway.engine.engine_args import engine_args
 
     settings = options.engine_settings(machine.cpu_defaults(options.dtype).dtype)
+    # vLLM refuses custom logits processors beside speculative decoding: TYPICAL_SAMPLING's
+    # (gateway/engine/typical_sampling.py, on by default on a CPU) is off in every variant.
+    settings = msgspec.structs.replace(settings, typical_sampling=False)
     args = engine_args(settings, str(prepare_default_model()))
     args.speculative_config = VARIANTS[variant]
     llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
@@ -133,11 +138,13 @@ async def _measure(options: SpeculationOptions, variant: str) -> dict[str, Any]:
 async def _run(options: SpeculationOptions, command: str) -> tuple[str, Path | None, bool]:
     if options.child:
         return "RESULT " + json.dumps(await _measure(options, options.child)), None, True
-    return await asyncio.to_thread(_variants, options, command)
+    runs = await asyncio.to_thread(measure_variants, options)
+    return _table(options, command, runs), None, _same_answers(runs)
 
 
-def _variants(options: SpeculationOptions, command: str) -> tuple[str, Path | None, bool]:
-    """Every variant `repeats` times in alternating order, each in a child process; the table."""
+def measure_variants(options: SpeculationOptions) -> dict[str, list[dict[str, Any]]]:
+    """Every variant `repeats` times in alternating order, each in a child process: each
+    run's figures by variant (a failed run left out, its error printed)."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in options.variants}
     env = {**os.environ, **machine.cpu_defaults(options.dtype).environment}
     for repeat in range(options.repeats):
@@ -154,17 +161,21 @@ def _variants(options: SpeculationOptions, command: str) -> tuple[str, Path | No
                 continue
             runs[name].append(json.loads(line.removeprefix("RESULT ")))
             print(f"{name} (repeat {repeat + 1}): {line.removeprefix('RESULT ')}", flush=True)
-    return _table(options, command, runs), None, all(runs.values()) and _same_answers(runs)
+    return runs
 
 
-def _same_answers(runs: dict[str, list[dict[str, Any]]]) -> bool:
-    """Whether every run's answers at one caller are the same as every other's."""
+def _differing(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The kinds whose answers at one caller differ between runs (any variant, any repeat)."""
     digests = {
         key: {r[key]["answers"] for rs in runs.values() for r in rs}
         for key in next(iter(runs.values()))[0]
         if key.endswith(" c1")
     }
-    return all(len(found) == 1 for found in digests.values())
+    return [key.removesuffix(" c1") for key, found in digests.items() if len(found) > 1]
+
+
+def _same_answers(runs: dict[str, list[dict[str, Any]]]) -> bool:
+    return all(runs.values()) and not _differing(runs)
 
 
 def _table(options: SpeculationOptions, command: str, runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -189,7 +200,8 @@ def _table(options: SpeculationOptions, command: str, runs: dict[str, list[dict[
                 f"{rate.get(n, 0) / rate[base]:.2f}x" if rate.get(base) else "-" for n in others
             ]
             table.rows.append(row)
-    same = "the same" if all(runs.values()) and _same_answers(runs) else "NOT the same"
+    differing = _differing(runs) if all(runs.values()) else ["a variant failed"]
+    same = f"NOT the same ({', '.join(differing)})" if differing else "the same"
     note = f"Greedy answers at one caller, every variant and repeat: {same} token for token."
     host = machine.describe(options.dtype)
     report = Report("llm-gateway bench speculation", command, host, [Section(table=table)])

@@ -30,9 +30,8 @@ def session(*, fresh_connections: bool = False, **settings: Any) -> aiohttp.Clie
     """A run's client session: any number of connections at once, an idle one not reused once
     the server may have closed it (`fresh_connections`: none reused), no overall timeout (each
     request has its own)."""
-    connector = aiohttp.TCPConnector(
-        limit=0, keepalive_timeout=KEEPALIVE_S, force_close=fresh_connections
-    )
+    reuse = {"force_close": True} if fresh_connections else {"keepalive_timeout": KEEPALIVE_S}
+    connector = aiohttp.TCPConnector(limit=0, **reuse)
     return aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None), **settings
     )
