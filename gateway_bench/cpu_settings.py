@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import msgspec
 
 from gateway_bench import machine
+from gateway_bench.children import alternating, child_figures, result_line
 from gateway_bench.cpu import CpuMeter
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import Report, Section, Table, cell
@@ -80,24 +80,11 @@ VARIANTS: dict[str, dict[str, str]] = {
         "KV_BLOCK_SIZE": "32",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     },
-    # torch.compile (`make run`'s default, ENFORCE_EAGER=false) instead of eager, with and
-    # without the worker in the engine core
-    "bf16 both-cores step512 block32 compiled": {
-        "DTYPE": "bfloat16",
-        "MAX_NUM_BATCHED_TOKENS": "512",
-        "KV_BLOCK_SIZE": "32",
-        "ENFORCE_EAGER": "false",
-        **BOTH_CORES,
-    },
-    "bf16 both-cores step512 block32 worker-in-core compiled": {
-        "DTYPE": "bfloat16",
-        "MAX_NUM_BATCHED_TOKENS": "512",
-        "KV_BLOCK_SIZE": "32",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "ENFORCE_EAGER": "false",
-        **BOTH_CORES,
-    },
 }
+# torch.compile (`make run`'s default) instead of eager, with and without the worker in the
+# engine core
+for _eager in ("bf16 both-cores step512 block32", "bf16 both-cores step512 block32 worker-in-core"):
+    VARIANTS[f"{_eager} compiled"] = {**VARIANTS[_eager], "ENFORCE_EAGER": "false"}
 
 
 class CpuSettingsOptions(Options, frozen=True, kw_only=True):
@@ -126,7 +113,7 @@ async def _measure(
     from gateway_bench.ceiling import start_llm
 
     variant: dict[str, object] = {
-        "ENFORCE_EAGER": os.environ.get("ENFORCE_EAGER", "true") == "true",
+        "ENFORCE_EAGER": os.environ["ENFORCE_EAGER"] == "true",
         "DTYPE": os.environ["DTYPE"],
         "KV_CACHE_GIB": 2.0,
         "MAX_NUM_BATCHED_TOKENS": int(os.environ.get("MAX_NUM_BATCHED_TOKENS", "0")),
@@ -179,7 +166,7 @@ async def _run(options: CpuSettingsOptions, command: str) -> tuple[str, Path | N
     levels = options.concurrency
     if options.child:
         figures = await _measure(levels, options.tokens, options.rounds, options.prompt_tokens)
-        return "RESULT " + json.dumps(figures), None, True
+        return result_line(figures), None, True
     return await asyncio.to_thread(_variants, options, command), None, True
 
 
@@ -187,20 +174,14 @@ def _variants(options: CpuSettingsOptions, command: str) -> str:
     """Every variant `repeats` times, each in a child process of its own; the table."""
     levels = options.concurrency
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in options.variants}
-    for repeat in range(options.repeats):
-        order = options.variants if repeat % 2 == 0 else list(reversed(options.variants))
-        for name in order:
-            env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **VARIANTS[name]}
-            child = [sys.executable, "-m", "gateway_bench", "cpu-settings", "--child"]
-            child += ["--tokens", str(options.tokens), "--rounds", str(options.rounds)]
-            child += ["--concurrency", ",".join(map(str, levels))]
-            child += ["--prompt-tokens", str(options.prompt_tokens)]
-            out = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
-            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
-                continue
-            figures = json.loads(line.removeprefix("RESULT "))
+    for repeat, name in alternating(options.variants, options.repeats):
+        # eager unless the variant says otherwise, whatever this shell's ENFORCE_EAGER
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "ENFORCE_EAGER": "true"}
+        child = ["cpu-settings", "--child", "--tokens", str(options.tokens)]
+        child += ["--rounds", str(options.rounds), "--concurrency", ",".join(map(str, levels))]
+        child += ["--prompt-tokens", str(options.prompt_tokens)]
+        figures = child_figures(name, child, {**env, **VARIANTS[name]})
+        if figures is not None:
             results[name].append(figures)
             print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
     top = levels[-1]

@@ -7,8 +7,9 @@ to its own end: a chat question (little of the answer is in the prompt), a code 
 answer repeats the prompt's code) and a quote from a passage (the answer copies a sentence).
 Per kind and concurrency: output tok/s and the tokens each of a request's outputs carried (one
 an engine step, unless the reader fell behind and vLLM merged two: about 1.0 without
-speculation; above it, the drafts accepted). The answers at one caller must be the
-same token for token with and without it: greedy speculation changes no token.
+speculation; above it, the drafts accepted). The report says whether the answers at one
+caller are the same token for token in every variant and repeat: on a CPU in bfloat16 they
+need not be, a verification step computing several positions at once.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import msgspec
 
 from gateway_bench import machine
+from gateway_bench.children import alternating, child_figures, result_line
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import Report, Section, Table
 
@@ -79,11 +79,6 @@ QUICK = SpeculationOptions(
 )
 
 
-def chat_prompt(text: str) -> str:
-    """The default model's chat template (ChatML) around one user turn."""
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
 async def _measure(options: SpeculationOptions, variant: str) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -91,12 +86,15 @@ async def _measure(options: SpeculationOptions, variant: str) -> dict[str, Any]:
 
     from gateway.engine.default_model import prepare_default_model
     from gateway.engine.engine_args import engine_args
+    from gateway_bench.targets import tokenizer
 
     settings = options.engine_settings(machine.cpu_defaults(options.dtype).dtype)
     # vLLM refuses custom logits processors beside speculative decoding: TYPICAL_SAMPLING's
     # (gateway/engine/typical_sampling.py, on by default on a CPU) is off in every variant.
     settings = msgspec.structs.replace(settings, typical_sampling=False)
-    args = engine_args(settings, str(prepare_default_model()))
+    model = str(prepare_default_model())
+    template = tokenizer(model)
+    args = engine_args(settings, model)
     args.speculative_config = VARIANTS[variant]
     llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
     params = SamplingParams(
@@ -106,7 +104,8 @@ async def _measure(options: SpeculationOptions, variant: str) -> dict[str, Any]:
 
     async def one(kind: str) -> tuple[list[int], int]:
         n = next(serial)
-        prompt = chat_prompt(KINDS[kind].format(n=n))
+        asked = [{"role": "user", "content": KINDS[kind].format(n=n)}]
+        prompt = template.apply_chat_template(asked, tokenize=False, add_generation_prompt=True)
         tokens: list[int] = []
         steps = 0
         async for out in llm.generate(prompt, params, f"{kind}-{n}"):
@@ -137,9 +136,9 @@ async def _measure(options: SpeculationOptions, variant: str) -> dict[str, Any]:
 
 async def _run(options: SpeculationOptions, command: str) -> tuple[str, Path | None, bool]:
     if options.child:
-        return "RESULT " + json.dumps(await _measure(options, options.child)), None, True
+        return result_line(await _measure(options, options.child)), None, True
     runs = await asyncio.to_thread(measure_variants, options)
-    return _table(options, command, runs), None, _same_answers(runs)
+    return _table(options, command, runs), None, all(runs.values())
 
 
 def measure_variants(options: SpeculationOptions) -> dict[str, list[dict[str, Any]]]:
@@ -147,35 +146,25 @@ def measure_variants(options: SpeculationOptions) -> dict[str, list[dict[str, An
     run's figures by variant (a failed run left out, its error printed)."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in options.variants}
     env = {**os.environ, **machine.cpu_defaults(options.dtype).environment}
-    for repeat in range(options.repeats):
-        order = options.variants if repeat % 2 == 0 else options.variants[::-1]
-        for name in order:
-            child = [sys.executable, "-m", "gateway_bench", "speculation", "--child", name]
-            child += ["--tokens", str(options.tokens), "--rounds", str(options.rounds)]
-            child += ["--concurrency", ",".join(map(str, options.concurrency))]
-            child += ["--enforce-eager" if options.enforce_eager else "--no-enforce-eager"]
-            out = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
-            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
-                continue
-            runs[name].append(json.loads(line.removeprefix("RESULT ")))
-            print(f"{name} (repeat {repeat + 1}): {line.removeprefix('RESULT ')}", flush=True)
+    for repeat, name in alternating(options.variants, options.repeats):
+        child = ["speculation", "--child", name, "--tokens", str(options.tokens)]
+        child += ["--rounds", str(options.rounds)]
+        child += ["--concurrency", ",".join(map(str, options.concurrency))]
+        child += ["--enforce-eager" if options.enforce_eager else "--no-enforce-eager"]
+        figures = child_figures(name, child, env)
+        if figures is not None:
+            runs[name].append(figures)
+            print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
     return runs
 
 
 def _differing(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The kinds whose answers at one caller differ between runs (any variant, any repeat)."""
-    digests = {
-        key: {r[key]["answers"] for rs in runs.values() for r in rs}
-        for key in next(iter(runs.values()))[0]
-        if key.endswith(" c1")
+    every = [figures for variant in runs.values() for figures in variant]
+    found = {
+        kind: {f[f"{kind} c1"]["answers"] for f in every if f"{kind} c1" in f} for kind in KINDS
     }
-    return [key.removesuffix(" c1") for key, found in digests.items() if len(found) > 1]
-
-
-def _same_answers(runs: dict[str, list[dict[str, Any]]]) -> bool:
-    return all(runs.values()) and not _differing(runs)
+    return [kind for kind, digests in found.items() if len(digests) > 1]
 
 
 def _table(options: SpeculationOptions, command: str, runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -184,6 +173,7 @@ def _table(options: SpeculationOptions, command: str, runs: dict[str, list[dict[
     columns += [f"{n} tokens/step" for n in options.variants[1:]]
     columns += [f"{n} / {base}" for n in options.variants[1:]]
     table = Table(columns)
+    others = options.variants[1:]
     for kind in KINDS:
         for c in options.concurrency:
             key = f"{kind} c{c}"
@@ -193,7 +183,6 @@ def _table(options: SpeculationOptions, command: str, runs: dict[str, list[dict[
                 for n, rs in runs.items()
                 if rs
             }
-            others = options.variants[1:]
             row: list[object] = [kind, c, *(f"{rate.get(n, 0):.1f}" for n in options.variants)]
             row += [f"{steps.get(n, 0):.2f}" for n in others]
             row += [

@@ -116,7 +116,7 @@ def _on_cpu(requested: int | str, cpu_value: int, device: str) -> int:
 # There the model's worker also runs inside the engine core's process (vLLM's single-process
 # executor): apart, the two hand every step over a shared-memory queue whose readers spin, and
 # the engine core's spin took CPU from the forward on both cores; together they measured
-# 1.12-1.26x the tok/s at 1-64 at once, compiled (issue 60, docs/BENCHMARKS.md).
+# 1.13-1.26x the tok/s at 1-64 at once, compiled (issue 60, docs/BENCHMARKS.md).
 SMALL_MACHINE_CORES = 2
 
 

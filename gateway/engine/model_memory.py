@@ -30,7 +30,9 @@ def weight_bytes(model_dir: Path) -> int:
 
 # A chat engine's processes beyond its weights and KV cache, measured here (USS, 2-core EPYC,
 # vLLM 0.32 CPU, enforce_eager): EngineCore ~0.57 GiB, its Worker's own ~0.85 GiB, and the
-# model's two constraint compile workers ~0.2-0.3 GiB each.
+# model's two constraint compile workers ~0.2-0.3 GiB each. With the worker inside the engine
+# core (the default on up to 2 cores, cpu_defaults.py) there is one process, and this bound
+# is above what it takes (not measured apart from the weights and KV cache yet).
 CHAT_ENGINE_PROCESS_BYTES = 2 * GIB
 
 

@@ -1,0 +1,38 @@
+"""Scenarios that measure engine variants, each in a child process of its own
+(`python -m gateway_bench NAME --child ...`): the order they run in and each child's figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+RESULT = "RESULT "  # the child's line that carries its figures, as JSON
+
+
+def alternating(variants: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """(repeat, variant): every variant each repeat, the order reversed every other repeat, so
+    slow drift on a shared machine spreads over all."""
+    for repeat in range(repeats):
+        for name in variants if repeat % 2 == 0 else list(reversed(variants)):
+            yield repeat, name
+
+
+def result_line(figures: Mapping[str, Any]) -> str:
+    """What a child prints for its parent to read."""
+    return RESULT + json.dumps(figures)
+
+
+def child_figures(name: str, argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The figures of `python -m gateway_bench *argv` (variant `name`), or None where it printed
+    none (its error output's end printed here)."""
+    command = [sys.executable, "-m", "gateway_bench", *argv]
+    out = subprocess.run(command, env=dict(env), capture_output=True, text=True, check=False)
+    line = next((x for x in out.stdout.splitlines() if x.startswith(RESULT)), None)
+    if line is None:
+        print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+        return None
+    figures: dict[str, Any] = json.loads(line.removeprefix(RESULT))
+    return figures
