@@ -46,6 +46,7 @@ SCENARIOS = {
     "models": "models_bench",
     "tracing": "tracing_bench",
     "speculation": "speculation",
+    "quantized": "quantized_bench",
 }
 
 
