@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 RESULT = "RESULT "  # the child's line that carries its figures, as JSON
@@ -36,3 +36,22 @@ def child_figures(name: str, argv: Sequence[str], env: Mapping[str, str]) -> dic
         return None
     figures: dict[str, Any] = json.loads(line.removeprefix(RESULT))
     return figures
+
+
+def every_variant(
+    variants: Sequence[str],
+    repeats: int,
+    argv: Callable[[str], Sequence[str]],
+    env: Callable[[str], Mapping[str, str]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Every variant `repeats` times in alternating order, each in a child process
+    (`python -m gateway_bench *argv(variant)`, environment `env(variant)`): each run's figures
+    by variant, printed as they come (a failed run left out, its error printed)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for repeat, name in alternating(variants, repeats):
+        figures = child_figures(name, argv(name), env(name))
+        if figures is not None:
+            runs[name].append(figures)
+            shown = {k: v for k, v in figures.items() if k != "answers"}
+            print(f"{name} (repeat {repeat + 1}): {json.dumps(shown)}", flush=True)
+    return runs

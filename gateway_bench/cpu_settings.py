@@ -12,18 +12,16 @@ CPU defaults (gateway/engine/cpu_defaults.py, docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from gateway_bench import machine
-from gateway_bench.children import alternating, child_figures, result_line
+from gateway_bench.children import every_variant, result_line
 from gateway_bench.cpu import CpuMeter
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import Report, Section, Table, cell
@@ -173,17 +171,14 @@ async def _run(options: CpuSettingsOptions, command: str) -> tuple[str, Path | N
 def _variants(options: CpuSettingsOptions, command: str) -> str:
     """Every variant `repeats` times, each in a child process of its own; the table."""
     levels = options.concurrency
-    results: dict[str, list[dict[str, Any]]] = {n: [] for n in options.variants}
-    for repeat, name in alternating(options.variants, options.repeats):
-        # eager unless the variant says otherwise, whatever this shell's ENFORCE_EAGER
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "ENFORCE_EAGER": "true"}
-        child = ["cpu-settings", "--child", "--tokens", str(options.tokens)]
-        child += ["--rounds", str(options.rounds), "--concurrency", ",".join(map(str, levels))]
-        child += ["--prompt-tokens", str(options.prompt_tokens)]
-        figures = child_figures(name, child, {**env, **VARIANTS[name]})
-        if figures is not None:
-            results[name].append(figures)
-            print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
+    # eager unless the variant says otherwise, whatever this shell's ENFORCE_EAGER
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "ENFORCE_EAGER": "true"}
+    child = ["cpu-settings", "--child", "--tokens", str(options.tokens)]
+    child += ["--rounds", str(options.rounds), "--concurrency", ",".join(map(str, levels))]
+    child += ["--prompt-tokens", str(options.prompt_tokens)]
+    results = every_variant(
+        options.variants, options.repeats, lambda _: child, lambda name: {**env, **VARIANTS[name]}
+    )
     top = levels[-1]
     columns = [f"c={c} tok/s" for c in levels]
     table = Table(["variant", *columns, f"TTFT p50 c={top}", f"frontend CPU ms/token c={top}"])

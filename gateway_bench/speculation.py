@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from gateway_bench import machine
-from gateway_bench.children import alternating, child_figures, result_line
+from gateway_bench.children import every_variant, result_line
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.report import Report, Section, Table
 
@@ -142,20 +142,17 @@ async def _run(options: SpeculationOptions, command: str) -> tuple[str, Path | N
 
 
 def measure_variants(options: SpeculationOptions) -> dict[str, list[dict[str, Any]]]:
-    """Every variant `repeats` times in alternating order, each in a child process: each
-    run's figures by variant (a failed run left out, its error printed)."""
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in options.variants}
+    """Every variant `repeats` times, each in a child process: each run's figures by variant."""
     env = {**os.environ, **machine.cpu_defaults(options.dtype).environment}
-    for repeat, name in alternating(options.variants, options.repeats):
-        child = ["speculation", "--child", name, "--tokens", str(options.tokens)]
-        child += ["--rounds", str(options.rounds)]
-        child += ["--concurrency", ",".join(map(str, options.concurrency))]
-        child += ["--enforce-eager" if options.enforce_eager else "--no-enforce-eager"]
-        figures = child_figures(name, child, env)
-        if figures is not None:
-            runs[name].append(figures)
-            print(f"{name} (repeat {repeat + 1}): {json.dumps(figures)}", flush=True)
-    return runs
+    child = ["--tokens", str(options.tokens), "--rounds", str(options.rounds)]
+    child += ["--concurrency", ",".join(map(str, options.concurrency))]
+    child += ["--enforce-eager" if options.enforce_eager else "--no-enforce-eager"]
+    return every_variant(
+        options.variants,
+        options.repeats,
+        lambda name: ["speculation", "--child", name, *child],
+        lambda _: env,
+    )
 
 
 def _differing(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
