@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from gateway_bench.quantize import (
-    INT4_GROUP,
-    int4_per_group,
-    int8_per_channel,
-    packed_int4,
-    quantization_config,
-    quantized_checkpoint,
-)
-
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed")
+pytest.importorskip("aiohttp", reason="the bench extra is not installed")
+pytest.importorskip("vllm", reason="vLLM is not installed")
+quantize = pytest.importorskip("gateway_bench.quantize")
+INT4_GROUP = quantize.INT4_GROUP
+int4_per_group = quantize.int4_per_group
+int8_per_channel = quantize.int8_per_channel
+packed_int4 = quantize.packed_int4
+quantization_config = quantize.quantization_config
+quantized_checkpoint = quantize.quantized_checkpoint
 
 
 def _weight(rows: int = 64, columns: int = 96) -> torch.Tensor:
@@ -98,3 +97,12 @@ def test_a_checkpoints_linear_layers_are_quantized_and_the_rest_kept(tmp_path: P
     config = json.loads((made / "config.json").read_text())
     assert config["quantization_config"]["format"] == "pack-quantized"
     assert (made / "tokenizer.json").is_file()
+
+
+def test_agreement_counts_equal_answers_and_the_shared_head() -> None:
+    from gateway_bench.quantized_bench import agreement
+
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert agreement(reference, reference) == (2, 1.0)
+    assert agreement([[1, 2, 3, 4], [5, 6, 0, 8]], reference) == (1, 0.75)
+    assert agreement([[1, 2], [9]], reference) == (0, 0.25)
