@@ -61,17 +61,11 @@ _RECIPE = "pirate-v1"  # change it when the recipe above changes: the cached cop
 
 def cached_adapter(model_dir: Path) -> Path:
     """The adapter, made once on this machine and kept beside the converted default model."""
-    import shutil
-    import tempfile
-
     from gateway.config.cache import default_cache_dir
+    from gateway_bench.made_once import made_once
 
-    kept = default_cache_dir() / "test-adapters" / _RECIPE
-    if (kept / "adapter_config.json").is_file():
-        return kept
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=kept.parent) as scratch:
-        made = make_adapter(model_dir, Path(scratch) / "adapter")
-        shutil.rmtree(kept, ignore_errors=True)
-        made.rename(kept)
-    return kept
+    return made_once(
+        default_cache_dir() / "test-adapters" / _RECIPE,
+        lambda scratch: make_adapter(model_dir, scratch),
+        lambda kept: (kept / "adapter_config.json").is_file(),
+    )

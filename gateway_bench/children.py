@@ -43,15 +43,16 @@ def every_variant(
     repeats: int,
     argv: Callable[[str], Sequence[str]],
     env: Callable[[str], Mapping[str, str]],
+    shown: Callable[[dict[str, Any]], object] = lambda figures: figures,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every variant `repeats` times in alternating order, each in a child process
     (`python -m gateway_bench *argv(variant)`, environment `env(variant)`): each run's figures
-    by variant, printed as they come (a failed run left out, its error printed)."""
+    by variant, printed as they come (`shown(figures)`; a failed run left out, its error
+    printed)."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for repeat, name in alternating(variants, repeats):
         figures = child_figures(name, argv(name), env(name))
         if figures is not None:
             runs[name].append(figures)
-            shown = {k: v for k, v in figures.items() if k != "answers"}
-            print(f"{name} (repeat {repeat + 1}): {json.dumps(shown)}", flush=True)
+            print(f"{name} (repeat {repeat + 1}): {json.dumps(shown(figures))}", flush=True)
     return runs

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import msgspec
 
 from gateway_bench import machine
 from gateway_bench.children import every_variant, result_line
+from gateway_bench.made_once import made_once
 from gateway_bench.options import Options, Positive, Scenario
 from gateway_bench.quantize import FORMATS, quantized_checkpoint
 from gateway_bench.report import Report, Section, Table
@@ -75,15 +74,10 @@ def checkpoint(variant: str) -> Path:
     source = prepare_default_model()
     if variant == BASE:
         return source
-    kept = default_cache_dir() / "bench-quantized" / f"{source.name}-{variant}-{_RECIPE}"
-    if (kept / "config.json").is_file():
-        return kept
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=kept.parent) as scratch:
-        made = quantized_checkpoint(source, Path(scratch) / "model", variant)
-        shutil.rmtree(kept, ignore_errors=True)
-        made.rename(kept)
-    return kept
+    return made_once(
+        default_cache_dir() / "bench-quantized" / f"{source.name}-{variant}-{_RECIPE}",
+        lambda scratch: quantized_checkpoint(source, scratch, variant),
+    )
 
 
 async def _measure(options: QuantizedOptions, variant: str) -> dict[str, Any]:
@@ -142,6 +136,7 @@ def measure_variants(options: QuantizedOptions) -> dict[str, list[dict[str, Any]
         options.repeats,
         lambda name: ["quantized", "--child", name, *child],
         lambda _: env,
+        lambda figures: {k: v for k, v in figures.items() if k != "answers"},
     )
 
 
@@ -151,8 +146,8 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[int
     same = sum(a == r for a, r in zip(answers, reference, strict=True))
     shares = []
     for a, r in zip(answers, reference, strict=True):
-        common = next((i for i, (x, y) in enumerate(zip(a, r, strict=False)) if x != y), None)
-        shared = min(len(a), len(r)) if common is None else common
+        differs = next((i for i, (x, y) in enumerate(zip(a, r, strict=False)) if x != y), None)
+        shared = min(len(a), len(r)) if differs is None else differs
         shares.append(shared / max(len(r), 1))
     return same, statistics.mean(shares) if shares else 0.0
 
@@ -160,7 +155,7 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[int
 def _table(options: QuantizedOptions, command: str, runs: dict[str, list[dict[str, Any]]]) -> str:
     columns = ["weights", *(f"c={c} tok/s" for c in options.concurrency)]
     columns += [f"c={c} ÷ {BASE}" for c in options.concurrency]
-    columns += ["greedy answers as bfloat16's", "tokens before the first difference"]
+    columns += ["greedy answers as bfloat16's", "share of an answer before the first difference"]
     table = Table(columns)
     rate = {
         n: {c: statistics.mean(r[f"c{c}"] for r in rs) for c in options.concurrency}
@@ -168,12 +163,12 @@ def _table(options: QuantizedOptions, command: str, runs: dict[str, list[dict[st
         if rs
     }
     reference = runs.get(BASE, [])
+    base = rate.get(BASE)
     for name in options.variants:
         if name not in rate:
             table.rows.append([name, "failed"])
             continue
         row: list[object] = [name, *(f"{rate[name][c]:.1f}" for c in options.concurrency)]
-        base = rate.get(BASE)
         row += [f"{rate[name][c] / base[c]:.2f}x" if base else "-" for c in options.concurrency]
         if reference:
             same, share = agreement(runs[name][0]["answers"], reference[0]["answers"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -97,20 +96,12 @@ def tiny_llama_dir(tokenizer_dir: Path | None = None) -> Path:
     """The tiny model, made once on this machine in the gateway's cache directory, with the
     default model's tokenizer (`tokenizer_dir`: its directory, prepared if not given)."""
     from gateway.config.cache import default_cache_dir
-    from gateway.engine.default_model import file_lock, prepare_default_model
+    from gateway.engine.default_model import prepare_default_model
+    from gateway_bench.made_once import made_once
 
-    kept = default_cache_dir() / "test-models" / f"{NAME}-{_RECIPE}"
-    if _made(kept):
-        return kept
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(kept.parent / f".{kept.name}.lock"):
-        if _made(kept):  # another process made it while this one waited
-            return kept
-        if tokenizer_dir is None:
-            tokenizer_dir = prepare_default_model()
-        with tempfile.TemporaryDirectory(dir=kept.parent) as scratch:
-            made = make_tiny_llama(tokenizer_dir, Path(scratch) / NAME)
-            (made / _DONE).write_text(json.dumps({"recipe": _RECIPE}) + "\n")
-            shutil.rmtree(kept, ignore_errors=True)
-            made.rename(kept)
-    return kept
+    def make(scratch: Path) -> Path:
+        made = make_tiny_llama(tokenizer_dir or prepare_default_model(), scratch)
+        (made / _DONE).write_text(json.dumps({"recipe": _RECIPE}) + "\n")
+        return made
+
+    return made_once(default_cache_dir() / "test-models" / f"{NAME}-{_RECIPE}", make, _made)

@@ -180,7 +180,8 @@ def _convert(gguf: Path, out_dir: Path) -> None:
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on `path` across processes: of what is made once in the cache (the
-    default model here, the bench's tiny model), only one process makes it, and no one deletes
+    default model here, and through gateway_bench/made_once.py the test adapter, the tiny
+    model and the quantized copies), only one process makes it, and no one deletes
     a temporary directory another process is still writing."""
     with path.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
